@@ -1,0 +1,121 @@
+//! Go-grade pprof endpoints for axum services, from one attribute.
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use krabka_pprof::pprof_routes;
+//!
+//! #[pprof_routes(cpu_max = "60s")]
+//! fn app() -> Router {
+//!     Router::new().route("/", get(|| async { "hello" }))
+//! }
+//! // app() now also answers GET /debug/pprof/profile?seconds=N
+//! ```
+//!
+//! Then `go tool pprof http://127.0.0.1:PORT/debug/pprof/profile?seconds=5` reads a CPU
+//! profile of the running service, and Parca or Grafana Alloy can scrape it.
+//!
+//! The attribute's settings are checked when the app compiles (see [`pprof_routes`] for
+//! the keys). Without the attribute, [`pprof_router`] and [`pprof_router_with_config`]
+//! build the same routes, for example to serve them on an internal listener.
+//!
+//! # The HTTP contract
+//!
+//! `GET {prefix}/profile?seconds=N` samples the process's CPU for `N` seconds (missing:
+//! `cpu_default`; `0`: 1 s; above `cpu_max`: `cpu_max`) and answers 200 with a gzipped
+//! pprof `Profile`, `Content-Type: application/octet-stream`. Errors are
+//! `text/plain` with `X-Go-Pprof: 1` and one sentence saying what to do: 400 for a bad
+//! query, 409 with `Retry-After` while another CPU profile runs, 500 if the profiler
+//! fails.
+//!
+//! Only one CPU profile runs at a time in a process. A client that disconnects frees the
+//! profiler at once. Starting, stopping, symbolizing, encoding and compressing run on
+//! tokio's blocking pool, so the async workers keep serving the app, also on a
+//! `current_thread` runtime.
+
+mod config;
+mod cpu;
+mod routes;
+mod views;
+
+pub use config::{
+    ConfigError, Field, Guard, MAX_DURATION, MAX_FREQUENCY, MIN_DURATION, MIN_FREQUENCY,
+    ProfilingConfig,
+};
+pub use krabka_pprof_macros::pprof_routes;
+pub use routes::{pprof_router, pprof_router_with_config};
+
+/// What `#[pprof_routes]` expansions call. Not a stable API: it changes with the attribute,
+/// and only the exact matching version of `krabka-pprof-macros` may use it.
+#[doc(hidden)]
+pub mod __private {
+    use crate::config::{Guard, ProfilingConfig};
+
+    /// Implemented for `axum::Router<S>` only, so that a function returning anything else
+    /// gets a message naming the attribute rather than a trait-bound puzzle.
+    #[diagnostic::on_unimplemented(
+        message = "`#[pprof_routes]` needs the function to return `axum::Router` or `axum::Router<S>`, but it returns `{Self}`",
+        label = "not `axum::Router`",
+        note = "the attribute merges the profiling routes into the router this function returns"
+    )]
+    pub trait Routes: Sized {
+        /// Adds the profiling routes for `config`.
+        fn with_profiling_routes(self, config: &'static ProfilingConfig) -> Self;
+    }
+
+    impl<S> Routes for axum::Router<S>
+    where
+        S: Clone + Send + Sync + 'static,
+    {
+        fn with_profiling_routes(self, config: &'static ProfilingConfig) -> Self {
+            self.merge(crate::routes::build::<S>(*config))
+        }
+    }
+
+    /// Merges the profiling routes into the router the annotated function built.
+    pub fn merge<R: Routes>(router: R, config: &'static ProfilingConfig) -> R {
+        router.with_profiling_routes(config)
+    }
+
+    /// Gives a `guard = path` its type, so a wrong signature is reported at the path.
+    pub const fn guard(guard: Guard) -> Guard {
+        guard
+    }
+
+    pub use crate::__krabka_pprof_require_heap_profiling as require_heap_profiling;
+
+    /// Implemented only when the `heap-profiling` feature is on.
+    #[diagnostic::on_unimplemented(
+        message = "`heap = true` needs krabka-pprof's `heap-profiling` feature",
+        label = "heap profiling is compiled out",
+        note = "in Cargo.toml write `krabka-pprof = {{ version = \"…\", features = [\"heap-profiling\"] }}`, or remove `heap = true`"
+    )]
+    pub trait HeapProfilingFeature {}
+
+    #[cfg(feature = "heap-profiling")]
+    impl HeapProfilingFeature for bool {}
+
+    /// Fails to type-check on the user's `true` when the feature is off.
+    pub fn heap_profiling_feature<T: HeapProfilingFeature>(_on: T) {}
+}
+
+/// `heap = true` compiles only with the `heap-profiling` feature. Defined twice so that the
+/// macro crate never needs to know this crate's features; the expansion always calls it
+/// with the user's own `true` token, so the error points there.
+#[cfg(feature = "heap-profiling")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __krabka_pprof_require_heap_profiling {
+    ($on:expr) => {};
+}
+
+/// See the `heap-profiling` variant above. Without the feature, nothing implements
+/// [`__private::HeapProfilingFeature`], so the bound fails on the user's token with the
+/// trait's message.
+#[cfg(not(feature = "heap-profiling"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __krabka_pprof_require_heap_profiling {
+    ($on:expr) => {
+        $crate::__private::heap_profiling_feature($on)
+    };
+}

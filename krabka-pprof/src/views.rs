@@ -1,0 +1,325 @@
+//! Human views of a decoded profile: the text top table (`go tool pprof -top`'s columns).
+//! Pure functions over `pprof::protos::Profile`, shared by the CPU and heap routes.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use pprof::protos::Profile;
+
+/// How many functions the text view lists.
+pub(crate) const TOP_ROWS: usize = 30;
+
+/// One row of the top table.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TopRow {
+    pub(crate) name: String,
+    pub(crate) flat: i64,
+    pub(crate) cum: i64,
+}
+
+/// The value column a view shows: the profile's default sample type if it names one,
+/// else the last, as `go tool pprof` does.
+fn value_index(profile: &Profile) -> Option<usize> {
+    if profile.sample_type.is_empty() {
+        return None;
+    }
+    let wanted = profile.default_sample_type;
+    if wanted != 0
+        && let Some(i) = profile.sample_type.iter().position(|t| t.ty == wanted)
+    {
+        return Some(i);
+    }
+    Some(profile.sample_type.len() - 1)
+}
+
+fn string(profile: &Profile, index: i64) -> &str {
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| profile.string_table.get(i))
+        .map_or("", String::as_str)
+}
+
+/// Function names of each sample's stack, leaf first, inlined frames expanded.
+pub(crate) fn sample_stacks(profile: &Profile) -> impl Iterator<Item = (Vec<&str>, &[i64])> + '_ {
+    let functions: HashMap<u64, &str> = profile
+        .function
+        .iter()
+        .map(|f| (f.id, string(profile, f.name)))
+        .collect();
+    let locations: HashMap<u64, Vec<&str>> = profile
+        .location
+        .iter()
+        .map(|location| {
+            let names = if location.line.is_empty() {
+                vec![""]
+            } else {
+                location
+                    .line
+                    .iter()
+                    .map(|line| functions.get(&line.function_id).copied().unwrap_or(""))
+                    .collect()
+            };
+            (location.id, names)
+        })
+        .collect();
+    profile.sample.iter().map(move |sample| {
+        let stack = sample
+            .location_id
+            .iter()
+            .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
+            .map(|name| if name.is_empty() { "[unknown]" } else { name })
+            .collect();
+        (stack, sample.value.as_slice())
+    })
+}
+
+/// Flat and cumulative value per function, heaviest flat first (then cum, then name).
+pub(crate) fn top(profile: &Profile) -> (Vec<TopRow>, i64) {
+    let Some(column) = value_index(profile) else {
+        return (Vec::new(), 0);
+    };
+    let mut rows: HashMap<&str, (i64, i64)> = HashMap::new();
+    let mut total = 0i64;
+    for (stack, values) in sample_stacks(profile) {
+        let value = values.get(column).copied().unwrap_or(0);
+        total += value;
+        if let Some(leaf) = stack.first() {
+            rows.entry(leaf).or_default().0 += value;
+        }
+        let mut seen: Vec<&str> = Vec::with_capacity(stack.len());
+        for name in stack {
+            if !seen.contains(&name) {
+                seen.push(name);
+                rows.entry(name).or_default().1 += value;
+            }
+        }
+    }
+    let mut rows: Vec<TopRow> = rows
+        .into_iter()
+        .map(|(name, (flat, cum))| TopRow {
+            name: name.to_owned(),
+            flat,
+            cum,
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.flat
+            .cmp(&a.flat)
+            .then(b.cum.cmp(&a.cum))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    (rows, total)
+}
+
+/// The text view: a header like `go tool pprof -top`'s, then flat, flat%, sum%, cum, cum%
+/// and the function name for the heaviest `limit` functions.
+pub(crate) fn top_table(profile: &Profile, limit: usize) -> String {
+    let (rows, total) = top(profile);
+    let unit = value_index(profile)
+        .map(|i| string(profile, profile.sample_type[i].unit).to_owned())
+        .unwrap_or_default();
+    let kind = value_index(profile)
+        .map(|i| string(profile, profile.sample_type[i].ty).to_owned())
+        .unwrap_or_default();
+    let shown: Vec<&TopRow> = rows.iter().take(limit).collect();
+    let shown_flat: i64 = shown.iter().map(|r| r.flat).sum();
+
+    let mut out = String::new();
+    let _ = writeln!(out, "Type: {kind}");
+    if profile.duration_nanos > 0 {
+        let _ = writeln!(
+            out,
+            "Duration: {}, Total samples = {}",
+            format_value(profile.duration_nanos, "nanoseconds"),
+            format_value(total, &unit),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Showing nodes accounting for {}, {} of {} total",
+        format_value(shown_flat, &unit),
+        percent(shown_flat, total),
+        format_value(total, &unit),
+    );
+    if rows.len() > shown.len() {
+        let _ = writeln!(
+            out,
+            "Showing top {} nodes out of {}",
+            shown.len(),
+            rows.len()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:>10} {:>7} {:>7} {:>10} {:>7}",
+        "flat", "flat%", "sum%", "cum", "cum%"
+    );
+    let mut sum = 0i64;
+    for row in shown {
+        sum += row.flat;
+        let _ = writeln!(
+            out,
+            "{:>10} {:>7} {:>7} {:>10} {:>7}  {}",
+            format_value(row.flat, &unit),
+            percent(row.flat, total),
+            percent(sum, total),
+            format_value(row.cum, &unit),
+            percent(row.cum, total),
+            row.name,
+        );
+    }
+    out
+}
+
+fn percent(part: i64, total: i64) -> String {
+    if total == 0 {
+        return "0%".to_owned();
+    }
+    let value = part as f64 * 100.0 / total as f64;
+    trim(format!("{value:.2}")) + "%"
+}
+
+fn trim(text: String) -> String {
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        text
+    }
+}
+
+/// Scales a value like pprof does: `1.50s`, `20ms`, `64MB`, `512kB`, `1234`.
+pub(crate) fn format_value(value: i64, unit: &str) -> String {
+    let v = value as f64;
+    let scaled = |steps: &[(f64, &str)]| {
+        let (div, name) = steps
+            .iter()
+            .rev()
+            .find(|(div, _)| v.abs() >= *div)
+            .copied()
+            .unwrap_or(steps[0]);
+        trim(format!("{:.2}", v / div)) + name
+    };
+    match unit {
+        "nanoseconds" => scaled(&[(1.0, "ns"), (1e3, "us"), (1e6, "ms"), (1e9, "s")]),
+        "bytes" => scaled(&[
+            (1.0, "B"),
+            (1024.0, "kB"),
+            (1024.0 * 1024.0, "MB"),
+            (1024.0 * 1024.0 * 1024.0, "GB"),
+        ]),
+        _ => value.to_string(),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use pprof::protos::{Function, Line, Location, Sample, ValueType};
+
+    /// A CPU-like profile: `stacks` are leaf-first function names with a sample count.
+    pub(crate) fn profile_of(stacks: &[(&[&str], i64)]) -> Profile {
+        let mut strings = vec![String::new()];
+        let mut intern = |s: &str| -> i64 {
+            if let Some(i) = strings.iter().position(|x| x == s) {
+                return i as i64;
+            }
+            strings.push(s.to_owned());
+            (strings.len() - 1) as i64
+        };
+        let mut profile = Profile {
+            sample_type: vec![
+                ValueType {
+                    ty: intern("samples"),
+                    unit: intern("count"),
+                },
+                ValueType {
+                    ty: intern("cpu"),
+                    unit: intern("nanoseconds"),
+                },
+            ],
+            ..Profile::default()
+        };
+        let mut ids: HashMap<String, u64> = HashMap::new();
+        for (stack, count) in stacks {
+            let mut location_id = Vec::new();
+            for name in *stack {
+                let next = ids.len() as u64 + 1;
+                let id = *ids.entry((*name).to_owned()).or_insert_with(|| {
+                    profile.function.push(Function {
+                        id: next,
+                        name: intern(name),
+                        ..Default::default()
+                    });
+                    profile.location.push(Location {
+                        id: next,
+                        line: vec![Line {
+                            function_id: next,
+                            line: 0,
+                        }],
+                        ..Default::default()
+                    });
+                    next
+                });
+                location_id.push(id);
+            }
+            profile.sample.push(Sample {
+                location_id,
+                value: vec![*count, count * 10_000_000],
+                label: vec![],
+            });
+        }
+        profile.string_table = strings;
+        profile
+    }
+
+    #[test]
+    fn flat_and_cum_follow_pprof() {
+        let profile = profile_of(&[
+            (&["hot", "work", "main"], 50),
+            (&["warm", "work", "main"], 30),
+            (&["main"], 20),
+            (&["rec", "rec", "main"], 10),
+        ]);
+        let (rows, total) = top(&profile);
+        assert_eq!(total, 110 * 10_000_000);
+        let get = |n: &str| rows.iter().find(|r| r.name == n).unwrap().clone();
+        assert_eq!(get("hot").flat, 500_000_000);
+        assert_eq!(get("work").flat, 0);
+        assert_eq!(get("work").cum, 800_000_000);
+        assert_eq!(get("main").cum, total);
+        assert_eq!(
+            get("rec").cum,
+            100_000_000,
+            "recursion counts once per sample"
+        );
+        assert_eq!(rows[0].name, "hot");
+    }
+
+    #[test]
+    fn table_has_go_columns() {
+        let profile = profile_of(&[(&["hot", "main"], 75), (&["main"], 25)]);
+        let table = top_table(&profile, 30);
+        assert!(table.contains("Type: cpu"), "{table}");
+        assert!(
+            table.contains("      flat   flat%    sum%        cum    cum%\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("     750ms     75%     75%      750ms     75%  hot\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("     250ms     25%    100%         1s    100%  main\n"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn values_scale_like_pprof() {
+        assert_eq!(format_value(1_500_000_000, "nanoseconds"), "1.5s");
+        assert_eq!(format_value(20_000_000, "nanoseconds"), "20ms");
+        assert_eq!(format_value(64 * 1024 * 1024, "bytes"), "64MB");
+        assert_eq!(format_value(512, "bytes"), "512B");
+        assert_eq!(format_value(1234, "count"), "1234");
+    }
+}

@@ -1,0 +1,298 @@
+//! Helpers for krabka-pprof's HTTP tests: a real server on `127.0.0.1:0`, a loopback
+//! client, profile decoding with `pprof::protos`, `go tool pprof`, and CPU burners whose
+//! function names the tests look for.
+
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+pub use pprof::protos::{Message as _, Profile};
+
+/// The CPU profiler is one per process: tests that take profiles hold this so the tests
+/// of one binary do not answer each other's requests with 409.
+/// A tokio mutex: it is held across awaits, and a failed test must not poison it.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// A server on its own thread and runtime, so the test's runtime cannot help it along.
+/// Shut down and joined on drop.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The runtime a [`TestServer`] runs on.
+#[derive(Clone, Copy, Debug)]
+pub enum Flavor {
+    CurrentThread,
+    MultiThread,
+}
+
+impl TestServer {
+    /// Serves `make_router()` on a multi-threaded runtime.
+    pub fn start(make_router: impl FnOnce() -> Router + Send + 'static) -> TestServer {
+        TestServer::start_on(Flavor::MultiThread, make_router)
+    }
+
+    /// Serves `make_router()` on a runtime of the given flavour.
+    pub fn start_on(
+        flavor: Flavor,
+        make_router: impl FnOnce() -> Router + Send + 'static,
+    ) -> TestServer {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("test-server-{flavor:?}"))
+            .spawn(move || {
+                let runtime = match flavor {
+                    Flavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+                    Flavor::MultiThread => {
+                        let mut b = tokio::runtime::Builder::new_multi_thread();
+                        b.worker_threads(2);
+                        b
+                    }
+                }
+                .enable_all()
+                .build()
+                .expect("a tokio runtime");
+                runtime.block_on(async move {
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .expect("bind 127.0.0.1:0");
+                    addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                    axum::serve(listener, make_router())
+                        .with_graceful_shutdown(async {
+                            let _ = shutdown_rx.await;
+                        })
+                        .await
+                        .expect("serve");
+                });
+            })
+            .expect("spawn the server thread");
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server reports its address");
+        TestServer {
+            addr,
+            shutdown: Some(shutdown_tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            // A profile still in flight finishes within its (bounded) window.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A client for loopback: no proxy from the environment, no transparent decompression,
+/// a timeout well above any profile the tests request.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// Gunzips and decodes a profile body, failing with a clear message if it is not one.
+pub fn decode(body: &[u8]) -> Profile {
+    assert!(
+        body.starts_with(&[0x1f, 0x8b]),
+        "the body is not gzip: {:?}",
+        String::from_utf8_lossy(&body[..body.len().min(200)])
+    );
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_end(&mut raw)
+        .expect("the gzip stream is complete");
+    Profile::decode(raw.as_slice()).expect("the body is a pprof Profile")
+}
+
+pub fn string(profile: &Profile, index: i64) -> &str {
+    &profile.string_table[usize::try_from(index).expect("a string index")]
+}
+
+/// `(type, unit)` of each sample value.
+pub fn sample_types(profile: &Profile) -> Vec<(String, String)> {
+    profile
+        .sample_type
+        .iter()
+        .map(|t| {
+            (
+                string(profile, t.ty).to_owned(),
+                string(profile, t.unit).to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Function names of every sample's stack, leaf first, with the sample's values.
+pub fn stacks(profile: &Profile) -> Vec<(Vec<String>, Vec<i64>)> {
+    profile
+        .sample
+        .iter()
+        .map(|sample| {
+            let names = sample
+                .location_id
+                .iter()
+                .flat_map(|id| {
+                    let location = profile
+                        .location
+                        .iter()
+                        .find(|l| l.id == *id)
+                        .expect("every sample location exists");
+                    location.line.iter().map(|line| {
+                        let function = profile
+                            .function
+                            .iter()
+                            .find(|f| f.id == line.function_id)
+                            .expect("every line's function exists");
+                        string(profile, function.name).to_owned()
+                    })
+                })
+                .collect();
+            (names, sample.value.clone())
+        })
+        .collect()
+}
+
+/// The sum of one value column over all samples.
+pub fn total(profile: &Profile, column: usize) -> i64 {
+    profile.sample.iter().map(|s| s.value[column]).sum()
+}
+
+/// The sum of `column` over samples whose stack contains a function matching `name`.
+pub fn total_in(profile: &Profile, column: usize, name: &str) -> i64 {
+    stacks(profile)
+        .iter()
+        .filter(|(stack, _)| stack.iter().any(|f| f.contains(name)))
+        .map(|(_, values)| values[column])
+        .sum()
+}
+
+/// Runs `go tool pprof -top` on a profile body and returns its output.
+pub fn go_pprof_top(body: &[u8]) -> String {
+    let path = temp_path("profile.pb.gz");
+    std::fs::write(&path, body).expect("write the profile");
+    let output = Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=1000"])
+        .arg(&path)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .unwrap_or_else(|err| {
+            panic!(
+                "cannot run `go tool pprof` ({err}); install Go (Debian: apt-get install golang-go) \
+                 or run the tests through scripts/test, which does"
+            )
+        });
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "go tool pprof failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// A fresh file path under the system temp dir.
+pub fn temp_path(name: &str) -> PathBuf {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "krabka-pprof-test-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// CPU time used by this process so far (user + system).
+pub fn process_cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the zeroed struct we pass and nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Threads that burn CPU in [`hot::krabka_hot_spin`] until dropped, or until `limit`
+/// has passed, whichever comes first.
+pub struct Burner {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<u64>>,
+}
+
+impl Burner {
+    pub fn start(threads: usize, limit: Duration) -> Burner {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|i| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .name(format!("burner-{i}"))
+                    .spawn(move || {
+                        let started = Instant::now();
+                        let mut acc = 0u64;
+                        while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
+                            acc = acc
+                                .wrapping_add(hot::krabka_hot_spin(std::hint::black_box(20_000)));
+                        }
+                        acc
+                    })
+                    .expect("spawn a burner")
+            })
+            .collect();
+        Burner { stop, threads }
+    }
+}
+
+impl Drop for Burner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Functions with names the tests search for in profiles.
+pub mod hot {
+    use std::hint::black_box;
+
+    /// Pure arithmetic: every sample taken in it has it as the leaf.
+    #[inline(never)]
+    pub fn krabka_hot_spin(rounds: u64) -> u64 {
+        let mut x = black_box(0x9e37_79b9_7f4a_7c15u64);
+        for i in 0..rounds {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x = x.wrapping_add(i);
+        }
+        black_box(x)
+    }
+}

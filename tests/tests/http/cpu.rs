@@ -1,0 +1,256 @@
+//! A real CPU profile, decoded and read by `go tool pprof`; one profile at a time;
+//! clamping; a client that hangs up.
+
+use std::time::{Duration, Instant};
+
+use axum::{Router, routing::get};
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{
+    Burner, TestServer, client, decode, go_pprof_top, process_cpu_time, sample_types, serial,
+    total, total_in,
+};
+use reqwest::StatusCode;
+use tokio::io::AsyncWriteExt as _;
+
+#[pprof_routes(frequency = 99)]
+fn app() -> Router {
+    Router::new().route("/", get(|| async { "ok" }))
+}
+
+#[pprof_routes(cpu_max = "2s", cpu_default = "1s")]
+fn short_app() -> Router {
+    Router::new()
+}
+
+#[tokio::test]
+async fn profile_is_gzipped_pprof_with_the_hot_function() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(1, Duration::from_secs(20));
+    let cpu_before = process_cpu_time();
+    let response = client()
+        .get(server.url("/debug/pprof/profile?seconds=3"))
+        .send()
+        .await
+        .unwrap();
+    let cpu_used = process_cpu_time() - cpu_before;
+    drop(burner);
+
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "application/octet-stream");
+    assert_eq!(
+        headers["content-disposition"],
+        "attachment; filename=\"profile\""
+    );
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert!(
+        headers.get("content-encoding").is_none(),
+        "the gzip is the payload itself"
+    );
+    let body = response.bytes().await.unwrap();
+    let profile = decode(&body);
+
+    assert_eq!(
+        sample_types(&profile),
+        [
+            ("samples".into(), "count".into()),
+            ("cpu".into(), "nanoseconds".into())
+        ]
+    );
+    let period_type = profile.period_type.as_ref().expect("a period type");
+    assert_eq!(krabka_pprof_tests::string(&profile, period_type.ty), "cpu");
+    assert_eq!(
+        krabka_pprof_tests::string(&profile, period_type.unit),
+        "nanoseconds"
+    );
+    assert_eq!(profile.period, 1_000_000_000 / 99);
+    assert!(
+        profile.duration_nanos >= 2_900_000_000,
+        "{}",
+        profile.duration_nanos
+    );
+
+    // ITIMER_PROF fires once per 1/99 s of process CPU time.
+    let expected = cpu_used.as_secs_f64() * 99.0;
+    let samples = total(&profile, 0) as f64;
+    assert!(
+        samples > expected * 0.6 && samples < expected * 1.25,
+        "{samples} samples for {cpu_used:?} of CPU at 99 Hz (expected about {expected:.0})"
+    );
+    // cpu/nanoseconds is samples × period, up to a nanosecond of rounding per sample.
+    let (count, cpu) = (total(&profile, 0), total(&profile, 1));
+    assert!(
+        (cpu - count * profile.period).abs() <= count,
+        "{cpu} ns for {count} samples"
+    );
+
+    let hot = total_in(&profile, 0, "krabka_hot_spin") as f64;
+    assert!(
+        hot > samples * 0.5,
+        "the burner used most of the CPU, but krabka_hot_spin has {hot} of {samples} samples"
+    );
+
+    let top = go_pprof_top(&body);
+    assert!(
+        top.contains("krabka_hot_spin"),
+        "go tool pprof -top:\n{top}"
+    );
+}
+
+#[tokio::test]
+async fn a_second_request_gets_409_at_once() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let http = client();
+    let url = server.url("/debug/pprof/profile?seconds=2");
+    let started = Instant::now();
+    // Whichever arrives first runs; the other is refused at once, so its answer comes
+    // back before the running profile's.
+    let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
+    let tag = |name: &'static str, request: reqwest::RequestBuilder| {
+        let tx = order_tx.clone();
+        async move {
+            let response = request.send().await.unwrap();
+            tx.send(name).unwrap();
+            response
+        }
+    };
+    let (a, b) = tokio::join!(tag("a", http.get(&url)), tag("b", http.get(&url)));
+    let first_done = order_rx.recv().await.unwrap();
+    let (ok, refused, refused_name) = match (a.status(), b.status()) {
+        (StatusCode::OK, StatusCode::CONFLICT) => (a, b, "b"),
+        (StatusCode::CONFLICT, StatusCode::OK) => (b, a, "a"),
+        other => panic!("expected one 200 and one 409, got {other:?}"),
+    };
+    assert_eq!(
+        first_done, refused_name,
+        "the 409 must not wait for the running profile"
+    );
+    let headers = refused.headers().clone();
+    let retry_after: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    assert_eq!(headers["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(headers["x-go-pprof"], "1");
+    let text = refused.text().await.unwrap();
+    assert!(
+        text.contains("already running") && text.ends_with('\n'),
+        "{text:?}"
+    );
+    decode(&ok.bytes().await.unwrap());
+    assert!(started.elapsed() >= Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn seconds_above_cpu_max_are_clamped() {
+    let _serial = serial().await;
+    let server = TestServer::start(short_app);
+    let response = client()
+        .get(server.url("/debug/pprof/profile?seconds=100"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    let seconds = profile.duration_nanos as f64 / 1e9;
+    assert!(
+        (1.9..3.0).contains(&seconds),
+        "a 100s request ran {seconds}s with cpu_max = 2s"
+    );
+
+    // No `seconds`: cpu_default.
+    let response = client()
+        .get(server.url("/debug/pprof/profile"))
+        .send()
+        .await
+        .unwrap();
+    let profile = decode(&response.bytes().await.unwrap());
+    let seconds = profile.duration_nanos as f64 / 1e9;
+    assert!(
+        (0.9..1.9).contains(&seconds),
+        "the default ran {seconds}s with cpu_default = 1s"
+    );
+}
+
+/// Sends a profile request on a raw connection, so the test can hang up mid-profile.
+async fn start_raw_profile(server: &TestServer, seconds: u64) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let request = format!(
+        "GET /debug/pprof/profile?seconds={seconds} HTTP/1.1\r\nHost: {}\r\n\r\n",
+        server.addr
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    stream
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_frees_the_profiler() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let http = client();
+    let probe = server.url("/debug/pprof/profile?seconds=1");
+
+    let hung_up = start_raw_profile(&server, 30).await;
+    // Wait for the 30 s profile to hold the profiler: a probe gets 409. If a probe wins
+    // the race instead, it runs its 1 s and the next probe tries again.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        assert!(attempts <= 20, "the 30 s profile never started");
+        let status = http.get(&probe).send().await.unwrap().status();
+        if status == StatusCode::CONFLICT {
+            break;
+        }
+    }
+    let hung_up_at = Instant::now();
+    drop(hung_up);
+
+    // The server sees the EOF, drops the handler and with it the busy guard. Poll until a
+    // new profile is accepted; a leaked guard would keep answering 409 for 30 s.
+    loop {
+        let response = http.get(&probe).send().await.unwrap();
+        if response.status() == StatusCode::OK {
+            decode(&response.bytes().await.unwrap());
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert!(
+            hung_up_at.elapsed() < Duration::from_secs(15),
+            "the profiler is still busy long after its client hung up"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn go_tool_pprof_shows_the_409_sentence() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let running = start_raw_profile(&server, 10).await;
+    let http = client();
+    let probe = server.url("/debug/pprof/profile?seconds=1");
+    let mut attempts = 0;
+    while http.get(&probe).send().await.unwrap().status() != StatusCode::CONFLICT {
+        attempts += 1;
+        assert!(attempts <= 20, "the 10 s profile never started");
+    }
+    let url = server.url("/debug/pprof/profile?seconds=1");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("go")
+            .args(["tool", "pprof", "-top", &url])
+            .env("HOME", std::env::temp_dir())
+            .env("PPROF_TMPDIR", std::env::temp_dir())
+            .output()
+            .expect("run go tool pprof (Debian: apt-get install golang-go)")
+    })
+    .await
+    .unwrap();
+    drop(running);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("409 Conflict") && stderr.contains("a CPU profile is already running"),
+        "go tool pprof should print our sentence:\n{stderr}"
+    );
+}

@@ -1,0 +1,85 @@
+//! Bad queries get a 400 in Go's error format, and leave the profiler usable.
+
+use axum::Router;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{TestServer, client, decode, serial};
+use reqwest::StatusCode;
+
+#[pprof_routes(cpu_max = "5s")]
+fn app() -> Router {
+    Router::new()
+}
+
+#[tokio::test]
+async fn bad_seconds_are_400_in_go_format() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let http = client();
+    for bad in ["abc", "-1", "1.5", "", "99999999999999999999", "1e3", "%20"] {
+        let response = http
+            .get(server.url(&format!("/debug/pprof/profile?seconds={bad}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "seconds={bad}");
+        let headers = response.headers().clone();
+        assert_eq!(headers["content-type"], "text/plain; charset=utf-8");
+        assert_eq!(headers["x-go-pprof"], "1");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        assert!(headers.get("content-disposition").is_none());
+        let text = response.text().await.unwrap();
+        assert!(
+            text.starts_with("`seconds` must be a whole number of seconds such as ?seconds=30")
+                && text.contains("above 5 means 5")
+                && text.ends_with('\n')
+                && text.matches('\n').count() == 1,
+            "seconds={bad}: {text:?}"
+        );
+    }
+    let repeated = http
+        .get(server.url("/debug/pprof/profile?seconds=1&seconds=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(repeated.status(), StatusCode::BAD_REQUEST);
+    assert!(repeated.text().await.unwrap().contains("more than once"));
+
+    let format = http
+        .get(server.url("/debug/pprof/profile?format=pdf"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(format.status(), StatusCode::BAD_REQUEST);
+    assert!(
+        format
+            .text()
+            .await
+            .unwrap()
+            .contains("`format` must be pprof")
+    );
+
+    // The profiler was never touched: a valid request works right away.
+    let ok = http
+        .get(server.url("/debug/pprof/profile?seconds=1&debug=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        ok.status(),
+        StatusCode::OK,
+        "unknown parameters are ignored, as in Go"
+    );
+    decode(&ok.bytes().await.unwrap());
+}
+
+#[tokio::test]
+async fn only_get_and_head_are_routes() {
+    let server = TestServer::start(app);
+    let response = client()
+        .post(server.url("/debug/pprof/profile?seconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(response.headers()["allow"], "GET,HEAD");
+}

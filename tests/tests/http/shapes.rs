@@ -1,0 +1,151 @@
+//! The function shapes the attribute accepts all get the routes, with their settings,
+//! and keep their own behaviour.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::{Router, routing::get};
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{TestServer, client};
+use reqwest::StatusCode;
+
+#[derive(Clone)]
+struct AppState {
+    greeting: Arc<str>,
+}
+
+/// A stateful router: the profiling routes need no state of their own.
+#[pprof_routes(cpu_max = "7s")]
+pub(crate) fn stateful() -> Router<AppState> {
+    Router::new().route(
+        "/",
+        get(|State(s): State<AppState>| async move { s.greeting.to_string() }),
+    )
+}
+
+#[pprof_routes(prefix = "/internal/pprof", cpu_max = "3s")]
+async fn built_async(greeting: &'static str) -> Router {
+    tokio::task::yield_now().await;
+    Router::new().route("/", get(move || async move { greeting }))
+}
+
+#[pprof_routes(cpu_max = "4s")]
+fn with_early_return(early: bool) -> Router {
+    if early {
+        return Router::new().route("/", get(|| async { "early" }));
+    }
+    Router::new().route("/", get(|| async { "late" }))
+}
+
+#[pprof_routes(cpu_max = "6s")]
+fn generic<S>() -> Router<S>
+where
+    S: Clone + Default + Send + Sync + 'static,
+{
+    Router::new().route("/", get(|| async { "generic" }))
+}
+
+struct Service {
+    name: String,
+}
+
+impl Service {
+    #[pprof_routes(cpu_max = "8s", crate = "::krabka_pprof")]
+    fn router(&self) -> Router<()> {
+        let name = self.name.clone();
+        Router::new().route("/", get(move || async move { name }))
+    }
+}
+
+/// The app route answers `body`, and the profiling route exists with the given `cpu_max`
+/// (its 400 message states it), without taking a profile.
+async fn check(server: &TestServer, prefix: &str, body: &str, cpu_max: u64) {
+    let http = client();
+    let response = http.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.text().await.unwrap(), body);
+    let response = http
+        .get(server.url(&format!("{prefix}/profile?seconds=x")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains(&format!("above {cpu_max} means {cpu_max}")),
+        "{prefix}: {text}"
+    );
+}
+
+#[tokio::test]
+async fn stateful_router() {
+    let server = TestServer::start(|| {
+        stateful().with_state(AppState {
+            greeting: "hello".into(),
+        })
+    });
+    check(&server, "/debug/pprof", "hello", 7).await;
+}
+
+#[tokio::test]
+async fn async_fn_with_prefix() {
+    let router = built_async("async").await;
+    let server = TestServer::start(move || router);
+    check(&server, "/internal/pprof", "async", 3).await;
+    let default_prefix = client()
+        .get(server.url("/debug/pprof/profile?seconds=x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(default_prefix.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn early_return_is_merged_too() {
+    let server = TestServer::start(|| with_early_return(true));
+    check(&server, "/debug/pprof", "early", 4).await;
+    let server = TestServer::start(|| with_early_return(false));
+    check(&server, "/debug/pprof", "late", 4).await;
+}
+
+#[tokio::test]
+async fn generic_function() {
+    let server = TestServer::start(generic::<()>);
+    check(&server, "/debug/pprof", "generic", 6).await;
+}
+
+#[tokio::test]
+async fn method_with_self() {
+    let service = Service {
+        name: "method".to_owned(),
+    };
+    let server = TestServer::start(move || service.router());
+    check(&server, "/debug/pprof", "method", 8).await;
+}
+
+#[tokio::test]
+async fn router_builders_without_the_attribute() {
+    let config = krabka_pprof::ProfilingConfig::new()
+        .with_cpu_max(std::time::Duration::from_secs(9))
+        .with_prefix("/pp");
+    let server = TestServer::start(move || {
+        Router::new()
+            .route("/", get(|| async { "built" }))
+            .merge(krabka_pprof::pprof_router_with_config(config).unwrap())
+    });
+    check(&server, "/pp", "built", 9).await;
+
+    let invalid = krabka_pprof::ProfilingConfig::new().with_frequency(0);
+    let err = krabka_pprof::pprof_router_with_config::<()>(invalid).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`frequency` must be between 1 and 1000 Hz, found 0"
+    );
+
+    let server = TestServer::start(krabka_pprof::pprof_router);
+    let response = client()
+        .get(server.url("/debug/pprof/profile?seconds=x"))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.text().await.unwrap().contains("above 60 means 60"));
+}

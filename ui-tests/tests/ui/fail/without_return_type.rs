@@ -1,0 +1,6 @@
+use krabka_pprof::pprof_routes;
+
+#[pprof_routes]
+fn app() {}
+
+fn main() {}

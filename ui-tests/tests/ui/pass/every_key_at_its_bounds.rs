@@ -1,0 +1,37 @@
+//! Both ends of every bound are accepted by the attribute and by the runtime's const
+//! checks, which run in the expansion's `static` initializer.
+use axum::Router;
+use krabka_pprof::pprof_routes;
+
+fn admit(parts: &axum::http::request::Parts) -> bool {
+    parts.headers.contains_key("x-internal")
+}
+
+#[pprof_routes(
+    cpu_default = "1s",
+    cpu_max = "1s",
+    frequency = 1,
+    blocklist = [],
+    heap = false,
+    prefix = "/p",
+    guard = admit,
+    token_env = "PPROF_TOKEN",
+    crate = "::krabka_pprof",
+)]
+fn low() -> Router {
+    Router::new()
+}
+
+#[pprof_routes(cpu_default = "1h", cpu_max = "1h", frequency = 1000, blocklist = ["libc"])]
+fn high() -> Router {
+    Router::new()
+}
+
+#[pprof_routes(cpu_default = "1m 30s", cpu_max = "2m", prefix = "/internal/debug/pprof")]
+fn humantime_forms() -> Router {
+    Router::new()
+}
+
+fn main() {
+    let _ = (low(), high(), humantime_forms());
+}
