@@ -34,7 +34,10 @@
 
 mod config;
 mod cpu;
+mod objects;
+mod profile;
 mod routes;
+mod symbols;
 mod views;
 
 pub use config::{

@@ -78,6 +78,10 @@ async fn cpu_profile(shared: Arc<Shared>, request: Request) -> Response {
     match cpu::profile(request, move |profile| render(&profile, format)).await {
         Ok(view) => view.into_response("profile"),
         Err(CpuError::Busy { retry_after }) => busy(retry_after),
+        Err(CpuError::Unsupported) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "CPU profiling is not available on this platform: it needs Linux on x86_64 or aarch64",
+        ),
         Err(CpuError::Failed(reason)) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!(

@@ -239,15 +239,23 @@ pub fn process_cpu_time() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-/// Threads that burn CPU in [`hot::krabka_hot_spin`] until dropped, or until `limit`
-/// has passed, whichever comes first.
+/// Threads that call a workload in a loop until dropped, or until `limit` has passed,
+/// whichever comes first.
 pub struct Burner {
     stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<u64>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Burner {
+    /// Burns CPU in [`hot::krabka_hot_spin`].
     pub fn start(threads: usize, limit: Duration) -> Burner {
+        Burner::start_with(threads, limit, || {
+            std::hint::black_box(hot::krabka_hot_spin(std::hint::black_box(20_000)));
+        })
+    }
+
+    /// Calls `work` repeatedly on `threads` threads.
+    pub fn start_with(threads: usize, limit: Duration, work: fn()) -> Burner {
         let stop = Arc::new(AtomicBool::new(false));
         let threads = (0..threads)
             .map(|i| {
@@ -256,12 +264,9 @@ impl Burner {
                     .name(format!("burner-{i}"))
                     .spawn(move || {
                         let started = Instant::now();
-                        let mut acc = 0u64;
                         while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
-                            acc = acc
-                                .wrapping_add(hot::krabka_hot_spin(std::hint::black_box(20_000)));
+                            work();
                         }
-                        acc
                     })
                     .expect("spawn a burner")
             })
@@ -282,6 +287,64 @@ impl Drop for Burner {
 /// Functions with names the tests search for in profiles.
 pub mod hot {
     use std::hint::black_box;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Three functions with the same loop, so CPU time is about proportional to iterations.
+    macro_rules! split {
+        ($($name:ident),*) => {$(
+            #[inline(never)]
+            pub fn $name(rounds: u64) -> u64 {
+                let mut x = black_box(0x2545_f491_4f6c_dd1du64);
+                for i in 0..rounds {
+                    x ^= x >> 12;
+                    x ^= x << 25;
+                    x ^= x >> 27;
+                    x = x.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i);
+                }
+                black_box(x)
+            }
+        )*};
+    }
+    split!(split_fifty, split_thirty, split_twenty);
+
+    /// CPU time spent in each of the three split functions, for the tests' ground truth.
+    pub static SPLIT_CPU_NANOS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+
+    /// One round of the workload: 5000, 3000 and 2000 iterations of the same loop, about
+    /// 50/30/20 of the CPU. The exact split (code alignment can make one copy of the loop
+    /// a little faster) is measured per call in [`SPLIT_CPU_NANOS`].
+    pub fn split_round() {
+        timed(0, || split_fifty(black_box(5_000)));
+        timed(1, || split_thirty(black_box(3_000)));
+        timed(2, || split_twenty(black_box(2_000)));
+    }
+
+    fn timed(index: usize, work: impl FnOnce() -> u64) {
+        let before = thread_cpu_nanos();
+        black_box(work());
+        SPLIT_CPU_NANOS[index].fetch_add(thread_cpu_nanos() - before, Ordering::Relaxed);
+    }
+
+    fn thread_cpu_nanos() -> u64 {
+        // SAFETY: clock_gettime writes into the zeroed timespec we pass.
+        let time = unsafe {
+            let mut time: libc::timespec = std::mem::zeroed();
+            libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time);
+            time
+        };
+        time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+    }
+
+    /// Time spent inside libc's `memset`: the leaf of every sample is in libc.
+    #[inline(never)]
+    pub fn burn_in_libc() {
+        let mut buffer = vec![0u8; 1 << 20];
+        for round in 0..64u8 {
+            // SAFETY: the buffer is ours and exactly this long.
+            unsafe { libc::memset(buffer.as_mut_ptr().cast(), i32::from(round), buffer.len()) };
+            black_box(&mut buffer);
+        }
+    }
 
     /// Pure arithmetic: every sample taken in it has it as the leaf.
     #[inline(never)]

@@ -2,5 +2,6 @@
 
 mod cpu;
 mod errors;
+mod fidelity;
 mod responsiveness;
 mod shapes;

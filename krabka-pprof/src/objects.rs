@@ -1,0 +1,281 @@
+//! The objects loaded in this process (the executable, shared libraries, the vDSO), read
+//! from `dl_iterate_phdr`: where each is mapped, its build ID, and where its unwind tables
+//! are. Taken once per profile, off the signal path; the sampler and the symbolizer both
+//! use it.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::ops::Range;
+use std::path::PathBuf;
+
+/// One `PT_LOAD` segment, at its address in this process.
+#[derive(Clone, Debug)]
+pub(crate) struct Segment {
+    pub(crate) avma: Range<u64>,
+    pub(crate) file_offset: u64,
+    pub(crate) executable: bool,
+}
+
+/// An executable, shared library or the vDSO, as mapped in this process.
+#[derive(Clone, Debug)]
+pub(crate) struct LoadedObject {
+    /// The path shown in profiles (the executable's real path, not `/proc/self/exe`).
+    pub(crate) name: String,
+    /// Where to read the ELF file from; `None` for the vDSO, which exists only in memory.
+    pub(crate) file: Option<PathBuf>,
+    /// Load bias: an address in the file plus `bias` is the address in this process.
+    pub(crate) bias: u64,
+    pub(crate) segments: Vec<Segment>,
+    /// From the lowest segment start to the highest segment end.
+    pub(crate) range: Range<u64>,
+    pub(crate) build_id: Option<Vec<u8>>,
+    /// `PT_GNU_EH_FRAME`, in this process's addresses.
+    pub(crate) eh_frame_hdr: Option<Range<u64>>,
+    pub(crate) is_vdso: bool,
+}
+
+impl LoadedObject {
+    /// The file name without its directory, as blocklist entries are matched.
+    pub(crate) fn short_name(&self) -> &str {
+        self.name.rsplit('/').next().unwrap_or(&self.name)
+    }
+
+    /// The executable segment, for the pprof mapping.
+    pub(crate) fn text(&self) -> Option<&Segment> {
+        self.segments.iter().find(|s| s.executable)
+    }
+
+    /// The whole mapped image as a byte slice, up to the end of its last page (where the
+    /// vDSO keeps its section headers); only the vDSO is read this way.
+    ///
+    /// # Safety
+    /// The object must still be mapped (the vDSO always is).
+    pub(crate) unsafe fn image(&self) -> &'static [u8] {
+        const PAGE: u64 = 4096;
+        let end = self.range.end.div_ceil(PAGE) * PAGE;
+        let len = (end - self.range.start) as usize;
+        // SAFETY: the caller guarantees the mapping; mappings are whole pages, and `range`
+        // covers this object's PT_LOAD segments, which are readable.
+        unsafe { std::slice::from_raw_parts(self.range.start as *const u8, len) }
+    }
+}
+
+/// Every object loaded at the time it was taken, sorted by address.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Objects {
+    list: Vec<LoadedObject>,
+}
+
+impl Objects {
+    /// The objects loaded now.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn current() -> Objects {
+        let mut list: Vec<LoadedObject> = Vec::new();
+        // SAFETY: the callback only reads the `dl_phdr_info` the loader hands it, for the
+        // duration of the call, and pushes owned copies into `list`.
+        unsafe {
+            libc::dl_iterate_phdr(Some(collect), (&raw mut list).cast::<c_void>());
+        }
+        // SAFETY: getauxval has no preconditions.
+        let vdso = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
+        let executable = std::env::current_exe()
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned());
+        for (i, object) in list.iter_mut().enumerate() {
+            object.is_vdso = vdso != 0 && object.range.start == vdso;
+            if object.is_vdso {
+                object.file = None;
+                if object.name.is_empty() {
+                    object.name = "[vdso]".to_owned();
+                }
+            } else if i == 0 && object.name.is_empty() {
+                // The first object, unnamed, is the executable.
+                object.file = Some(PathBuf::from("/proc/self/exe"));
+                object.name = executable
+                    .clone()
+                    .unwrap_or_else(|| "[executable]".to_owned());
+            } else if object.name.is_empty() {
+                object.file = None;
+                object.name = format!("[anonymous object at {:#x}]", object.range.start);
+            }
+        }
+        list.retain(|o| !o.segments.is_empty());
+        list.sort_by_key(|o| o.range.start);
+        Objects { list }
+    }
+
+    /// No objects: profiling is unsupported on this target.
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn current() -> Objects {
+        Objects::default()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &LoadedObject> {
+        self.list.iter()
+    }
+
+    pub(crate) fn get(&self, index: usize) -> Option<&LoadedObject> {
+        self.list.get(index)
+    }
+
+    /// The object whose segments contain `avma`, with its index.
+    pub(crate) fn find(&self, avma: u64) -> Option<(usize, &LoadedObject)> {
+        let i = self.list.partition_point(|o| o.range.start <= avma);
+        let index = i.checked_sub(1)?;
+        let object = &self.list[index];
+        object
+            .segments
+            .iter()
+            .any(|s| s.avma.contains(&avma))
+            .then_some((index, object))
+    }
+}
+
+#[cfg(target_os = "linux")]
+unsafe extern "C" fn collect(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the loader passes a valid info for the duration of the callback, and
+        // `data` is the `Vec` that `Objects::current` passed in.
+        let (info, list) = unsafe { (&*info, &mut *data.cast::<Vec<LoadedObject>>()) };
+        // SAFETY: as above; the loader's program headers outlive the callback.
+        if let Some(object) = unsafe { read_object(info) } {
+            list.push(object);
+        }
+    }));
+    // Stop iterating if anything went wrong; what was collected is still usable.
+    c_int::from(result.is_err())
+}
+
+/// Reads one object's program headers.
+///
+/// # Safety
+/// `info` must come from `dl_iterate_phdr` and be used only during its callback.
+#[cfg(target_os = "linux")]
+unsafe fn read_object(info: &libc::dl_phdr_info) -> Option<LoadedObject> {
+    let name = if info.dlpi_name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a non-null dlpi_name is a NUL-terminated string owned by the loader.
+        unsafe { CStr::from_ptr(info.dlpi_name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let bias = info.dlpi_addr;
+    let headers: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() {
+        &[]
+    } else {
+        // SAFETY: the loader provides `dlpi_phnum` program headers at `dlpi_phdr`.
+        unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) }
+    };
+    let mut segments = Vec::new();
+    let mut eh_frame_hdr = None;
+    let mut build_id = None;
+    for header in headers {
+        let start = bias.wrapping_add(header.p_vaddr);
+        let end = start.wrapping_add(header.p_memsz);
+        match header.p_type {
+            libc::PT_LOAD => segments.push(Segment {
+                avma: start..end,
+                file_offset: header.p_offset,
+                executable: header.p_flags & libc::PF_X != 0,
+            }),
+            libc::PT_GNU_EH_FRAME => eh_frame_hdr = Some(start..end),
+            libc::PT_NOTE if build_id.is_none() => {
+                // SAFETY: PT_NOTE segments are mapped and `p_memsz` bytes long.
+                let notes = unsafe {
+                    std::slice::from_raw_parts(start as *const u8, header.p_memsz as usize)
+                };
+                build_id = gnu_build_id(notes);
+            }
+            _ => {}
+        }
+    }
+    let range = segments.iter().map(|s| s.avma.start).min().unwrap_or(0)
+        ..segments.iter().map(|s| s.avma.end).max().unwrap_or(0);
+    let file = (!name.is_empty()).then(|| PathBuf::from(&name));
+    Some(LoadedObject {
+        name,
+        file,
+        bias,
+        segments,
+        range,
+        build_id,
+        eh_frame_hdr,
+        is_vdso: false,
+    })
+}
+
+/// The `NT_GNU_BUILD_ID` descriptor in a run of ELF notes.
+fn gnu_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let align4 = |n: usize| (n + 3) & !3;
+    let u32_at = |bytes: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+    };
+    while notes.len() >= 12 {
+        let name_size = u32_at(notes, 0)? as usize;
+        let desc_size = u32_at(notes, 4)? as usize;
+        let kind = u32_at(notes, 8)?;
+        let name_start = 12;
+        let desc_start = name_start + align4(name_size);
+        let next = desc_start + align4(desc_size);
+        let name = notes.get(name_start..name_start + name_size)?;
+        if kind == NT_GNU_BUILD_ID && name == b"GNU\0" {
+            return notes
+                .get(desc_start..desc_start + desc_size)
+                .map(<[u8]>::to_vec);
+        }
+        notes = notes.get(next..)?;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_id_note_is_found() {
+        let mut notes = Vec::new();
+        // An unrelated note first.
+        notes.extend(4u32.to_ne_bytes());
+        notes.extend(2u32.to_ne_bytes());
+        notes.extend(1u32.to_ne_bytes());
+        notes.extend(b"ABC\0");
+        notes.extend([9, 9, 0, 0]);
+        notes.extend(4u32.to_ne_bytes());
+        notes.extend(5u32.to_ne_bytes());
+        notes.extend(3u32.to_ne_bytes());
+        notes.extend(b"GNU\0");
+        notes.extend([1, 2, 3, 4, 5, 0, 0, 0]);
+        assert_eq!(gnu_build_id(&notes), Some(vec![1, 2, 3, 4, 5]));
+        assert_eq!(gnu_build_id(&notes[..20]), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn this_process_is_listed() {
+        let objects = Objects::current();
+        let here = build_id_note_is_found as *const () as u64;
+        let (_, object) = objects.find(here).expect("this code is in a loaded object");
+        assert_eq!(
+            object.file.as_deref(),
+            Some(std::path::Path::new("/proc/self/exe"))
+        );
+        assert!(object.text().is_some_and(|t| t.avma.contains(&here)));
+        assert!(
+            object.eh_frame_hdr.is_some(),
+            "Rust executables have unwind tables"
+        );
+        assert!(objects.iter().any(|o| o.is_vdso), "Linux maps a vDSO");
+        assert!(
+            objects
+                .iter()
+                .any(|o| o.short_name().starts_with("libc.so"))
+        );
+        assert!(objects.find(0).is_none());
+    }
+}

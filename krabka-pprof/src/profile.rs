@@ -1,0 +1,282 @@
+//! Builds a pprof `Profile` from stacks of code addresses: symbolizes every address once
+//! per object, and emits mappings (with build IDs, so Parca and `go tool pprof` can match
+//! binaries), locations, functions and samples the way Go's runtime does. Shared by the
+//! CPU and heap profiles.
+
+use std::collections::{BTreeMap, HashMap};
+
+use pprof::protos::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+
+use crate::objects::Objects;
+use crate::symbols::{self, Symbol};
+
+/// One frame of a stack, leaf first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Frame {
+    /// An address to symbolize: the interrupted PC, or a return address minus one (so it
+    /// falls inside the call instruction's function, which matters for tail calls).
+    Code(u64),
+    /// A frame the profiler adds to say something about the stack, such as
+    /// `[lost samples]`; it has no address.
+    Marker(String),
+}
+
+/// A label value.
+pub(crate) enum LabelValue {
+    Str(String),
+    Num(i64),
+}
+
+struct PendingSample {
+    frames: Vec<Frame>,
+    values: Vec<i64>,
+    labels: Vec<(&'static str, LabelValue)>,
+}
+
+/// What kind of profile, and when it was taken.
+pub(crate) struct Meta {
+    pub(crate) sample_types: &'static [(&'static str, &'static str)],
+    pub(crate) period_type: (&'static str, &'static str),
+    pub(crate) period: i64,
+    pub(crate) time_nanos: i64,
+    pub(crate) duration_nanos: i64,
+    pub(crate) default_sample_type: Option<&'static str>,
+}
+
+/// Interns strings; index 0 is the empty string, as pprof requires.
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Strings {
+        let mut strings = Strings::default();
+        strings.get("");
+        strings
+    }
+
+    fn get(&mut self, s: &str) -> i64 {
+        if let Some(i) = self.index.get(s) {
+            return *i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+/// Collects samples, then symbolizes and encodes them in [`finish`](Self::finish).
+pub(crate) struct ProfileBuilder<'o> {
+    objects: &'o Objects,
+    samples: Vec<PendingSample>,
+}
+
+impl<'o> ProfileBuilder<'o> {
+    pub(crate) fn new(objects: &'o Objects) -> ProfileBuilder<'o> {
+        ProfileBuilder {
+            objects,
+            samples: Vec::new(),
+        }
+    }
+
+    pub(crate) fn add(
+        &mut self,
+        frames: Vec<Frame>,
+        values: Vec<i64>,
+        labels: Vec<(&'static str, LabelValue)>,
+    ) {
+        self.samples.push(PendingSample {
+            frames,
+            values,
+            labels,
+        });
+    }
+
+    /// Symbolizes every address and builds the profile. Leading frames (leaf side) for
+    /// which `hide_leaf` returns true are dropped, as long as one frame remains: the heap
+    /// profile uses this to start every stack at the allocation site, not in the allocator.
+    pub(crate) fn finish(self, meta: &Meta, hide_leaf: &dyn Fn(&str) -> bool) -> Profile {
+        let resolved = self.symbolize();
+        let mut strings = Strings::new();
+        let mut profile = Profile {
+            sample_type: meta
+                .sample_types
+                .iter()
+                .map(|(ty, unit)| ValueType {
+                    ty: strings.get(ty),
+                    unit: strings.get(unit),
+                })
+                .collect(),
+            period_type: Some(ValueType {
+                ty: strings.get(meta.period_type.0),
+                unit: strings.get(meta.period_type.1),
+            }),
+            period: meta.period,
+            time_nanos: meta.time_nanos,
+            duration_nanos: meta.duration_nanos,
+            default_sample_type: meta.default_sample_type.map_or(0, |t| strings.get(t)),
+            ..Profile::default()
+        };
+
+        let mut mapping_ids: HashMap<usize, u64> = HashMap::new();
+        let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
+        let mut location_ids: HashMap<Frame, u64> = HashMap::new();
+
+        let ProfileBuilder { objects, samples } = self;
+        for sample in samples {
+            let names: Vec<(String, String, Option<usize>)> = sample
+                .frames
+                .iter()
+                .map(|frame| describe(objects, frame, &resolved))
+                .collect();
+            let skip = names
+                .iter()
+                .take(names.len().saturating_sub(1))
+                .take_while(|(name, _, _)| hide_leaf(name))
+                .count();
+            let mut location_id = Vec::with_capacity(sample.frames.len() - skip);
+            for (frame, (name, raw, object)) in sample.frames.iter().zip(names).skip(skip) {
+                let id = *location_ids.entry(frame.clone()).or_insert_with(|| {
+                    let mapping_id = object.map_or(0, |index| {
+                        *mapping_ids.entry(index).or_insert_with(|| {
+                            let object = objects.get(index).expect("a known object");
+                            let text = object.text();
+                            let id = profile.mapping.len() as u64 + 1;
+                            profile.mapping.push(Mapping {
+                                id,
+                                memory_start: text.map_or(object.range.start, |t| t.avma.start),
+                                memory_limit: text.map_or(object.range.end, |t| t.avma.end),
+                                file_offset: text.map_or(0, |t| t.file_offset),
+                                filename: strings.get(&object.name),
+                                build_id: object
+                                    .build_id
+                                    .as_ref()
+                                    .map_or(0, |id| strings.get(&hex(id))),
+                                has_functions: true,
+                                ..Mapping::default()
+                            });
+                            id
+                        })
+                    });
+                    let function_id = *function_ids
+                        .entry((name.clone(), raw.clone()))
+                        .or_insert_with(|| {
+                            let id = profile.function.len() as u64 + 1;
+                            profile.function.push(Function {
+                                id,
+                                name: strings.get(&name),
+                                system_name: strings.get(&raw),
+                                ..Function::default()
+                            });
+                            id
+                        });
+                    let id = profile.location.len() as u64 + 1;
+                    profile.location.push(Location {
+                        id,
+                        mapping_id,
+                        address: match frame {
+                            Frame::Code(address) => *address,
+                            Frame::Marker(_) => 0,
+                        },
+                        line: vec![Line {
+                            function_id,
+                            line: 0,
+                        }],
+                        is_folded: false,
+                    });
+                    id
+                });
+                location_id.push(id);
+            }
+            let label = sample
+                .labels
+                .into_iter()
+                .map(|(key, value)| match value {
+                    LabelValue::Str(s) => Label {
+                        key: strings.get(key),
+                        str: strings.get(&s),
+                        ..Label::default()
+                    },
+                    LabelValue::Num(n) => Label {
+                        key: strings.get(key),
+                        num: n,
+                        ..Label::default()
+                    },
+                })
+                .collect();
+            profile.sample.push(Sample {
+                location_id,
+                value: sample.values,
+                label,
+            });
+        }
+        profile.string_table = strings.table;
+        profile
+    }
+
+    /// Every code address's symbol, reading each object's tables once.
+    fn symbolize(&self) -> HashMap<u64, Symbol> {
+        let mut by_object: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for sample in &self.samples {
+            for frame in &sample.frames {
+                if let Frame::Code(address) = frame
+                    && let Some((index, object)) = self.objects.find(*address)
+                {
+                    by_object
+                        .entry(index)
+                        .or_default()
+                        .push(address - object.bias);
+                }
+            }
+        }
+        let mut resolved = HashMap::new();
+        for (index, mut addresses) in by_object {
+            addresses.sort_unstable();
+            addresses.dedup();
+            let object = self.objects.get(index).expect("a known object");
+            for (address, symbol) in addresses.iter().zip(symbols::resolve(object, &addresses)) {
+                if let Some(symbol) = symbol {
+                    resolved.insert(address + object.bias, symbol);
+                }
+            }
+        }
+        resolved
+    }
+}
+
+/// `(name, system name, object index)` of a frame.
+fn describe(
+    objects: &Objects,
+    frame: &Frame,
+    resolved: &HashMap<u64, Symbol>,
+) -> (String, String, Option<usize>) {
+    match frame {
+        Frame::Marker(text) => (text.clone(), text.clone(), None),
+        Frame::Code(address) => {
+            let object = objects.find(*address);
+            match (resolved.get(address), object) {
+                (Some(symbol), object) => (
+                    symbol.name.clone(),
+                    symbol.raw.clone(),
+                    object.map(|(i, _)| i),
+                ),
+                (None, Some((index, object))) => {
+                    let name = format!("[{}]", object.short_name());
+                    (name.clone(), name, Some(index))
+                }
+                (None, None) => ("[unknown]".to_owned(), "[unknown]".to_owned(), None),
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}

@@ -1,0 +1,302 @@
+//! Function names for code addresses, from the ELF symbol tables of the loaded objects
+//! (`.symtab`, else `.dynsym`). Tables are streamed through a small buffer and nothing is
+//! cached: a profile's symbolization costs a few pages of memory while it runs and none
+//! afterwards (the `backtrace` crate's caches, used by the `pprof` crate, stay resident
+//! for the life of the process).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+
+use crate::objects::LoadedObject;
+
+/// A resolved function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Symbol {
+    /// Demangled, without the Rust hash suffix.
+    pub(crate) name: String,
+    /// As written in the symbol table.
+    pub(crate) raw: String,
+}
+
+/// Where an object's ELF image is read from.
+enum Source<'a> {
+    File(File),
+    Memory(&'a [u8]),
+}
+
+impl Source<'_> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Option<usize> {
+        match self {
+            Source::File(file) => file.read_at(buf, offset).ok(),
+            Source::Memory(bytes) => {
+                let start = usize::try_from(offset).ok()?;
+                let available = bytes.get(start..)?;
+                let n = available.len().min(buf.len());
+                buf[..n].copy_from_slice(&available[..n]);
+                Some(n)
+            }
+        }
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Option<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.read_at(&mut buf[done..], offset + done as u64)?;
+            if n == 0 {
+                return None;
+            }
+            done += n;
+        }
+        Some(())
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Section {
+    kind: u32,
+    offset: u64,
+    size: u64,
+    link: u32,
+    entsize: u64,
+}
+
+const SHT_SYMTAB: u32 = 2;
+const SHT_DYNSYM: u32 = 11;
+const STT_FUNC: u8 = 2;
+const STT_GNU_IFUNC: u8 = 10;
+const SYMBOL_SIZE: usize = 24;
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// The section headers of a 64-bit little-endian ELF image.
+fn sections(source: &Source<'_>) -> Option<Vec<Section>> {
+    let mut header = [0u8; 64];
+    source.read_exact_at(&mut header, 0)?;
+    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return None;
+    }
+    let shoff = u64_at(&header, 0x28);
+    let shentsize = usize::from(u16_at(&header, 0x3a));
+    let mut shnum = usize::from(u16_at(&header, 0x3c));
+    if shoff == 0 || shentsize < 64 {
+        return None;
+    }
+    let mut raw = vec![0u8; shentsize];
+    if shnum == 0 {
+        // More than 0xff00 sections: the count is in section 0's size.
+        source.read_exact_at(&mut raw, shoff)?;
+        shnum = usize::try_from(u64_at(&raw, 32)).ok()?;
+    }
+    (0..shnum.min(1 << 16))
+        .map(|i| {
+            source.read_exact_at(&mut raw, shoff + (i * shentsize) as u64)?;
+            Some(Section {
+                kind: u32_at(&raw, 4),
+                offset: u64_at(&raw, 24),
+                size: u64_at(&raw, 32),
+                link: u32_at(&raw, 40),
+                entsize: u64_at(&raw, 56),
+            })
+        })
+        .collect()
+}
+
+/// A function symbol that contains at least one of the wanted addresses.
+#[derive(Clone, Copy)]
+struct Candidate {
+    size: u64,
+    name_offset: u32,
+}
+
+/// Resolves `addresses` (addresses as stated in the object's file, i.e. minus its load
+/// bias; sorted, unique) to the function containing each, where the symbol tables know it.
+pub(crate) fn resolve(object: &LoadedObject, addresses: &[u64]) -> Vec<Option<Symbol>> {
+    debug_assert!(addresses.windows(2).all(|w| w[0] < w[1]));
+    let source = if object.is_vdso {
+        // SAFETY: the vDSO stays mapped for the life of the process.
+        Source::Memory(unsafe { object.image() })
+    } else {
+        match object.file.as_ref().map(File::open) {
+            Some(Ok(file)) => Source::File(file),
+            _ => return vec![None; addresses.len()],
+        }
+    };
+    let Some(sections) = sections(&source) else {
+        return vec![None; addresses.len()];
+    };
+    let table = sections
+        .iter()
+        .find(|s| s.kind == SHT_SYMTAB)
+        .or_else(|| sections.iter().find(|s| s.kind == SHT_DYNSYM));
+    let Some(table) = table else {
+        return vec![None; addresses.len()];
+    };
+    let Some(strings) = sections.get(table.link as usize).copied() else {
+        return vec![None; addresses.len()];
+    };
+    let mut best: Vec<Option<Candidate>> = vec![None; addresses.len()];
+    scan(&source, table, addresses, &mut best);
+    best.iter()
+        .map(|candidate| {
+            let candidate = (*candidate)?;
+            let raw = read_name(&source, &strings, candidate.name_offset)?;
+            Some(Symbol {
+                name: demangle(&raw),
+                raw,
+            })
+        })
+        .collect()
+}
+
+/// Streams the symbol table, keeping for each address the smallest function containing it.
+fn scan(source: &Source<'_>, table: &Section, addresses: &[u64], best: &mut [Option<Candidate>]) {
+    let entsize = (table.entsize as usize).max(SYMBOL_SIZE);
+    let count = (table.size / entsize as u64) as usize;
+    const CHUNK: usize = 2048;
+    let mut buf = vec![0u8; CHUNK * entsize];
+    let mut first = 0usize;
+    while first < count {
+        let n = CHUNK.min(count - first);
+        let bytes = &mut buf[..n * entsize];
+        if source
+            .read_exact_at(bytes, table.offset + (first * entsize) as u64)
+            .is_none()
+        {
+            return;
+        }
+        for entry in bytes.chunks_exact(entsize) {
+            let kind = entry[4] & 0xf;
+            let section_index = u16_at(entry, 6);
+            let start = u64_at(entry, 8);
+            let size = u64_at(entry, 16);
+            if !(kind == STT_FUNC || kind == STT_GNU_IFUNC) || section_index == 0 || size == 0 {
+                continue;
+            }
+            let end = start.saturating_add(size);
+            let mut i = addresses.partition_point(|a| *a < start);
+            while i < addresses.len() && addresses[i] < end {
+                if best[i].is_none_or(|b| size < b.size) {
+                    best[i] = Some(Candidate {
+                        size,
+                        name_offset: u32_at(entry, 0),
+                    });
+                }
+                i += 1;
+            }
+        }
+        first += n;
+    }
+}
+
+fn read_name(source: &Source<'_>, strings: &Section, offset: u32) -> Option<String> {
+    let start = strings.offset + u64::from(offset);
+    let limit = strings.size.checked_sub(u64::from(offset))?;
+    let mut len = 256usize;
+    loop {
+        let want = (len as u64).min(limit) as usize;
+        let mut buf = vec![0u8; want];
+        let got = source.read_at(&mut buf, start)?;
+        buf.truncate(got);
+        if let Some(nul) = buf.iter().position(|b| *b == 0) {
+            buf.truncate(nul);
+            return Some(String::from_utf8_lossy(&buf).into_owned());
+        }
+        if want as u64 >= limit || len >= 1 << 16 {
+            return Some(String::from_utf8_lossy(&buf).into_owned());
+        }
+        len *= 4;
+    }
+}
+
+/// Rust names (legacy and v0 mangling) without the hash; anything else as it is.
+pub(crate) fn demangle(raw: &str) -> String {
+    match rustc_demangle::try_demangle(raw) {
+        Ok(demangled) => format!("{demangled:#}"),
+        Err(_) => raw.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::Objects;
+
+    #[inline(never)]
+    fn a_function_with_a_findable_name() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn resolves_functions_of_this_test_binary() {
+        let objects = Objects::current();
+        let here = a_function_with_a_findable_name as *const () as u64;
+        let (_, object) = objects.find(here).unwrap();
+        let resolved = resolve(object, &[here - object.bias, here - object.bias + 1]);
+        let name = &resolved[0].as_ref().expect("resolved").name;
+        assert!(
+            name.ends_with("symbols::tests::a_function_with_a_findable_name"),
+            "{name}"
+        );
+        assert_eq!(resolved[1].as_ref().map(|s| &s.name), Some(name));
+        assert!(
+            resolved[0].as_ref().unwrap().raw.starts_with("_R")
+                || resolved[0].as_ref().unwrap().raw.starts_with("_ZN")
+        );
+    }
+
+    #[test]
+    fn resolves_libc_and_the_vdso_from_their_dynamic_symbols() {
+        let objects = Objects::current();
+        let getpid = libc::getpid as *const () as u64;
+        let (_, libc_object) = objects.find(getpid).expect("getpid is in libc");
+        let resolved = resolve(libc_object, &[getpid - libc_object.bias]);
+        assert!(
+            resolved[0]
+                .as_ref()
+                .is_some_and(|s| s.name.contains("getpid")),
+            "{:?}",
+            resolved[0]
+        );
+        let vdso = objects.iter().find(|o| o.is_vdso).expect("a vDSO");
+        // The vDSO exports clock_gettime; every exported function resolves to itself.
+        let text = vdso.text().expect("vDSO code");
+        let probe: Vec<u64> = (text.avma.start..text.avma.end)
+            .step_by(16)
+            .map(|a| a - vdso.bias)
+            .collect();
+        let names: Vec<String> = resolve(vdso, &probe)
+            .into_iter()
+            .flatten()
+            .map(|s| s.name)
+            .collect();
+        assert!(
+            names.iter().any(|n| n.contains("clock_gettime")),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_addresses_stay_unknown() {
+        let objects = Objects::current();
+        let here = a_function_with_a_findable_name as *const () as u64;
+        let (_, object) = objects.find(here).unwrap();
+        assert_eq!(resolve(object, &[0]), vec![None]);
+    }
+
+    #[test]
+    fn demangles_rust_names_without_hash() {
+        assert_eq!(
+            demangle("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(demangle("memcpy"), "memcpy");
+    }
+}

@@ -1,0 +1,162 @@
+//! The profile says where the CPU went: a known 50/30/20 split is recovered within 3
+//! percentage points, the sample count matches frequency × CPU time within 15%, and time
+//! whose leaf is in libc is counted, attributed to libc, not dropped.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{
+    Burner, Profile, TestServer, client, decode, hot, process_cpu_time, serial, stacks, total,
+    total_in,
+};
+use reqwest::StatusCode;
+
+#[pprof_routes(cpu_max = "10s")]
+fn app() -> Router {
+    Router::new()
+}
+
+/// 250 Hz, the kernel tick rate of the CI machines (above it `ITIMER_PROF` saturates):
+/// enough samples for the split's sampling error to stay well inside 3 points.
+#[pprof_routes(cpu_max = "10s", frequency = 250)]
+fn fast_app() -> Router {
+    Router::new()
+}
+
+/// Everything the sampler will unwind through, with full stacks through libc.
+#[pprof_routes(cpu_max = "10s", blocklist = [])]
+fn app_without_blocklist() -> Router {
+    Router::new()
+}
+
+async fn profile(server: &TestServer, seconds: u64) -> (Profile, Duration) {
+    let cpu_before = process_cpu_time();
+    let response = client()
+        .get(server.url(&format!("/debug/pprof/profile?seconds={seconds}")))
+        .send()
+        .await
+        .unwrap();
+    let cpu_used = process_cpu_time() - cpu_before;
+    assert_eq!(response.status(), StatusCode::OK);
+    (decode(&response.bytes().await.unwrap()), cpu_used)
+}
+
+#[tokio::test]
+async fn a_known_split_is_attributed_within_three_points() {
+    let _serial = serial().await;
+    let server = TestServer::start(fast_app);
+    for counter in &hot::SPLIT_CPU_NANOS {
+        counter.store(0, Ordering::Relaxed);
+    }
+    // About 4000 samples: a binomial error of under a point for each share.
+    let burner = Burner::start_with(2, Duration::from_secs(30), hot::split_round);
+    let (profile, cpu_used) = profile(&server, 8).await;
+    drop(burner);
+
+    // The truth: CPU time each function used, measured by its own thread around each call.
+    let measured = hot::SPLIT_CPU_NANOS
+        .each_ref()
+        .map(|c| c.load(Ordering::Relaxed) as f64);
+    let measured_sum: f64 = measured.iter().sum();
+    let parts = ["split_fifty", "split_thirty", "split_twenty"].map(|f| total_in(&profile, 0, f));
+    let sum: i64 = parts.iter().sum();
+    assert!(
+        sum > 2500,
+        "{sum} samples in the workload for {cpu_used:?} of CPU: too few to judge a split"
+    );
+    eprintln!("split: {parts:?} of {sum} samples; measured CPU {measured:?} ns");
+    for ((part, truth), nominal) in parts.iter().zip(measured).zip([50.0, 30.0, 20.0]) {
+        let share = *part as f64 * 100.0 / sum as f64;
+        let expected = truth * 100.0 / measured_sum;
+        assert!(
+            (expected - nominal).abs() <= 6.0,
+            "the workload itself is off: {expected:.1}% where about {nominal}% was meant"
+        );
+        assert!(
+            (share - expected).abs() <= 3.0,
+            "the profile says {share:.1}%, the CPU clock {expected:.1}% ({parts:?} of {sum} samples)"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sample_count_matches_frequency_times_cpu_time() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(2, Duration::from_secs(30));
+    let (profile, cpu_used) = profile(&server, 4).await;
+    drop(burner);
+
+    let expected = cpu_used.as_secs_f64() * 99.0;
+    let samples = total(&profile, 0) as f64;
+    eprintln!("count: {samples} samples, expected {expected:.0} for {cpu_used:?} of CPU");
+    assert!(
+        (samples - expected).abs() <= expected * 0.15,
+        "{samples} samples for {cpu_used:?} of CPU at 99 Hz: expected {expected:.0} ± 15%"
+    );
+    let nanos = total(&profile, 1) as f64;
+    assert!(
+        (nanos - cpu_used.as_nanos() as f64).abs() <= cpu_used.as_nanos() as f64 * 0.15,
+        "cpu/nanoseconds {nanos} for {cpu_used:?} of CPU"
+    );
+}
+
+/// Stacks of samples whose frames mention `name`.
+fn stacks_with(profile: &Profile, name: &str) -> Vec<(Vec<String>, i64)> {
+    stacks(profile)
+        .into_iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f.contains(name)))
+        .map(|(frames, values)| (frames, values[0]))
+        .collect()
+}
+
+#[tokio::test]
+async fn libc_time_is_counted_under_libc() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start_with(1, Duration::from_secs(30), hot::burn_in_libc);
+    let (profile, cpu_used) = profile(&server, 3).await;
+    drop(burner);
+
+    // With the default blocklist, a sample interrupted inside libc is not unwound: it is
+    // the libc function (or `[libc.so.6]` when libc does not export it) under a marker.
+    let samples = total(&profile, 0);
+    let in_libc: i64 = stacks_with(&profile, "libc.so.6: blocklisted, not unwound")
+        .iter()
+        .map(|(frames, count)| {
+            assert_eq!(frames.len(), 2, "leaf and marker only: {frames:?}");
+            count
+        })
+        .sum();
+    assert!(
+        in_libc as f64 >= samples as f64 * 0.6,
+        "memset's time must show under libc: {in_libc} of {samples} samples ({cpu_used:?} CPU)"
+    );
+    assert!(
+        samples as f64 >= cpu_used.as_secs_f64() * 99.0 * 0.85,
+        "{samples} samples for {cpu_used:?}: libc time was dropped"
+    );
+}
+
+#[tokio::test]
+async fn without_a_blocklist_libc_time_keeps_its_callers() {
+    let _serial = serial().await;
+    let server = TestServer::start(app_without_blocklist);
+    let burner = Burner::start_with(1, Duration::from_secs(30), hot::burn_in_libc);
+    let (profile, _) = profile(&server, 3).await;
+    drop(burner);
+
+    let samples = total(&profile, 0);
+    let through_libc: i64 = stacks_with(&profile, "burn_in_libc")
+        .iter()
+        .filter(|(frames, _)| frames[0].contains("memset") || frames[0].contains("libc.so.6"))
+        .map(|(_, count)| count)
+        .sum();
+    assert!(
+        through_libc as f64 >= samples as f64 * 0.6,
+        "memset's samples should be unwound to burn_in_libc: {through_libc} of {samples}"
+    );
+    assert!(stacks_with(&profile, "blocklisted").is_empty());
+}
