@@ -145,7 +145,11 @@ pub fn run_alternating(
                     // between pairs so neither always follows the other.
                     let pair = index / 2;
                     let first = if pair.is_multiple_of(2) { 0 } else { 1 };
-                    let active = if index.is_multiple_of(2) { first } else { 1 - first };
+                    let active = if index.is_multiple_of(2) {
+                        first
+                    } else {
+                        1 - first
+                    };
                     if active != side {
                         let next = window * (index as u32 + 1);
                         std::thread::sleep(

@@ -34,6 +34,7 @@
 
 mod config;
 mod cpu;
+mod heap;
 mod objects;
 mod profile;
 mod routes;
@@ -44,6 +45,8 @@ pub use config::{
     ConfigError, Field, Guard, MAX_DURATION, MAX_FREQUENCY, MIN_DURATION, MIN_FREQUENCY,
     ProfilingConfig,
 };
+#[cfg(all(feature = "heap-profiling", not(target_env = "msvc")))]
+pub use heap::Jemalloc;
 pub use krabka_pprof_macros::pprof_routes;
 pub use routes::{pprof_router, pprof_router_with_config};
 

@@ -13,7 +13,9 @@ use axum::routing::get;
 
 use crate::config::{ConfigError, ProfilingConfig};
 use crate::cpu::{self, CpuError, CpuRequest};
+use crate::heap::{self, HeapError, HeapRequest};
 use crate::views;
+use pprof::protos::Profile;
 
 /// The profiling routes with the default [`ProfilingConfig`], to merge into an app or
 /// serve on an internal listener.
@@ -57,10 +59,21 @@ where
 {
     let shared = Arc::new(Shared { config });
     let prefix = config.prefix();
-    Router::new().route(
-        &format!("{prefix}/profile"),
-        get(move |request: Request| cpu_profile(shared.clone(), request)),
-    )
+    let mut router = Router::new().route(&format!("{prefix}/profile"), {
+        let shared = shared.clone();
+        get(move |request: Request| cpu_profile(shared.clone(), request))
+    });
+    if config.heap() {
+        // `/allocs` is where Parca and Grafana Alloy look for memory by default.
+        for route in ["heap", "allocs"] {
+            let shared = shared.clone();
+            router = router.route(
+                &format!("{prefix}/{route}"),
+                get(move |request: Request| heap_profile(shared.clone(), request)),
+            );
+        }
+    }
+    router
 }
 
 async fn cpu_profile(shared: Arc<Shared>, request: Request) -> Response {
@@ -75,9 +88,15 @@ async fn cpu_profile(shared: Arc<Shared>, request: Request) -> Response {
         blocklist: shared.config.blocklist(),
     };
     let format = query.format;
-    match cpu::profile(request, move |profile| render(&profile, format)).await {
+    let rendered = cpu::profile(request, move |profile| {
+        render(&profile, format).map_err(CpuError::Failed)
+    });
+    match rendered.await {
         Ok(view) => view.into_response("profile"),
-        Err(CpuError::Busy { retry_after }) => busy(retry_after),
+        Err(CpuError::Busy { retry_after }) => busy(
+            retry_after,
+            "a CPU profile is already running and ends in about {}s; retry after that",
+        ),
         Err(CpuError::Unsupported) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "CPU profiling is not available on this platform: it needs Linux on x86_64 or aarch64",
@@ -88,6 +107,76 @@ async fn cpu_profile(shared: Arc<Shared>, request: Request) -> Response {
                 "CPU profiling failed: {reason}; the profiler is free again, retry the request"
             ),
         ),
+    }
+}
+
+async fn heap_profile(shared: Arc<Shared>, request: Request) -> Response {
+    let (parts, _body) = request.into_parts();
+    let query = match HeapQuery::parse(parts.uri.query(), &shared.config) {
+        Ok(query) => query,
+        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+    };
+    let format = query.format;
+    let rendered = heap::profile(
+        HeapRequest {
+            window: query.window,
+        },
+        move |profile| render(&profile, format).map_err(HeapError::Failed),
+    );
+    let unavailable = |message: &str| error(StatusCode::SERVICE_UNAVAILABLE, message);
+    match rendered.await {
+        Ok(view) => view.into_response("heap"),
+        Err(HeapError::Busy { retry_after }) => busy(
+            retry_after,
+            "a timed heap sampling window is already running and ends in about {}s; retry after that",
+        ),
+        Err(HeapError::Unsupported(reason)) => unavailable(reason),
+        Err(HeapError::NotJemalloc) => unavailable(
+            "heap profiling needs jemalloc as the global allocator: add \
+             `#[global_allocator] static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;` \
+             to the binary and restart it",
+        ),
+        Err(HeapError::NoProfilingSupport) => unavailable(
+            "this binary's jemalloc was built without profiling: enable krabka-pprof's \
+             `heap-profiling` feature, which builds it with profiling, and rebuild",
+        ),
+        Err(HeapError::ProfilingOff) => unavailable(
+            "jemalloc heap sampling is off in this process (MALLOC_CONF or _RJEM_MALLOC_CONF \
+             sets prof:false): remove that setting and restart the process",
+        ),
+        Err(HeapError::Failed(reason)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("heap profiling failed: {reason}; retry the request"),
+        ),
+    }
+}
+
+/// A `/heap` or `/allocs` request after defaults and clamping.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct HeapQuery {
+    /// The sampling window, used only if sampling is not already active.
+    pub(crate) window: Duration,
+    pub(crate) format: Format,
+}
+
+impl HeapQuery {
+    /// `seconds` (used only when sampling is not already active): missing →
+    /// `heap_default`, `0` → 1 s, above `heap_max` → `heap_max`.
+    pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
+        let params = Params::parse(query)?;
+        let format = match params.get("format") {
+            None => Format::Pprof,
+            Some(text) => Format::parse(text)?,
+        };
+        let max_secs = config.heap_max().as_secs();
+        let window = match params.get("seconds") {
+            None => config.heap_default(),
+            Some(text) => Duration::from_secs(parse_seconds(text, max_secs)?.clamp(1, max_secs)),
+        };
+        Ok(HeapQuery {
+            window: window.min(config.heap_max()),
+            format,
+        })
     }
 }
 
@@ -154,7 +243,7 @@ impl View {
 }
 
 /// Renders `profile` as `format`; runs on the blocking pool.
-fn render(profile: &cpu::Profile, format: Format) -> Result<View, CpuError> {
+fn render(profile: &Profile, format: Format) -> Result<View, String> {
     match format {
         Format::Pprof => gzip_profile(profile).map(View::Pprof),
         Format::Text => Ok(View::Text(views::top_table(profile, views::TOP_ROWS))),
@@ -229,7 +318,7 @@ fn parse_seconds(text: &str, max_secs: u64) -> Result<u64, String> {
 
 /// Encodes and gzips a profile the way Go serves it (fastest level: the payload is small
 /// and the time is better spent elsewhere).
-fn gzip_profile(profile: &cpu::Profile) -> Result<Vec<u8>, CpuError> {
+fn gzip_profile(profile: &Profile) -> Result<Vec<u8>, String> {
     use pprof::protos::Message as _;
     let encoded = profile.encode_to_vec();
     let mut gz = flate2::write::GzEncoder::new(
@@ -238,7 +327,7 @@ fn gzip_profile(profile: &cpu::Profile) -> Result<Vec<u8>, CpuError> {
     );
     gz.write_all(&encoded)
         .and_then(|()| gz.finish())
-        .map_err(|e| CpuError::Failed(format!("could not gzip the profile: {e}")))
+        .map_err(|e| format!("could not gzip the profile: {e}"))
 }
 
 /// 200 with a gzipped pprof body, as Go's `net/http/pprof` sends it.
@@ -294,13 +383,14 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-/// 409 with `Retry-After`: answered at once, never queued.
-fn busy(retry_after: Duration) -> Response {
+/// 409 with `Retry-After`: answered at once, never queued. `message` has one `{}` for
+/// the seconds.
+fn busy(retry_after: Duration, message: &str) -> Response {
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     let seconds = seconds.max(1);
     let mut response = error(
         StatusCode::CONFLICT,
-        &format!("a CPU profile is already running and ends in about {seconds}s; retry after that"),
+        &message.replacen("{}", &seconds.to_string(), 1),
     );
     response
         .headers_mut()
@@ -379,6 +469,23 @@ mod tests {
     }
 
     #[test]
+    fn heap_window_clamping() {
+        let config = ProfilingConfig::new().with_heap(true);
+        let w = |q: &str| HeapQuery::parse(Some(q), &config).unwrap().window.as_secs();
+        assert_eq!(w(""), 10);
+        assert_eq!(w("seconds=0"), 1);
+        assert_eq!(w("seconds=30"), 30);
+        assert_eq!(w("seconds=31"), 30);
+        assert!(HeapQuery::parse(Some("seconds=-2"), &config).is_err());
+        assert_eq!(
+            HeapQuery::parse(Some("format=text"), &config)
+                .unwrap()
+                .format,
+            Format::Text
+        );
+    }
+
+    #[test]
     fn formats() {
         assert_eq!(parse("").unwrap().format, Format::Pprof);
         assert_eq!(parse("format=text").unwrap().format, Format::Text);
@@ -396,9 +503,12 @@ mod tests {
 
     #[test]
     fn busy_rounds_retry_after_up() {
-        let response = busy(Duration::from_millis(2100));
+        let response = busy(Duration::from_millis(2100), "ends in {}s");
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert_eq!(response.headers()[header::RETRY_AFTER], "3");
-        assert_eq!(busy(Duration::ZERO).headers()[header::RETRY_AFTER], "1");
+        assert_eq!(
+            busy(Duration::ZERO, "{}").headers()[header::RETRY_AFTER],
+            "1"
+        );
     }
 }

@@ -115,6 +115,17 @@ pub fn client() -> reqwest::Client {
         .expect("an HTTP client")
 }
 
+/// Like [`client`], but every request opens a new connection, so that requests reach the
+/// server in the order they were sent (a pooled connection would overtake a new one).
+pub fn unpooled_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("an HTTP client")
+}
+
 /// Gunzips and decodes a profile body, failing with a clear message if it is not one.
 pub fn decode(body: &[u8]) -> Profile {
     assert!(

@@ -176,12 +176,37 @@ async fn seconds_above_cpu_max_are_clamped() {
 async fn start_raw_profile(server: &TestServer, seconds: u64) -> tokio::net::TcpStream {
     let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let request = format!(
-        "GET /debug/pprof/profile?seconds={seconds} HTTP/1.1\r\nHost: {}\r\n\r\n",
+        "GET /debug/pprof/profile?seconds={seconds} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
         server.addr
     );
     stream.write_all(request.as_bytes()).await.unwrap();
     stream.flush().await.unwrap();
     stream
+}
+
+/// Starts a raw `seconds`-long profile and returns its connection once it holds the
+/// profiler (a probe, sent after it on a new connection, is refused with 409). If a probe
+/// wins the race anyway, the raw request was the one refused; it is sent again.
+async fn hold_profiler(server: &TestServer, seconds: u64) -> tokio::net::TcpStream {
+    use tokio::io::AsyncReadExt as _;
+    let http = krabka_pprof_tests::unpooled_client();
+    let probe = server.url("/debug/pprof/profile?seconds=1");
+    for _ in 0..20 {
+        let mut raw = start_raw_profile(server, seconds).await;
+        let status = http.get(&probe).send().await.unwrap().status();
+        if status == StatusCode::CONFLICT {
+            return raw;
+        }
+        assert_eq!(status, StatusCode::OK);
+        let mut answer = Vec::new();
+        raw.read_to_end(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 409"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    panic!("the {seconds} s profile never got the profiler in 20 attempts");
 }
 
 #[tokio::test]
@@ -191,18 +216,7 @@ async fn a_client_that_hangs_up_frees_the_profiler() {
     let http = client();
     let probe = server.url("/debug/pprof/profile?seconds=1");
 
-    let hung_up = start_raw_profile(&server, 30).await;
-    // Wait for the 30 s profile to hold the profiler: a probe gets 409. If a probe wins
-    // the race instead, it runs its 1 s and the next probe tries again.
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        assert!(attempts <= 20, "the 30 s profile never started");
-        let status = http.get(&probe).send().await.unwrap().status();
-        if status == StatusCode::CONFLICT {
-            break;
-        }
-    }
+    let hung_up = hold_profiler(&server, 30).await;
     let hung_up_at = Instant::now();
     drop(hung_up);
 
@@ -227,14 +241,7 @@ async fn a_client_that_hangs_up_frees_the_profiler() {
 async fn go_tool_pprof_shows_the_409_sentence() {
     let _serial = serial().await;
     let server = TestServer::start(app);
-    let running = start_raw_profile(&server, 10).await;
-    let http = client();
-    let probe = server.url("/debug/pprof/profile?seconds=1");
-    let mut attempts = 0;
-    while http.get(&probe).send().await.unwrap().status() != StatusCode::CONFLICT {
-        attempts += 1;
-        assert!(attempts <= 20, "the 10 s profile never started");
-    }
+    let running = hold_profiler(&server, 10).await;
     let url = server.url("/debug/pprof/profile?seconds=1");
     let output = tokio::task::spawn_blocking(move || {
         std::process::Command::new("go")

@@ -83,3 +83,36 @@ async fn only_get_and_head_are_routes() {
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(response.headers()["allow"], "GET,HEAD");
 }
+
+#[pprof_routes(heap = true)]
+fn heap_app() -> Router {
+    Router::new()
+}
+
+/// This test binary allocates with the system allocator, not jemalloc.
+#[tokio::test]
+async fn heap_without_jemalloc_is_a_503_naming_the_fix() {
+    let server = TestServer::start(heap_app);
+    let http = client();
+    for route in ["/debug/pprof/heap", "/debug/pprof/allocs"] {
+        let response = http.get(server.url(route)).send().await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{route}"
+        );
+        assert_eq!(response.headers()["x-go-pprof"], "1");
+        let text = response.text().await.unwrap();
+        assert!(
+            text.contains("static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;"),
+            "{text}"
+        );
+    }
+    // The CPU route is unaffected.
+    let response = http
+        .get(server.url("/debug/pprof/profile?seconds=x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}

@@ -1,0 +1,164 @@
+//! Processes with a chosen jemalloc environment: zero configuration, sampling off, and
+//! sampling inactive (the timed window, and its 409).
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use krabka_pprof_tests::{client, decode};
+use reqwest::StatusCode;
+
+const CHILD: &str = env!("CARGO_BIN_EXE_heap_child");
+
+fn child_command(conf: Option<&str>) -> Command {
+    let mut command = Command::new(CHILD);
+    command
+        .env_remove("MALLOC_CONF")
+        .env_remove("_RJEM_MALLOC_CONF");
+    if let Some(conf) = conf {
+        command
+            .env("_RJEM_MALLOC_CONF", conf)
+            .env("MALLOC_CONF", conf);
+    }
+    command
+}
+
+/// A `heap_child serve` process, killed on drop.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Served {
+    fn start(conf: Option<&str>) -> Served {
+        let mut child = child_command(conf)
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start heap_child");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line.trim().strip_prefix("addr=").expect("addr=").to_owned();
+        Served {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn sampling_is_on_from_start_without_any_environment() {
+    let output = child_command(None).arg("config").output().unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "opt.prof=true prof.active=true prof.lg_sample=19",
+        "the linked malloc_conf must configure jemalloc with no MALLOC_CONF"
+    );
+}
+
+#[test]
+fn the_environment_still_overrides_the_linked_setting() {
+    let output = child_command(Some("lg_prof_sample:20"))
+        .arg("config")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "opt.prof=true prof.active=true prof.lg_sample=20"
+    );
+}
+
+#[tokio::test]
+async fn profiling_off_is_a_503_naming_the_fix_and_cpu_still_works() {
+    let child = Served::start(Some("prof:false"));
+    let http = client();
+    let response = http
+        .get(child.url("/debug/pprof/heap"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["x-go-pprof"], "1");
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains("prof:false") && text.contains("restart"),
+        "{text}"
+    );
+
+    let cpu = http
+        .get(child.url("/debug/pprof/profile?seconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cpu.status(), StatusCode::OK);
+    decode(&cpu.bytes().await.unwrap());
+    let app = http.get(child.url("/")).send().await.unwrap();
+    assert_eq!(app.text().await.unwrap(), "child");
+}
+
+#[tokio::test]
+async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
+    let child = Served::start(Some("prof_active:false"));
+    let http = client();
+    let url = child.url("/debug/pprof/heap?seconds=2");
+    let started = Instant::now();
+    let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = |name: &'static str| {
+        let (http, url, tx) = (http.clone(), url.clone(), order_tx.clone());
+        async move {
+            let response = http.get(url).send().await.unwrap();
+            tx.send(name).unwrap();
+            response
+        }
+    };
+    let (a, b) = tokio::join!(request("a"), request("b"));
+    let first = order_rx.recv().await.unwrap();
+    let (ok, refused, refused_name) = match (a.status(), b.status()) {
+        (StatusCode::OK, StatusCode::CONFLICT) => (a, b, "b"),
+        (StatusCode::CONFLICT, StatusCode::OK) => (b, a, "a"),
+        other => panic!("expected one 200 and one 409, got {other:?}"),
+    };
+    assert_eq!(first, refused_name, "the 409 is answered at once");
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    assert!(
+        refused
+            .text()
+            .await
+            .unwrap()
+            .contains("heap sampling window")
+    );
+    let profile = decode(&ok.bytes().await.unwrap());
+    assert_eq!(
+        profile.duration_nanos, 2_000_000_000,
+        "the window is reported"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(2));
+
+    // The window is free again: the next request gets its own.
+    let again = http
+        .get(child.url("/debug/pprof/heap?seconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+}

@@ -1,0 +1,150 @@
+//! `/heap` and `/allocs`: a function that keeps 64 MiB alive is found, with that much
+//! memory, as the first frame of its stacks; `go tool pprof` reads the same bytes.
+
+use std::hint::black_box;
+
+use axum::Router;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{
+    TestServer, client, decode, go_pprof_top, sample_types, serial, stacks, string,
+};
+use reqwest::StatusCode;
+
+#[pprof_routes(heap = true)]
+fn app() -> Router {
+    Router::new()
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// 256 blocks of 256 KiB: jemalloc samples each with probability 1 - e^(-1/2), so about
+/// 100 samples carry the estimate, a standard error near 8%.
+#[inline(never)]
+fn keep_64_mib() -> Vec<Vec<u8>> {
+    (0..256)
+        .map(|i| black_box(vec![i as u8; 256 * 1024]))
+        .collect()
+}
+
+/// Bytes attributed to stacks whose first frame is `name`, and all first frames seen.
+fn attributed(profile: &krabka_pprof_tests::Profile, name: &str) -> (f64, Vec<String>) {
+    let mut leaves = Vec::new();
+    let mut bytes = 0.0;
+    for (frames, values) in stacks(profile) {
+        let leaf = frames.first().cloned().unwrap_or_default();
+        if leaf.contains(name) {
+            bytes += values[1] as f64;
+        }
+        leaves.push(leaf);
+    }
+    (bytes, leaves)
+}
+
+#[tokio::test]
+async fn heap_shows_the_function_keeping_64_mib_as_its_first_frame() {
+    let _serial = serial().await;
+    let kept = keep_64_mib();
+    let server = TestServer::start(app);
+    let response = client()
+        .get(server.url("/debug/pprof/heap"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "application/octet-stream");
+    assert_eq!(
+        headers["content-disposition"],
+        "attachment; filename=\"heap\""
+    );
+    let body = response.bytes().await.unwrap();
+    let profile = decode(&body);
+    assert_eq!(
+        sample_types(&profile),
+        [
+            ("inuse_objects".into(), "count".into()),
+            ("inuse_space".into(), "bytes".into())
+        ]
+    );
+    let period = profile.period_type.as_ref().unwrap();
+    assert_eq!(
+        (string(&profile, period.ty), string(&profile, period.unit)),
+        ("space", "bytes")
+    );
+    assert_eq!(profile.period, 1 << 19);
+
+    let (bytes, leaves) = attributed(&profile, "keep_64_mib");
+    assert!(
+        (bytes / MIB - 64.0).abs() <= 64.0 * 0.3,
+        "keep_64_mib holds 64 MiB; the profile says {:.1} MiB",
+        bytes / MIB
+    );
+    for leaf in &leaves {
+        for allocator in [
+            "prof_backtrace",
+            "_rjem_",
+            "malloc",
+            "__rust_alloc",
+            "alloc::raw_vec",
+        ] {
+            assert!(
+                !leaf.starts_with(allocator),
+                "stacks must start at the allocation site, one starts at {leaf}"
+            );
+        }
+    }
+
+    let top = go_pprof_top(&body);
+    assert!(top.contains("keep_64_mib"), "go tool pprof -top:\n{top}");
+    drop(black_box(kept));
+}
+
+#[tokio::test]
+async fn allocs_is_the_same_profile_for_scrapers() {
+    let _serial = serial().await;
+    let kept = keep_64_mib();
+    let server = TestServer::start(app);
+    let http = client();
+    let response = http
+        .get(server.url("/debug/pprof/allocs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/octet-stream"
+    );
+    let profile = decode(&response.bytes().await.unwrap());
+    let (bytes, _) = attributed(&profile, "keep_64_mib");
+    assert!(
+        (bytes / MIB - 64.0).abs() <= 64.0 * 0.3,
+        "{:.1} MiB",
+        bytes / MIB
+    );
+
+    let text = http
+        .get(server.url("/debug/pprof/heap?format=text"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.starts_with("Type: inuse_space\n"), "{text}");
+    assert!(text.contains("keep_64_mib"), "{text}");
+    drop(black_box(kept));
+}
+
+#[tokio::test]
+async fn bad_seconds_are_400_even_when_sampling_is_active() {
+    let server = TestServer::start(app);
+    let response = client()
+        .get(server.url("/debug/pprof/heap?seconds=ten"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(response.headers()["x-go-pprof"], "1");
+    assert!(response.text().await.unwrap().contains("above 30 means 30"));
+}
