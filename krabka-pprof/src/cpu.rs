@@ -9,8 +9,10 @@
 ))]
 mod sampler;
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 pub(crate) use pprof::protos::Profile;
 
@@ -20,6 +22,8 @@ pub(crate) struct CpuRequest {
     pub(crate) duration: Duration,
     pub(crate) frequency: u32,
     pub(crate) blocklist: &'static [&'static str],
+    /// Stop a running profile early instead of answering 409.
+    pub(crate) force: bool,
 }
 
 /// Why a CPU profile could not be produced.
@@ -40,31 +44,75 @@ pub(crate) enum CpuError {
     Failed(String),
 }
 
-/// The end of the running profile's window, if one is running. Process-wide: there is one
-/// `SIGPROF` timer per process, whatever the number of routers.
-static RUNNING: Mutex<Option<Instant>> = Mutex::new(None);
+/// The running profile, if any. Process-wide: there is one `SIGPROF` timer per process,
+/// whatever the number of routers.
+struct Running {
+    ends_at: Instant,
+    /// Notified by a `?force=true` request: the running profile stops early.
+    stop_early: Arc<Notify>,
+}
+
+static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
+/// Notified every time the profiler is freed, for `?force=true` requests waiting on it.
+static RELEASED: Notify = Notify::const_new();
 
 /// Holds the process's CPU profiler for one request; dropping it frees the profiler, so
 /// a client that hangs up (axum drops the handler future) frees it at once.
-pub(crate) struct CpuSlot(());
+pub(crate) struct CpuSlot {
+    stop_early: Arc<Notify>,
+}
 
 impl CpuSlot {
-    pub(crate) fn try_acquire(duration: Duration) -> Result<CpuSlot, CpuError> {
+    fn try_acquire(duration: Duration) -> Result<CpuSlot, (CpuError, Arc<Notify>)> {
         let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        if let Some(ends_at) = *running {
-            return Err(CpuError::Busy {
-                retry_after: ends_at.saturating_duration_since(now),
-            });
+        if let Some(current) = &*running {
+            let busy = CpuError::Busy {
+                retry_after: current.ends_at.saturating_duration_since(now),
+            };
+            return Err((busy, current.stop_early.clone()));
         }
-        *running = Some(now + duration);
-        Ok(CpuSlot(()))
+        let stop_early = Arc::new(Notify::new());
+        *running = Some(Running {
+            ends_at: now + duration,
+            stop_early: stop_early.clone(),
+        });
+        Ok(CpuSlot { stop_early })
+    }
+
+    /// Takes the profiler. With `force`, a running profile is asked to stop early (its
+    /// caller still gets what it sampled) and this request waits for it to let go.
+    pub(crate) async fn acquire(duration: Duration, force: bool) -> Result<CpuSlot, CpuError> {
+        let deadline = tokio::time::Instant::now() + FORCE_WAIT;
+        loop {
+            let released = RELEASED.notified();
+            tokio::pin!(released);
+            // Registered before looking, so a release in between is not missed.
+            released.as_mut().enable();
+            match CpuSlot::try_acquire(duration) {
+                Ok(slot) => return Ok(slot),
+                Err((busy, _)) if !force => return Err(busy),
+                Err((_, stop_early)) => {
+                    stop_early.notify_one();
+                    if tokio::time::timeout_at(deadline, released).await.is_err() {
+                        return Err(CpuError::Failed(
+                            "the running CPU profile did not stop when asked to".into(),
+                        ));
+                    }
+                }
+            }
+        }
     }
 }
+
+/// How long a `?force=true` request waits for the running profile to stop: it stops at
+/// its next scheduling point, then needs the blocking pool to stop the sampler.
+const FORCE_WAIT: Duration = Duration::from_secs(10);
 
 impl Drop for CpuSlot {
     fn drop(&mut self) {
         *RUNNING.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        RELEASED.notify_waiters();
     }
 }
 
@@ -93,7 +141,8 @@ where
 {
     use sampler::{DRAIN_EVERY, Sampler, StartError};
 
-    let slot = CpuSlot::try_acquire(request.duration)?;
+    let slot = CpuSlot::acquire(request.duration, request.force).await?;
+    let stop_early = slot.stop_early.clone();
     let sampler = blocking(move || {
         Sampler::start(request.frequency, request.blocklist).map_err(|err| match err {
             // A cancelled request's sampler may still be stopping on the blocking pool.
@@ -110,6 +159,7 @@ where
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(deadline) => break,
+            () = stop_early.notified() => break,
             _ = drain.tick() => sampler.drain(),
         }
     }

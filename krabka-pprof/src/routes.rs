@@ -1,4 +1,5 @@
-//! The HTTP contract: routes, query parsing, and Go-compatible success and error responses.
+//! The HTTP contract: the routes, access control, query parsing, the views, and
+//! Go-compatible success and error responses. Every request runs in one `tracing` span.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -7,15 +8,17 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use pprof::protos::Profile;
+use tracing::{Instrument as _, field};
 
-use crate::config::{ConfigError, ProfilingConfig};
+use crate::config::{ConfigError, Guard, MAX_FREQUENCY, MIN_FREQUENCY, ProfilingConfig};
 use crate::cpu::{self, CpuError, CpuRequest};
 use crate::heap::{self, HeapError, HeapRequest};
 use crate::views;
-use pprof::protos::Profile;
 
 /// The profiling routes with the default [`ProfilingConfig`], to merge into an app or
 /// serve on an internal listener.
@@ -51,85 +54,276 @@ where
 /// What every handler shares.
 struct Shared {
     config: ProfilingConfig,
+    access: Access,
+}
+
+/// Who may use the routes: decided before any profiler work and before the query is read.
+struct Access {
+    guard: Option<Guard>,
+    token: Token,
+}
+
+enum Token {
+    /// No `token_env`.
+    NotRequired,
+    /// `token_env` names a variable that was unset or empty at startup: fail closed.
+    Locked(&'static str),
+    Required {
+        variable: &'static str,
+        value: Box<[u8]>,
+    },
+}
+
+impl Access {
+    /// Reads the token variable now, when the router is built (at startup).
+    fn from_config(config: &ProfilingConfig) -> Access {
+        let token = match config.token_env() {
+            None => Token::NotRequired,
+            Some(variable) => match std::env::var_os(variable) {
+                Some(value) if !value.is_empty() => Token::Required {
+                    variable,
+                    value: value.into_encoded_bytes().into_boxed_slice(),
+                },
+                _ => {
+                    tracing::warn!(
+                        variable,
+                        "the profiling routes are locked: their token variable is unset or empty"
+                    );
+                    Token::Locked(variable)
+                }
+            },
+        };
+        Access {
+            guard: config.guard(),
+            token,
+        }
+    }
+
+    /// The refusal to send, if any, logged without the token.
+    fn refusal(&self, parts: &Parts) -> Option<Response> {
+        match &self.token {
+            Token::NotRequired => {}
+            Token::Locked(variable) => {
+                tracing::warn!(outcome = "locked", "refused: the token variable is unset");
+                return Some(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!(
+                        "profiling is locked: {variable} was unset or empty when the service \
+                         started; set it to a secret token and restart the service"
+                    ),
+                ));
+            }
+            Token::Required { variable, value } => {
+                if !bearer_matches(&parts.headers, value) {
+                    tracing::warn!(
+                        outcome = "unauthorized",
+                        "refused: missing or wrong bearer token"
+                    );
+                    let mut response = error(
+                        StatusCode::UNAUTHORIZED,
+                        &format!(
+                            "send `Authorization: Bearer <token>` with the token from the \
+                             service's {variable} environment variable"
+                        ),
+                    );
+                    response.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        HeaderValue::from_static("Bearer realm=\"pprof\""),
+                    );
+                    return Some(response);
+                }
+            }
+        }
+        if let Some(guard) = self.guard
+            && !guard(parts)
+        {
+            tracing::warn!(outcome = "forbidden", "refused by the guard");
+            return Some(error(
+                StatusCode::FORBIDDEN,
+                "the service's guard refused this request; ask its operators for access",
+            ));
+        }
+        None
+    }
+}
+
+/// `Authorization: Bearer <token>`, compared in constant time.
+fn bearer_matches(headers: &HeaderMap, expected: &[u8]) -> bool {
+    use subtle::ConstantTimeEq as _;
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return false;
+    };
+    let value = value.as_bytes();
+    let Some(scheme) = value.get(..7) else {
+        return false;
+    };
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return false;
+    }
+    let presented = value[7..].trim_ascii();
+    // Different lengths are unequal at once; equal lengths take the same time whatever
+    // the bytes.
+    presented.len() == expected.len() && bool::from(presented.ct_eq(expected))
 }
 
 pub(crate) fn build<S>(config: ProfilingConfig) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
 {
-    let shared = Arc::new(Shared { config });
-    let prefix = config.prefix();
-    let mut router = Router::new().route(&format!("{prefix}/profile"), {
-        let shared = shared.clone();
-        get(move |request: Request| cpu_profile(shared.clone(), request))
+    let shared = Arc::new(Shared {
+        config,
+        access: Access::from_config(&config),
     });
+    let prefix = config.prefix();
+    let handler = |route: Route| {
+        let shared = shared.clone();
+        get(move |request: Request| handle(shared.clone(), route, request))
+    };
+    let mut router = Router::new()
+        .route(prefix, handler(Route::Redirect))
+        .route(&format!("{prefix}/"), handler(Route::Index))
+        .route(&format!("{prefix}/profile"), handler(Route::Profile));
     if config.heap() {
         // `/allocs` is where Parca and Grafana Alloy look for memory by default.
-        for route in ["heap", "allocs"] {
-            let shared = shared.clone();
-            router = router.route(
-                &format!("{prefix}/{route}"),
-                get(move |request: Request| heap_profile(shared.clone(), request)),
-            );
-        }
+        router = router
+            .route(&format!("{prefix}/heap"), handler(Route::Heap))
+            .route(&format!("{prefix}/allocs"), handler(Route::Allocs));
     }
     router
 }
 
-async fn cpu_profile(shared: Arc<Shared>, request: Request) -> Response {
-    let (parts, _body) = request.into_parts();
-    let query = match CpuQuery::parse(parts.uri.query(), &shared.config) {
-        Ok(query) => query,
-        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
-    };
-    let request = CpuRequest {
-        duration: query.duration,
-        frequency: query.frequency,
-        blocklist: shared.config.blocklist(),
-    };
-    let format = query.format;
-    let rendered = cpu::profile(request, move |profile| {
-        render(&profile, format).map_err(CpuError::Failed)
-    });
-    match rendered.await {
-        Ok(view) => view.into_response("profile"),
-        Err(CpuError::Busy { retry_after }) => busy(
-            retry_after,
-            "a CPU profile is already running and ends in about {}s; retry after that",
-        ),
-        Err(CpuError::Unsupported) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "CPU profiling is not available on this platform: it needs Linux on x86_64 or aarch64",
-        ),
-        Err(CpuError::Failed(reason)) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!(
-                "CPU profiling failed: {reason}; the profiler is free again, retry the request"
-            ),
-        ),
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Redirect,
+    Index,
+    Profile,
+    Heap,
+    Allocs,
+}
+
+impl Route {
+    fn name(self) -> &'static str {
+        match self {
+            Route::Redirect => "",
+            Route::Index => "/",
+            Route::Profile => "/profile",
+            Route::Heap => "/heap",
+            Route::Allocs => "/allocs",
+        }
     }
 }
 
-async fn heap_profile(shared: Arc<Shared>, request: Request) -> Response {
+/// Every route: one span, access first, then the route's own work.
+async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response {
     let (parts, _body) = request.into_parts();
-    let query = match HeapQuery::parse(parts.uri.query(), &shared.config) {
+    let span = tracing::info_span!(
+        "pprof",
+        route = %format_args!("{}{}", shared.config.prefix(), route.name()),
+        seconds_requested = field::Empty,
+        seconds = field::Empty,
+        frequency = field::Empty,
+        format = field::Empty,
+        samples = field::Empty,
+        bytes = field::Empty,
+        outcome = field::Empty,
+    );
+    async move {
+        if let Some(refusal) = shared.access.refusal(&parts) {
+            tracing::Span::current().record("outcome", "refused");
+            return refusal;
+        }
+        match route {
+            Route::Redirect => redirect(&format!("{}/", shared.config.prefix())),
+            Route::Index => index(&shared.config, &parts),
+            Route::Profile => cpu_profile(&shared.config, &parts).await,
+            Route::Heap | Route::Allocs => heap_profile(&shared.config, &parts).await,
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
+    let span = tracing::Span::current();
+    let query = match CpuQuery::parse(parts.uri.query(), config) {
         Ok(query) => query,
-        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+        Err(message) => return bad_request(&message),
     };
+    span.record("seconds", query.duration.as_secs_f64());
+    span.record("frequency", query.frequency);
+    span.record("format", query.format.name());
+    if let Some(requested) = query.seconds_requested {
+        span.record("seconds_requested", requested);
+    }
+    let request = CpuRequest {
+        duration: query.duration,
+        frequency: query.frequency,
+        blocklist: config.blocklist(),
+        force: query.force,
+    };
+    let format = query.format;
+    let subtitle = format!("{} s at {} Hz", query.duration.as_secs(), query.frequency);
+    let rendered = cpu::profile(request, move |profile| {
+        render(&profile, format, "CPU", &subtitle).map_err(CpuError::Failed)
+    });
+    match rendered.await {
+        Ok(view) => view.into_response("profile"),
+        Err(CpuError::Busy { retry_after }) => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: a CPU profile is already running");
+            busy(
+                retry_after,
+                "a CPU profile is already running and ends in about {}s; retry after that, \
+                 or add force=true to stop it early",
+            )
+        }
+        Err(CpuError::Unsupported) => unavailable(
+            "CPU profiling is not available on this platform: it needs Linux on x86_64 or aarch64",
+        ),
+        Err(CpuError::Failed(reason)) => failed(&format!(
+            "CPU profiling failed: {reason}; the profiler is free again, retry the request"
+        )),
+    }
+}
+
+async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
+    let span = tracing::Span::current();
+    let query = match HeapQuery::parse(parts.uri.query(), config) {
+        Ok(query) => query,
+        Err(message) => return bad_request(&message),
+    };
+    span.record("format", query.format.name());
+    if let Some(requested) = query.seconds_requested {
+        span.record("seconds_requested", requested);
+    }
     let format = query.format;
     let rendered = heap::profile(
         HeapRequest {
             window: query.window,
         },
-        move |profile| render(&profile, format).map_err(HeapError::Failed),
+        move |profile| {
+            let subtitle = if profile.duration_nanos > 0 {
+                format!(
+                    "live memory sampled over {} s",
+                    profile.duration_nanos / 1_000_000_000
+                )
+            } else {
+                "live memory, sampled since the process started".to_owned()
+            };
+            render(&profile, format, "Heap in use", &subtitle).map_err(HeapError::Failed)
+        },
     );
-    let unavailable = |message: &str| error(StatusCode::SERVICE_UNAVAILABLE, message);
     match rendered.await {
         Ok(view) => view.into_response("heap"),
-        Err(HeapError::Busy { retry_after }) => busy(
-            retry_after,
-            "a timed heap sampling window is already running and ends in about {}s; retry after that",
-        ),
+        Err(HeapError::Busy { retry_after }) => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: a timed heap window is already running");
+            busy(
+                retry_after,
+                "a timed heap sampling window is already running and ends in about {}s; \
+                 retry after that",
+            )
+        }
         Err(HeapError::Unsupported(reason)) => unavailable(reason),
         Err(HeapError::NotJemalloc) => unavailable(
             "heap profiling needs jemalloc as the global allocator: add \
@@ -144,10 +338,73 @@ async fn heap_profile(shared: Arc<Shared>, request: Request) -> Response {
             "jemalloc heap sampling is off in this process (MALLOC_CONF or _RJEM_MALLOC_CONF \
              sets prof:false): remove that setting and restart the process",
         ),
-        Err(HeapError::Failed(reason)) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("heap profiling failed: {reason}; retry the request"),
-        ),
+        Err(HeapError::Failed(reason)) => failed(&format!(
+            "heap profiling failed: {reason}; retry the request"
+        )),
+    }
+}
+
+/// A `/profile` request after defaults and clamping.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct CpuQuery {
+    pub(crate) duration: Duration,
+    pub(crate) seconds_requested: Option<u64>,
+    pub(crate) frequency: u32,
+    pub(crate) format: Format,
+    pub(crate) force: bool,
+}
+
+impl CpuQuery {
+    /// `seconds`: missing → `cpu_default`, `0` → 1 s, above `cpu_max` → `cpu_max`; anything
+    /// that is not a non-negative integer is an error. `frequency`: 1 ..= 1000 Hz, default
+    /// the configured one. `force`: `true` stops a running profile early. Unknown
+    /// parameters are ignored, as Go ignores them (`debug`, `gc`).
+    pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
+        let params = Params::parse(query)?;
+        let format = Format::from_params(&params)?;
+        let max_secs = config.cpu_max().as_secs();
+        let seconds_requested = params
+            .get("seconds")
+            .map(|text| parse_seconds(text, max_secs))
+            .transpose()?;
+        let duration = match seconds_requested {
+            None => config.cpu_default(),
+            Some(seconds) => Duration::from_secs(seconds.clamp(1, max_secs)),
+        };
+        let frequency = match params.get("frequency") {
+            None => config.frequency(),
+            Some(text) => parse_frequency(text)?,
+        };
+        let force = match params.get("force") {
+            None | Some("false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(other) => {
+                return Err(format!("`force` must be true or false, found {other:?}"));
+            }
+        };
+        Ok(CpuQuery {
+            duration: duration.min(config.cpu_max()),
+            seconds_requested,
+            frequency,
+            format,
+            force,
+        })
+    }
+}
+
+fn parse_frequency(text: &str) -> Result<u32, String> {
+    let message = || {
+        format!(
+            "`frequency` must be a whole number of Hz from {MIN_FREQUENCY} to {MAX_FREQUENCY}, \
+             such as ?frequency=99, found {text:?}"
+        )
+    };
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(message());
+    }
+    match text.parse::<u32>() {
+        Ok(hz) if (MIN_FREQUENCY..=MAX_FREQUENCY).contains(&hz) => Ok(hz),
+        _ => Err(message()),
     }
 }
 
@@ -156,6 +413,7 @@ async fn heap_profile(shared: Arc<Shared>, request: Request) -> Response {
 pub(crate) struct HeapQuery {
     /// The sampling window, used only if sampling is not already active.
     pub(crate) window: Duration,
+    pub(crate) seconds_requested: Option<u64>,
     pub(crate) format: Format,
 }
 
@@ -164,28 +422,22 @@ impl HeapQuery {
     /// `heap_default`, `0` → 1 s, above `heap_max` → `heap_max`.
     pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
         let params = Params::parse(query)?;
-        let format = match params.get("format") {
-            None => Format::Pprof,
-            Some(text) => Format::parse(text)?,
-        };
+        let format = Format::from_params(&params)?;
         let max_secs = config.heap_max().as_secs();
-        let window = match params.get("seconds") {
+        let seconds_requested = params
+            .get("seconds")
+            .map(|text| parse_seconds(text, max_secs))
+            .transpose()?;
+        let window = match seconds_requested {
             None => config.heap_default(),
-            Some(text) => Duration::from_secs(parse_seconds(text, max_secs)?.clamp(1, max_secs)),
+            Some(seconds) => Duration::from_secs(seconds.clamp(1, max_secs)),
         };
         Ok(HeapQuery {
             window: window.min(config.heap_max()),
+            seconds_requested,
             format,
         })
     }
-}
-
-/// A `/profile` request after defaults and clamping.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct CpuQuery {
-    pub(crate) duration: Duration,
-    pub(crate) frequency: u32,
-    pub(crate) format: Format,
 }
 
 /// The `?format=` views of a profile.
@@ -193,84 +445,38 @@ pub(crate) struct CpuQuery {
 pub(crate) enum Format {
     /// Gzipped pprof protobuf, what `go tool pprof` and the scrapers read.
     Pprof,
+    /// A flamegraph, SVG.
+    #[cfg_attr(not(feature = "flamegraph"), allow(dead_code))]
+    Svg,
     /// A `go tool pprof -top`-style table.
     Text,
 }
 
 impl Format {
-    const VALID: &'static str = "pprof (the default) or text";
+    #[cfg(feature = "flamegraph")]
+    const VALID: &'static str = "pprof (the default), svg or text";
+    #[cfg(not(feature = "flamegraph"))]
+    const VALID: &'static str =
+        "pprof (the default) or text (svg needs krabka-pprof's `flamegraph` feature)";
 
-    fn parse(text: &str) -> Result<Format, String> {
-        match text {
-            "pprof" | "proto" => Ok(Format::Pprof),
-            "text" | "top" => Ok(Format::Text),
-            other => Err(format!(
+    fn from_params(params: &Params) -> Result<Format, String> {
+        match params.get("format") {
+            None | Some("pprof" | "proto") => Ok(Format::Pprof),
+            Some("text" | "top") => Ok(Format::Text),
+            Some("svg" | "flamegraph") if cfg!(feature = "flamegraph") => Ok(Format::Svg),
+            Some(other) => Err(format!(
                 "`format` must be {}, found {other:?}",
                 Format::VALID
             )),
         }
     }
-}
 
-/// A rendered view, ready to send.
-pub(crate) enum View {
-    Pprof(Vec<u8>),
-    Text(String),
-}
-
-impl View {
-    fn into_response(self, filename: &'static str) -> Response {
+    fn name(self) -> &'static str {
         match self {
-            View::Pprof(body) => pprof_response(body, filename),
-            View::Text(text) => (
-                StatusCode::OK,
-                [
-                    (
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/plain; charset=utf-8"),
-                    ),
-                    (
-                        header::X_CONTENT_TYPE_OPTIONS,
-                        HeaderValue::from_static("nosniff"),
-                    ),
-                    (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-                ],
-                text,
-            )
-                .into_response(),
+            Format::Pprof => "pprof",
+            Format::Svg => "svg",
+            Format::Text => "text",
         }
-    }
-}
-
-/// Renders `profile` as `format`; runs on the blocking pool.
-fn render(profile: &Profile, format: Format) -> Result<View, String> {
-    match format {
-        Format::Pprof => gzip_profile(profile).map(View::Pprof),
-        Format::Text => Ok(View::Text(views::top_table(profile, views::TOP_ROWS))),
-    }
-}
-
-impl CpuQuery {
-    /// `seconds`: missing → `cpu_default`, `0` → 1 s, above `cpu_max` → `cpu_max`; anything
-    /// that is not a non-negative integer is an error. Unknown parameters are ignored, as
-    /// Go ignores them (`debug`, `gc`).
-    pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
-        let params = Params::parse(query)?;
-        let seconds = params.get("seconds");
-        let format = match params.get("format") {
-            None => Format::Pprof,
-            Some(text) => Format::parse(text)?,
-        };
-        let max_secs = config.cpu_max().as_secs();
-        let duration = match seconds {
-            None => config.cpu_default(),
-            Some(text) => Duration::from_secs(parse_seconds(text, max_secs)?.clamp(1, max_secs)),
-        };
-        Ok(CpuQuery {
-            duration: duration.min(config.cpu_max()),
-            frequency: config.frequency(),
-            format,
-        })
     }
 }
 
@@ -314,6 +520,78 @@ fn parse_seconds(text: &str, max_secs: u64) -> Result<u64, String> {
     text.parse::<u64>().map_err(|_| {
         format!("{hint}, found {text:?}, which is too large to be a number of seconds")
     })
+}
+
+/// A rendered view, ready to send, and how many samples it holds.
+pub(crate) struct View {
+    body: ViewBody,
+    samples: i64,
+}
+
+enum ViewBody {
+    Pprof(Vec<u8>),
+    #[cfg_attr(not(feature = "flamegraph"), allow(dead_code))]
+    Svg(String),
+    Text(String),
+}
+
+/// Renders `profile` as `format`; runs on the blocking pool.
+fn render(profile: &Profile, format: Format, title: &str, subtitle: &str) -> Result<View, String> {
+    let samples = profile
+        .sample
+        .iter()
+        .map(|s| s.value.first().copied().unwrap_or(0))
+        .sum();
+    let body = match format {
+        Format::Pprof => ViewBody::Pprof(gzip_profile(profile)?),
+        Format::Text => ViewBody::Text(views::top_table(profile, views::TOP_ROWS)),
+        #[cfg(feature = "flamegraph")]
+        Format::Svg => ViewBody::Svg(views::flamegraph(profile, title, subtitle)?),
+        #[cfg(not(feature = "flamegraph"))]
+        Format::Svg => {
+            let _ = (title, subtitle);
+            return Err("flamegraphs are compiled out".to_owned());
+        }
+    };
+    Ok(View { body, samples })
+}
+
+impl View {
+    fn into_response(self, filename: &'static str) -> Response {
+        let span = tracing::Span::current();
+        span.record("samples", self.samples);
+        let (content_type, body): (&'static str, Body) = match self.body {
+            ViewBody::Pprof(bytes) => {
+                span.record("bytes", bytes.len());
+                span.record("outcome", "ok");
+                tracing::info!("profile served");
+                return pprof_response(bytes, filename);
+            }
+            ViewBody::Svg(svg) => ("image/svg+xml", svg.into()),
+            ViewBody::Text(text) => ("text/plain; charset=utf-8", text.into()),
+        };
+        let mut response = Response::new(body);
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        headers.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        // inferno's SVG scripts its own zoom and search; nothing may load from elsewhere.
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+            ),
+        );
+        if let Some(length) = axum::body::HttpBody::size_hint(response.body()).exact() {
+            span.record("bytes", length);
+        }
+        span.record("outcome", "ok");
+        tracing::info!("profile served");
+        response
+    }
 }
 
 /// Encodes and gzips a profile the way Go serves it (fastest level: the payload is small
@@ -383,6 +661,25 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
+fn bad_request(message: &str) -> Response {
+    let span = tracing::Span::current();
+    span.record("outcome", "bad_query");
+    tracing::debug!(reason = message, "refused: bad query");
+    error(StatusCode::BAD_REQUEST, message)
+}
+
+fn unavailable(message: &str) -> Response {
+    tracing::Span::current().record("outcome", "unavailable");
+    tracing::warn!(reason = message, "profiling unavailable");
+    error(StatusCode::SERVICE_UNAVAILABLE, message)
+}
+
+fn failed(message: &str) -> Response {
+    tracing::Span::current().record("outcome", "failed");
+    tracing::warn!(reason = message, "profiling failed");
+    error(StatusCode::INTERNAL_SERVER_ERROR, message)
+}
+
 /// 409 with `Retry-After`: answered at once, never queued. `message` has one `{}` for
 /// the seconds.
 fn busy(retry_after: Duration, message: &str) -> Response {
@@ -395,6 +692,43 @@ fn busy(retry_after: Duration, message: &str) -> Response {
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
+
+/// `{prefix}` → `{prefix}/`, as Go's mux answers.
+fn redirect(location: &str) -> Response {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::MOVED_PERMANENTLY;
+    if let Ok(value) = HeaderValue::from_str(location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    response
+}
+
+/// The index page: every route this app serves, the settings in force, ready links.
+fn index(config: &ProfilingConfig, parts: &Parts) -> Response {
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("HOST");
+    let html = views::index_html(config, host);
+    let mut response = Response::new(Body::from(html));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'"),
+    );
+    tracing::Span::current().record("outcome", "ok");
     response
 }
 
@@ -427,6 +761,7 @@ mod tests {
         assert_eq!(secs("seconds=60"), 60);
         assert_eq!(secs("seconds=61"), 60);
         assert_eq!(secs("seconds=18446744073709551615"), 60);
+        assert_eq!(parse("seconds=61").unwrap().seconds_requested, Some(61));
     }
 
     #[test]
@@ -469,6 +804,26 @@ mod tests {
     }
 
     #[test]
+    fn frequency_and_force() {
+        assert_eq!(parse("").unwrap().frequency, 99);
+        assert_eq!(parse("frequency=1").unwrap().frequency, 1);
+        assert_eq!(parse("frequency=1000").unwrap().frequency, 1000);
+        for bad in ["0", "1001", "-5", "x", "", "99.5"] {
+            let err = parse(&format!("frequency={bad}")).unwrap_err();
+            assert!(err.contains("from 1 to 1000"), "{bad}: {err}");
+        }
+        assert!(!parse("").unwrap().force);
+        assert!(parse("force=true").unwrap().force);
+        assert!(parse("force=1").unwrap().force);
+        assert!(!parse("force=false").unwrap().force);
+        assert!(
+            parse("force=yes")
+                .unwrap_err()
+                .contains("`force` must be true or false")
+        );
+    }
+
+    #[test]
     fn heap_window_clamping() {
         let config = ProfilingConfig::new().with_heap(true);
         let w = |q: &str| HeapQuery::parse(Some(q), &config).unwrap().window.as_secs();
@@ -490,15 +845,35 @@ mod tests {
         assert_eq!(parse("").unwrap().format, Format::Pprof);
         assert_eq!(parse("format=text").unwrap().format, Format::Text);
         let err = parse("format=pdf").unwrap_err();
-        assert_eq!(
-            err,
-            "`format` must be pprof (the default) or text, found \"pdf\""
+        assert!(
+            err.starts_with("`format` must be pprof (the default)"),
+            "{err}"
         );
+        assert!(err.ends_with("found \"pdf\""), "{err}");
+        #[cfg(feature = "flamegraph")]
+        assert_eq!(parse("format=svg").unwrap().format, Format::Svg);
         assert!(
             parse("format=text&format=pprof")
                 .unwrap_err()
                 .contains("more than once")
         );
+    }
+
+    #[test]
+    fn bearer_tokens() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            headers
+        };
+        assert!(bearer_matches(&with("Bearer s3cret"), b"s3cret"));
+        assert!(bearer_matches(&with("bearer s3cret"), b"s3cret"));
+        assert!(bearer_matches(&with("Bearer  s3cret "), b"s3cret"));
+        assert!(!bearer_matches(&with("Bearer s3cre"), b"s3cret"));
+        assert!(!bearer_matches(&with("Bearer s3cretX"), b"s3cret"));
+        assert!(!bearer_matches(&with("Basic s3cret"), b"s3cret"));
+        assert!(!bearer_matches(&with("Bearer"), b"s3cret"));
+        assert!(!bearer_matches(&HeaderMap::new(), b"s3cret"));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Human views of a decoded profile: the text top table (`go tool pprof -top`'s columns).
-//! Pure functions over `pprof::protos::Profile`, shared by the CPU and heap routes.
+//! Human views of a decoded profile: the text top table (`go tool pprof -top`'s columns)
+//! and the flamegraph SVG (inferno, the engine behind the `pprof` crate's and
+//! jemalloc_pprof's flamegraphs). Pure functions over `pprof::protos::Profile`, shared
+//! by the CPU and heap routes.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -187,6 +189,196 @@ fn trim(text: String) -> String {
     }
 }
 
+/// The flamegraph of a profile: stacks root first, widths from the `samples` column if the
+/// profile has one (CPU), else from its default column (heap: `inuse_space`).
+#[cfg(feature = "flamegraph")]
+pub(crate) fn flamegraph(profile: &Profile, title: &str, subtitle: &str) -> Result<String, String> {
+    let column = profile
+        .sample_type
+        .iter()
+        .position(|t| string(profile, t.ty) == "samples")
+        .or_else(|| value_index(profile));
+    let Some(column) = column else {
+        return Err("the profile has no values to draw".to_owned());
+    };
+    let unit = match string(profile, profile.sample_type[column].unit) {
+        "count" => "samples".to_owned(),
+        other => other.to_owned(),
+    };
+    let mut folded: HashMap<String, i64> = HashMap::new();
+    for (stack, values) in sample_stacks(profile) {
+        let value = values.get(column).copied().unwrap_or(0);
+        if value <= 0 {
+            continue;
+        }
+        // inferno splits frames on `;` and the count on the last space.
+        let line = stack
+            .iter()
+            .rev()
+            .map(|name| name.replace(';', ":"))
+            .collect::<Vec<_>>()
+            .join(";");
+        *folded.entry(line).or_default() += value;
+    }
+    let mut lines: Vec<String> = folded
+        .into_iter()
+        .map(|(stack, value)| format!("{stack} {value}"))
+        .collect();
+    lines.sort_unstable();
+    if lines.is_empty() {
+        // inferno refuses an empty input; an empty picture still says what happened.
+        return Ok(format!(
+            "<?xml version=\"1.0\" standalone=\"no\"?>\n<svg version=\"1.1\" width=\"1200\" \
+             height=\"60\" xmlns=\"http://www.w3.org/2000/svg\"><text x=\"600\" y=\"35\" \
+             text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"17\">{} ({}): no \
+             samples were taken</text></svg>\n",
+            escape(title),
+            escape(subtitle)
+        ));
+    }
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title.to_owned();
+    options.subtitle = Some(subtitle.to_owned());
+    options.count_name = unit;
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+        .map_err(|e| format!("could not draw the flamegraph: {e}"))?;
+    String::from_utf8(svg).map_err(|e| format!("the flamegraph is not UTF-8: {e}"))
+}
+
+/// Escapes text for HTML content and attribute values.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The index page: valid HTML5, self-contained, readable without JavaScript. Links are
+/// relative to `{prefix}/`, where the page is served.
+pub(crate) fn index_html(config: &crate::ProfilingConfig, host: &str) -> String {
+    let prefix = escape(config.prefix());
+    let host = escape(host);
+    let secs = |d: std::time::Duration| humantime::format_duration(d).to_string();
+    let svg = cfg!(feature = "flamegraph");
+    let views = |route: &str, query: &str| {
+        let sep = if query.is_empty() { "?" } else { "&amp;" };
+        let mut links = format!("<a href=\"{route}{query}\">pprof</a>");
+        if svg {
+            links.push_str(&format!(
+                " · <a href=\"{route}{query}{sep}format=svg\">flamegraph</a>"
+            ));
+        }
+        links.push_str(&format!(
+            " · <a href=\"{route}{query}{sep}format=text\">top</a>"
+        ));
+        links
+    };
+    let mut rows = format!(
+        "<tr><td><code>profile</code></td><td>CPU profile of the whole process: samples every \
+         thread for <code>seconds</code> (default {}, at most {}) at <code>frequency</code> Hz \
+         (default {}). One at a time: a second request gets 409, unless it adds \
+         <code>force=true</code>.</td><td>5 s: {}</td></tr>\n",
+        secs(config.cpu_default()),
+        secs(config.cpu_max()),
+        config.frequency(),
+        views("profile", "?seconds=5"),
+    );
+    if config.heap() {
+        for (route, what) in [
+            (
+                "heap",
+                "Heap profile: memory in use, by allocation site, from jemalloc's sampling.",
+            ),
+            (
+                "allocs",
+                "The same heap profile, at the path Parca and Grafana Alloy scrape.",
+            ),
+        ] {
+            rows.push_str(&format!(
+                "<tr><td><code>{route}</code></td><td>{what} If sampling is off, it samples for \
+                 <code>seconds</code> (default {}, at most {}) first.</td><td>{}</td></tr>\n",
+                secs(config.heap_default()),
+                secs(config.heap_max()),
+                views(route, ""),
+            ));
+        }
+    }
+    let access = match (config.token_env(), config.guard().is_some()) {
+        (Some(variable), true) => format!(
+            "bearer token from <code>{}</code>, and a guard function",
+            escape(variable)
+        ),
+        (Some(variable), false) => format!("bearer token from <code>{}</code>", escape(variable)),
+        (None, true) => "a guard function".to_owned(),
+        (None, false) => "open to anyone who can reach this address".to_owned(),
+    };
+    let heap = if config.heap() {
+        "on (<code>/heap</code>, <code>/allocs</code>)"
+    } else {
+        "off (enable with <code>heap = true</code>)"
+    };
+    let formats = if svg {
+        "pprof (default), svg, text"
+    } else {
+        "pprof (default), text"
+    };
+    format!(
+        "<!DOCTYPE html>
+<html lang=\"en\">
+<head>
+<meta charset=\"utf-8\">
+<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">
+<title>{prefix}/ — profiles of this process</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 62rem; margin: 2rem auto; padding: 0 1rem; line-height: 1.5; color: #222; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: .4rem .6rem; text-align: left; vertical-align: top; }}
+code, pre {{ background: #f4f4f4; border-radius: 3px; }}
+code {{ padding: 0 .2rem; }}
+pre {{ padding: .6rem; overflow-x: auto; }}
+</style>
+</head>
+<body>
+<h1>Profiles of this process</h1>
+<p>Served by krabka-pprof {version} under <code>{prefix}</code>. Every view is computed from the same pprof profile; <code>format</code> picks one: {formats}.</p>
+<h2>Routes</h2>
+<table>
+<thead><tr><th>Route</th><th>What it returns</th><th>Open it</th></tr></thead>
+<tbody>
+{rows}</tbody>
+</table>
+<h2>Settings in force</h2>
+<table>
+<tbody>
+<tr><th scope=\"row\">CPU profile length</th><td>default {cpu_default}, at most {cpu_max}</td></tr>
+<tr><th scope=\"row\">Sampling frequency</th><td>{frequency} Hz unless <code>frequency</code> asks otherwise (1 to 1000)</td></tr>
+<tr><th scope=\"row\">Heap profiling</th><td>{heap}</td></tr>
+<tr><th scope=\"row\">Access</th><td>{access}</td></tr>
+</tbody>
+</table>
+<h2>From a terminal</h2>
+<pre>go tool pprof -http=127.0.0.1:8080 http://{host}{prefix}/profile?seconds=30
+go tool pprof -top http://{host}{prefix}/profile?seconds=5
+curl -o cpu.pb.gz 'http://{host}{prefix}/profile?seconds=10'</pre>
+</body>
+</html>
+",
+        version = env!("CARGO_PKG_VERSION"),
+        cpu_default = secs(config.cpu_default()),
+        cpu_max = secs(config.cpu_max()),
+        frequency = config.frequency(),
+    )
+}
+
 /// Scales a value like pprof does: `1.50s`, `20ms`, `64MB`, `512kB`, `1234`.
 pub(crate) fn format_value(value: i64, unit: &str) -> String {
     let v = value as f64;
@@ -312,6 +504,29 @@ pub(crate) mod tests {
             table.contains("     250ms     25%    100%         1s    100%  main\n"),
             "{table}"
         );
+    }
+
+    #[cfg(feature = "flamegraph")]
+    #[test]
+    fn flamegraph_is_svg_with_every_function() {
+        let profile = profile_of(&[(&["hot", "main"], 75), (&["cold;odd", "main"], 25)]);
+        let svg = flamegraph(&profile, "CPU", "5 s").unwrap();
+        assert!(svg.contains("<svg"), "{svg}");
+        assert!(svg.contains(">hot") && svg.contains("main") && svg.contains("cold:odd"));
+        let empty = profile_of(&[]);
+        assert!(
+            flamegraph(&empty, "CPU", "5 s")
+                .unwrap()
+                .contains("no samples")
+        );
+    }
+
+    #[test]
+    fn index_escapes_what_it_echoes() {
+        let html = index_html(&crate::ProfilingConfig::new(), "<evil>\"host");
+        assert!(html.contains("&lt;evil&gt;&quot;host"));
+        assert!(!html.contains("<evil>"));
+        assert!(html.starts_with("<!DOCTYPE html>"));
     }
 
     #[test]

@@ -105,6 +105,91 @@ impl Drop for TestServer {
     }
 }
 
+/// A `test_child serve…` process (see `src/bin/test_child.rs`), killed on drop. `exe` is
+/// `env!("CARGO_BIN_EXE_test_child")`, which only integration tests can name.
+pub struct ChildServer {
+    child: std::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl ChildServer {
+    /// Starts `exe mode` with `MALLOC_CONF` and `_RJEM_MALLOC_CONF` removed, then `env`
+    /// applied (`None` removes a variable).
+    pub fn start(exe: &str, mode: &str, env: &[(&str, Option<&str>)]) -> ChildServer {
+        use std::io::BufRead as _;
+        let mut command = Command::new(exe);
+        command
+            .arg(mode)
+            .env_remove("MALLOC_CONF")
+            .env_remove("_RJEM_MALLOC_CONF")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        for (key, value) in env {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        let mut child = command.spawn().expect("start test_child");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("addr=")
+            .expect("test_child prints addr=")
+            .parse()
+            .unwrap();
+        ChildServer { child, addr }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `request` (a full HTTP/1.1 request with `Connection: close`) on a new connection
+/// and returns the status, the headers (lowercased names) and the body. For tests that
+/// must send exactly what a scraper sends.
+pub async fn raw_request(addr: SocketAddr, request: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    parse_response(&raw)
+}
+
+/// Splits a raw `Content-Length` HTTP/1.1 response.
+pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete header");
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let mut lines = head.lines();
+    let status = lines.next().unwrap()[9..12].parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    assert!(
+        !headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")),
+        "these tests read Content-Length bodies"
+    );
+    (status, headers, raw[end + 4..].to_vec())
+}
+
 /// A client for loopback: no proxy from the environment, no transparent decompression,
 /// a timeout well above any profile the tests request.
 pub fn client() -> reqwest::Client {

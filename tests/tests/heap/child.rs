@@ -1,14 +1,13 @@
 //! Processes with a chosen jemalloc environment: zero configuration, sampling off, and
 //! sampling inactive (the timed window, and its 409).
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use krabka_pprof_tests::{client, decode};
+use krabka_pprof_tests::{ChildServer, client, decode};
 use reqwest::StatusCode;
 
-const CHILD: &str = env!("CARGO_BIN_EXE_heap_child");
+const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
 
 fn child_command(conf: Option<&str>) -> Command {
     let mut command = Command::new(CHILD);
@@ -23,41 +22,15 @@ fn child_command(conf: Option<&str>) -> Command {
     command
 }
 
-/// A `heap_child serve` process, killed on drop.
-struct Served {
-    child: Child,
-    base: String,
-}
-
-impl Served {
-    fn start(conf: Option<&str>) -> Served {
-        let mut child = child_command(conf)
-            .arg("serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start heap_child");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line.trim().strip_prefix("addr=").expect("addr=").to_owned();
-        Served {
-            child,
-            base: format!("http://{addr}"),
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn serve(conf: &str) -> ChildServer {
+    ChildServer::start(
+        CHILD,
+        "serve",
+        &[
+            ("_RJEM_MALLOC_CONF", Some(conf)),
+            ("MALLOC_CONF", Some(conf)),
+        ],
+    )
 }
 
 #[test]
@@ -85,7 +58,7 @@ fn the_environment_still_overrides_the_linked_setting() {
 
 #[tokio::test]
 async fn profiling_off_is_a_503_naming_the_fix_and_cpu_still_works() {
-    let child = Served::start(Some("prof:false"));
+    let child = serve("prof:false");
     let http = client();
     let response = http
         .get(child.url("/debug/pprof/heap"))
@@ -113,7 +86,7 @@ async fn profiling_off_is_a_503_naming_the_fix_and_cpu_still_works() {
 
 #[tokio::test]
 async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
-    let child = Served::start(Some("prof_active:false"));
+    let child = serve("prof_active:false");
     let http = client();
     let url = child.url("/debug/pprof/heap?seconds=2");
     let started = Instant::now();

@@ -133,6 +133,26 @@ async fn allocs_is_the_same_profile_for_scrapers() {
         .unwrap();
     assert!(text.starts_with("Type: inuse_space\n"), "{text}");
     assert!(text.contains("keep_64_mib"), "{text}");
+
+    let svg = http
+        .get(server.url("/debug/pprof/heap?format=svg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(svg.headers()["content-type"], "image/svg+xml");
+    let svg = svg.text().await.unwrap();
+    let mut reader = quick_xml::Reader::from_str(&svg);
+    loop {
+        match reader.read_event() {
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(_) => {}
+            Err(err) => panic!("the heap flamegraph is not XML: {err}"),
+        }
+    }
+    assert!(
+        svg.contains("keep_64_mib") && svg.contains("bytes"),
+        "heap flamegraph"
+    );
     drop(black_box(kept));
 }
 

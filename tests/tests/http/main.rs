@@ -1,7 +1,12 @@
-//! HTTP tests of the CPU profiling routes against a real server on 127.0.0.1.
+//! HTTP tests of the profiling routes against real servers on 127.0.0.1, in a process that
+//! allocates with the system allocator.
 
+mod access;
+mod control;
 mod cpu;
 mod errors;
 mod fidelity;
 mod responsiveness;
+mod scrapers;
 mod shapes;
+mod views;

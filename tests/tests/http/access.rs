@@ -1,0 +1,99 @@
+//! `token_env`: bearer tokens checked in constant time before anything else; an unset
+//! variable locks the routes (503), never opens them. Run in a child process, whose
+//! environment at startup the test chooses.
+
+use krabka_pprof_tests::{ChildServer, client, decode, raw_request};
+use reqwest::StatusCode;
+
+const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
+const VAR: &str = "KRABKA_PPROF_TEST_TOKEN";
+
+#[tokio::test]
+async fn a_bearer_token_is_required_and_checked_first() {
+    let child = ChildServer::start(CHILD, "serve-token", &[(VAR, Some("s3cret-token"))]);
+    let http = client();
+    for path in [
+        "/debug/pprof/profile?seconds=abc",
+        "/debug/pprof/",
+        "/debug/pprof/heap",
+    ] {
+        let missing = http.get(child.url(path)).send().await.unwrap();
+        assert_eq!(
+            missing.status(),
+            StatusCode::UNAUTHORIZED,
+            "{path}: auth before the query"
+        );
+        assert_eq!(
+            missing.headers()["www-authenticate"],
+            "Bearer realm=\"pprof\""
+        );
+        let text = missing.text().await.unwrap();
+        assert!(text.contains(VAR) && !text.contains("s3cret"), "{text}");
+
+        let wrong = http
+            .get(child.url(path))
+            .bearer_auth("s3cret-tokeN")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    }
+    let ok = http
+        .get(child.url("/debug/pprof/profile?seconds=1"))
+        .bearer_auth("s3cret-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    decode(&ok.bytes().await.unwrap());
+    let app = http.get(child.url("/")).send().await.unwrap();
+    assert_eq!(
+        app.text().await.unwrap(),
+        "child",
+        "the app's routes need no token"
+    );
+}
+
+#[tokio::test]
+async fn parca_and_alloy_bearer_headers_are_accepted() {
+    let child = ChildServer::start(CHILD, "serve-token", &[(VAR, Some("s3cret-token"))]);
+    // Both scrapers use prometheus/common's HTTP client: `Authorization: Bearer <token>`,
+    // no Accept-Encoding.
+    for agent in ["conprof/v0.23.0", "Alloy/v1.11.0 (linux; binary)"] {
+        let request = format!(
+            "GET /debug/pprof/allocs HTTP/1.1\r\nHost: {}\r\nUser-Agent: {agent}\r\n\
+             Authorization: Bearer s3cret-token\r\nConnection: close\r\n\r\n",
+            child.addr
+        );
+        let (status, headers, body) = raw_request(child.addr, &request).await;
+        assert_eq!(status, 200, "{agent}: {}", String::from_utf8_lossy(&body));
+        assert!(
+            headers
+                .iter()
+                .any(|(k, v)| k == "content-type" && v == "application/octet-stream")
+        );
+        decode(&body);
+    }
+}
+
+#[tokio::test]
+async fn an_unset_token_variable_locks_the_routes() {
+    for value in [None, Some("")] {
+        let child = ChildServer::start(CHILD, "serve-token", &[(VAR, value)]);
+        let http = client();
+        for token in [None, Some(""), Some("anything")] {
+            let mut request = http.get(child.url("/debug/pprof/profile?seconds=1"));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(
+                response.status(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "{value:?} {token:?}"
+            );
+            let text = response.text().await.unwrap();
+            assert!(text.contains("locked") && text.contains(VAR), "{text}");
+        }
+    }
+}

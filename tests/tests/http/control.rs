@@ -1,0 +1,153 @@
+//! `?frequency=`, `?force=true`, and the guard.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::request::Parts;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{
+    Burner, TestServer, client, decode, parse_response, process_cpu_time, serial, total,
+    unpooled_client,
+};
+use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+#[pprof_routes(cpu_max = "20s")]
+fn app() -> Router {
+    Router::new()
+}
+
+fn internal_only(parts: &Parts) -> bool {
+    parts.headers.get("x-internal").is_some_and(|v| v == "yes")
+}
+
+#[pprof_routes(guard = internal_only, cpu_max = "5s")]
+fn guarded() -> Router {
+    Router::new().route("/", axum::routing::get(|| async { "open" }))
+}
+
+#[tokio::test]
+async fn frequency_sets_the_period_and_the_rate() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(1, Duration::from_secs(20));
+    let before = process_cpu_time();
+    let response = client()
+        .get(server.url("/debug/pprof/profile?seconds=2&frequency=50"))
+        .send()
+        .await
+        .unwrap();
+    let cpu = process_cpu_time() - before;
+    drop(burner);
+    let profile = decode(&response.bytes().await.unwrap());
+    assert_eq!(profile.period, 20_000_000, "1/50 s");
+    let expected = cpu.as_secs_f64() * 50.0;
+    let samples = total(&profile, 0) as f64;
+    assert!(
+        (samples - expected).abs() <= expected * 0.25,
+        "{samples} samples at 50 Hz for {cpu:?} of CPU"
+    );
+    for bad in ["0", "1001", "fast"] {
+        let response = client()
+            .get(server.url(&format!("/debug/pprof/profile?frequency={bad}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{bad}");
+        assert!(response.text().await.unwrap().contains("from 1 to 1000"));
+    }
+}
+
+#[tokio::test]
+async fn force_ends_the_running_profile_early_and_both_get_profiles() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let probe = unpooled_client();
+    // A 20 s profile holds the profiler (on its own connection, sent first).
+    let mut long = loop {
+        let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let request = format!(
+            "GET /debug/pprof/profile?seconds=20 HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            server.addr
+        );
+        raw.write_all(request.as_bytes()).await.unwrap();
+        let refused = probe
+            .get(server.url("/debug/pprof/profile?seconds=1"))
+            .send()
+            .await
+            .unwrap();
+        if refused.status() == StatusCode::CONFLICT {
+            assert!(refused.text().await.unwrap().contains("force=true"));
+            break raw;
+        }
+    };
+    let forced = probe
+        .get(server.url("/debug/pprof/profile?seconds=1&force=true"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forced.status(), StatusCode::OK);
+    decode(&forced.bytes().await.unwrap());
+
+    // The stopped profile still answers, with a valid profile of the time it had.
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), long.read_to_end(&mut raw))
+        .await
+        .expect("the stopped profile answers long before its 20 s")
+        .unwrap();
+    let (status, _, body) = parse_response(&raw);
+    assert_eq!(status, 200);
+    let stopped = decode(&body);
+    assert!(
+        stopped.duration_nanos < 15_000_000_000,
+        "it stopped early: {} ns",
+        stopped.duration_nanos
+    );
+
+    let bad = probe
+        .get(server.url("/debug/pprof/profile?force=maybe"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn the_guard_refuses_before_the_query_is_read() {
+    let _serial = serial().await;
+    let server = TestServer::start(guarded);
+    let http = client();
+    for path in [
+        "/debug/pprof/profile?seconds=abc",
+        "/debug/pprof/",
+        "/debug/pprof/profile",
+    ] {
+        let response = http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{path}");
+        assert_eq!(response.headers()["x-go-pprof"], "1");
+        assert!(response.text().await.unwrap().contains("guard refused"));
+    }
+    // The app's own routes are not guarded.
+    assert_eq!(
+        http.get(server.url("/"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "open"
+    );
+    let admitted = http
+        .get(server.url("/debug/pprof/profile?seconds=1"))
+        .header("x-internal", "yes")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        admitted.status(),
+        StatusCode::OK,
+        "refusals left the profiler free"
+    );
+    decode(&admitted.bytes().await.unwrap());
+}

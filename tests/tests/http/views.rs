@@ -1,0 +1,175 @@
+//! The index page and the views: valid HTML5 whose every link works, a flamegraph that an
+//! XML parser accepts, a text table with Go's columns.
+
+use std::time::Duration;
+
+use axum::Router;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{Burner, TestServer, client, decode, serial};
+use reqwest::StatusCode;
+
+#[pprof_routes(cpu_max = "1s", frequency = 250)]
+fn app() -> Router {
+    Router::new()
+}
+
+/// Parses `html` as an HTML5 browser would and returns the parse errors and the links.
+fn parse_html(html: &str) -> (Vec<String>, Vec<String>) {
+    use html5ever::tendril::TendrilSink as _;
+    use markup5ever_rcdom::{Handle, NodeData, RcDom};
+    let dom = html5ever::parse_document(RcDom::default(), Default::default())
+        .from_utf8()
+        .read_from(&mut html.as_bytes())
+        .unwrap();
+    fn links(node: &Handle, out: &mut Vec<String>) {
+        if let NodeData::Element { name, attrs, .. } = &node.data
+            && &*name.local == "a"
+        {
+            for attr in attrs.borrow().iter() {
+                if &*attr.name.local == "href" {
+                    out.push(attr.value.to_string());
+                }
+            }
+        }
+        for child in node.children.borrow().iter() {
+            links(child, out);
+        }
+    }
+    let mut found = Vec::new();
+    links(&dom.document, &mut found);
+    let errors = dom.errors.borrow().iter().map(|e| e.to_string()).collect();
+    (errors, found)
+}
+
+/// Reads the whole document with an XML parser; any error fails the test.
+fn assert_valid_xml(svg: &str) {
+    let mut reader = quick_xml::Reader::from_str(svg);
+    loop {
+        match reader.read_event() {
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(_) => {}
+            Err(err) => panic!("invalid XML at byte {}: {err}", reader.buffer_position()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn index_is_valid_html_and_every_link_works() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let http = client();
+
+    let redirect = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(server.url("/debug/pprof"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redirect.status(), StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(redirect.headers()["location"], "/debug/pprof/");
+
+    let response = http.get(server.url("/debug/pprof/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/html; charset=utf-8"
+    );
+    let html = response.text().await.unwrap();
+    let (errors, links) = parse_html(&html);
+    assert!(errors.is_empty(), "HTML5 parse errors: {errors:?}");
+    let (broken, _) = parse_html("<html><p>no doctype <b>misnested</p></b>");
+    assert!(!broken.is_empty(), "the parser does report errors");
+    assert!(
+        !html.contains("http://") || html.contains("go tool pprof"),
+        "no external assets"
+    );
+    assert!(!html.contains("<script"), "readable without JavaScript");
+    assert!(
+        html.contains("250 Hz") && html.contains("at most 1s"),
+        "settings in force"
+    );
+    assert!(html.contains("off (enable with <code>heap = true</code>)"));
+
+    let expected = [
+        "profile?seconds=5",
+        "profile?seconds=5&format=svg",
+        "profile?seconds=5&format=text",
+    ];
+    assert_eq!(links, expected, "the page links every CPU view");
+    for link in links {
+        let response = http
+            .get(server.url(&format!("/debug/pprof/{link}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{link}");
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let body = response.bytes().await.unwrap();
+        match content_type.as_str() {
+            "application/octet-stream" => drop(decode(&body)),
+            "image/svg+xml" => assert_valid_xml(std::str::from_utf8(&body).unwrap()),
+            "text/plain; charset=utf-8" => {
+                assert!(String::from_utf8_lossy(&body).contains("flat%"));
+            }
+            other => panic!("{link}: unexpected {other}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn cpu_flamegraph_and_text_name_the_hot_function() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(1, Duration::from_secs(20));
+    let http = client();
+    let svg = http
+        .get(server.url("/debug/pprof/profile?seconds=1&format=svg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(svg.headers()["content-type"], "image/svg+xml");
+    let svg = svg.text().await.unwrap();
+    assert_valid_xml(&svg);
+    assert!(
+        svg.contains("krabka_hot_spin"),
+        "the flamegraph names the hot function"
+    );
+
+    let text = http
+        .get(server.url("/debug/pprof/profile?seconds=1&format=text"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    drop(burner);
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("Type: cpu"));
+    let header = text
+        .lines()
+        .find(|l| l.contains("flat%"))
+        .expect("a header row");
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        ["flat", "flat%", "sum%", "cum", "cum%"]
+    );
+    let hot = text
+        .lines()
+        .find(|l| l.contains("krabka_hot_spin"))
+        .expect("the hot row");
+    let flat_percent: f64 = hot
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('%')
+        .parse()
+        .unwrap();
+    assert!(flat_percent > 50.0, "{text}");
+}
