@@ -114,6 +114,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 pub fn run_alternating(
     a: SocketAddr,
     b: SocketAddr,
+    path: &str,
     connections: usize,
     window: Duration,
     pairs: usize,
@@ -127,8 +128,8 @@ pub fn run_alternating(
         .flat_map(|(addr, side)| (0..connections).map(move |_| (addr, side)))
         .map(|(addr, side)| {
             let counts = counts.clone();
+            let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").into_bytes();
             std::thread::spawn(move || {
-                let request = format!("GET /hello HTTP/1.1\r\nHost: {addr}\r\n\r\n").into_bytes();
                 let mut stream = TcpStream::connect(addr).expect("connect to the server");
                 stream.set_nodelay(true).unwrap();
                 stream

@@ -11,7 +11,9 @@
 //! - M5 worst latency of another route on a `current_thread` runtime while a profile starts
 //!   and finishes, against the same windows without a profile;
 //! - M6 release build time of a small app using the attribute against the same app
-//!   registering the routes by hand, and the attribute's expansion time.
+//!   registering the routes by hand, and the attribute's expansion time;
+//! - V the time each view (pprof, svg, text) of a 10 s CPU profile takes after its window;
+//! - H heap dump time and memory, and the throughput cost of jemalloc's sampling.
 //!
 //! The service (`bench server`) and the load (`bench load`) are this same binary run as
 //! separate processes, each pinned to its own core, talking over loopback; every load run
@@ -58,7 +60,9 @@ fn main() {
         }
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
-            println!("usage: krabka-pprof-bench [--quick] [--only M1,M2,...] [--clean-build]");
+            println!(
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H] [--clean-build]"
+            );
         }
         _ => {
             let options = Options::from_args(&args);
@@ -86,9 +90,11 @@ fn load_command(args: &[String]) {
         let window = flag_value(args, "--window-ms").map_or(250, |v| v.parse().unwrap());
         let pairs = flag_value(args, "--pairs").map_or(100, |v| v.parse().unwrap());
         let connections = flag_value(args, "--connections").map_or(8, |v| v.parse().unwrap());
+        let path = flag_value(args, "--path").unwrap_or("/hello");
         let counts = load::run_alternating(
             a.parse().unwrap(),
             b.parse().unwrap(),
+            path,
             connections,
             Duration::from_millis(window),
             pairs,
@@ -182,6 +188,26 @@ impl Server {
         if current_thread {
             command.arg("--current-thread");
         }
+        Server::spawn(command)
+    }
+
+    /// The jemalloc service of `src/bin/heap_server.rs`, with `_RJEM_MALLOC_CONF`.
+    fn start_heap(conf: Option<&str>) -> Server {
+        let exe = std::env::current_exe()
+            .unwrap()
+            .with_file_name("krabka-pprof-bench-heap-server");
+        let mut command = Command::new(exe);
+        command
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .env_remove("MALLOC_CONF")
+            .env_remove("_RJEM_MALLOC_CONF");
+        if let Some(conf) = conf {
+            command.env("_RJEM_MALLOC_CONF", conf);
+        }
+        Server::spawn(command)
+    }
+
+    fn spawn(mut command: Command) -> Server {
         let mut child = command
             .stdout(Stdio::piped())
             .spawn()
@@ -371,6 +397,9 @@ fn run(options: &Options) {
             ""
         }
     );
+    if options.wants("H") {
+        build_heap_server();
+    }
     let mut rows = Vec::new();
     if options.wants("M1") || options.wants("M4") {
         memory_and_latency(options, &mut rows);
@@ -383,6 +412,12 @@ fn run(options: &Options) {
     }
     if options.wants("M5") {
         rows.extend(current_thread_latency(options));
+    }
+    if options.wants("V") {
+        rows.extend(view_times(options));
+    }
+    if options.wants("H") {
+        rows.extend(heap_figures(options));
     }
     if options.wants("M6") {
         rows.extend(build_cost(options));
@@ -401,6 +436,18 @@ fn run(options: &Options) {
             row.id, row.figure, row.target, row.measured
         );
     }
+}
+
+/// `cargo run` builds only the benchmark's own binary; the heap service is its sibling.
+fn build_heap_server() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .args(["build", "--release", "--quiet", "-p", "krabka-pprof-bench"])
+        .args(["--bin", "krabka-pprof-bench-heap-server"])
+        .status()
+        .expect("run cargo");
+    assert!(status.success(), "building the heap service failed");
 }
 
 /// M1 and M4: fresh service per round, 4-connection load throughout.
@@ -494,9 +541,20 @@ fn memory_and_latency(options: &Options, rows: &mut Vec<Row>) {
 /// process pinned to the load core. Both services are pinned to the same core; only the
 /// one under load uses it. Pairing adjacent windows cancels the machine's drift.
 fn alternate(a: SocketAddr, b: SocketAddr, pairs: usize, label: &str) -> Vec<(f64, f64)> {
+    alternate_on(a, b, "/hello", pairs, label)
+}
+
+fn alternate_on(
+    a: SocketAddr,
+    b: SocketAddr,
+    path: &str,
+    pairs: usize,
+    label: &str,
+) -> Vec<(f64, f64)> {
     let output = Command::new(std::env::current_exe().unwrap())
         .arg("load")
         .args(["--alternate", &format!("{a},{b}")])
+        .args(["--path", path])
         .args(["--window-ms", "250", "--pairs", &pairs.to_string()])
         .args(["--connections", &CONNECTIONS.to_string()])
         .args(["--cpu", &LOAD_CPU.to_string()])
@@ -587,9 +645,11 @@ fn mean(pairs: &[(f64, f64)], side: fn(&(f64, f64)) -> f64) -> f64 {
 /// M3: req/s with the attribute mounted and idle against the same app without it; fresh
 /// processes every other round. Also the method's noise floor: two identical services.
 fn idle_overhead(options: &Options) -> Vec<Row> {
-    let pairs_per_round = if options.quick { 8 } else { 60 };
+    // Short rounds of fresh processes: a process's memory layout alone moves its
+    // throughput by a percent or two here, so many processes average it out.
+    let pairs_per_round = if options.quick { 8 } else { 30 };
     let (mut pairs, mut floor) = (Vec::new(), Vec::new());
-    for round in 0..options.rounds(4) {
+    for round in 0..options.rounds(8) {
         let with = Server::start(true, false);
         let without = Server::start(false, false);
         for server in [&with, &without] {
@@ -693,6 +753,143 @@ fn current_thread_latency(options: &Options) -> Vec<Row> {
             figure: "current_thread: worst latency while a profile finishes (baseline)".into(),
             target: "≤ baseline + 2 ms",
             measured: format!("{f:.2} ms ({bf:.2} ms)"),
+        },
+    ]
+}
+
+/// V: time from the end of a 10 s window to the last byte, per view, under load.
+fn view_times(options: &Options) -> Vec<Row> {
+    let window = options.secs(10.0).round() as u64;
+    let server = Server::start(true, false);
+    let load = Load::start(
+        server.addr,
+        CONNECTIONS,
+        (window as f64 + 1.0) * 3.0 * options.rounds(2) as f64 + 3.0,
+        false,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let mut rows = Vec::new();
+    let mut times: Vec<(&str, Vec<f64>)> =
+        vec![("pprof", vec![]), ("svg", vec![]), ("text", vec![])];
+    for _ in 0..options.rounds(2) {
+        for (format, samples) in &mut times {
+            let f = fetch(
+                server.addr,
+                &format!("/debug/pprof/profile?seconds={window}&format={format}"),
+            );
+            assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
+            let total = f.last_byte.duration_since(f.sent).unwrap();
+            let after = total.saturating_sub(Duration::from_secs(window));
+            eprintln!(
+                "V: {format} ready {:.1} ms after its {window} s window ({} B)",
+                after.as_secs_f64() * 1e3,
+                f.body.len()
+            );
+            samples.push(after.as_secs_f64() * 1e3);
+        }
+    }
+    drop(load.finish());
+    for (format, samples) in times {
+        rows.push(Row {
+            id: "V",
+            figure: format!(
+                "{window} s CPU profile as {format}: window end → last byte (client clock)"
+            ),
+            target: "—",
+            measured: format!("{:.1} ms", median(samples)),
+        });
+    }
+    rows
+}
+
+/// H: heap dumps (issue 3) and the cost of jemalloc's sampling, on the jemalloc service.
+fn heap_figures(options: &Options) -> Vec<Row> {
+    let (mut first, mut later, mut peak, mut retained) = (vec![], vec![], vec![], vec![]);
+    for round in 0..options.rounds(3) {
+        let server = Server::start_heap(None);
+        let pid = server.pid();
+        Load::start(server.addr, CONNECTIONS, 1.0, false).finish();
+        std::thread::sleep(Duration::from_millis(500));
+        let before = system::rss(pid);
+        system::reset_peak(pid);
+        let dump = fetch(server.addr, "/debug/pprof/heap");
+        assert_eq!(dump.status, 200, "{}", String::from_utf8_lossy(&dump.body));
+        let took = dump
+            .last_byte
+            .duration_since(dump.sent)
+            .unwrap()
+            .as_secs_f64()
+            * 1e3;
+        let high = system::peak_rss(pid);
+        std::thread::sleep(Duration::from_secs(2));
+        let after = system::rss(pid);
+        first.push(took);
+        peak.push(high as f64 - before as f64);
+        retained.push(after as f64 - before as f64);
+        for _ in 0..3 {
+            let dump = fetch(server.addr, "/debug/pprof/heap");
+            assert_eq!(dump.status, 200);
+            later.push(
+                dump.last_byte
+                    .duration_since(dump.sent)
+                    .unwrap()
+                    .as_secs_f64()
+                    * 1e3,
+            );
+        }
+        eprintln!(
+            "H round {round}: first dump {took:.1} ms ({} B), RSS {:.1} MB before, {:+.1} MB peak, {:+.1} MB after 2 s",
+            dump.body.len(),
+            before as f64 / MB,
+            (high as f64 - before as f64) / MB,
+            (after as f64 - before as f64) / MB,
+        );
+    }
+    let pairs_per_round = if options.quick { 8 } else { 30 };
+    let mut pairs = Vec::new();
+    for _ in 0..options.rounds(4) {
+        let sampled = Server::start_heap(None);
+        let unsampled = Server::start_heap(Some("prof:false"));
+        for server in [&sampled, &unsampled] {
+            Load::start(server.addr, CONNECTIONS, 1.0, false).finish();
+        }
+        pairs.extend(alternate_on(
+            sampled.addr,
+            unsampled.addr,
+            "/alloc",
+            pairs_per_round,
+            "H",
+        ));
+    }
+    let (_, sampling) = ratio_summary(&pairs);
+    vec![
+        Row {
+            id: "H",
+            figure: "heap dump (64 MiB live from 16 sites): request → last byte, first".into(),
+            target: "—",
+            measured: format!("{:.1} ms", median(first)),
+        },
+        Row {
+            id: "H",
+            figure: "heap dump: request → last byte, later".into(),
+            target: "—",
+            measured: format!("{:.1} ms", median(later)),
+        },
+        Row {
+            id: "H",
+            figure: "RSS growth during the first heap dump, peak (retained 2 s later)".into(),
+            target: "—",
+            measured: format!(
+                "{:+.1} MB ({:+.1} MB)",
+                median(peak) / MB,
+                median(retained) / MB
+            ),
+        },
+        Row {
+            id: "H",
+            figure: "req/s of an allocating route, 512 KiB sampling on ÷ prof:false".into(),
+            target: "—",
+            measured: sampling,
         },
     ]
 }
