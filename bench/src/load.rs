@@ -32,11 +32,7 @@ pub fn run(
             let stop = stop.clone();
             let request = request.clone();
             std::thread::spawn(move || {
-                let mut stream = TcpStream::connect(addr).expect("connect to the server");
-                stream.set_nodelay(true).unwrap();
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(10)))
-                    .unwrap();
+                let mut stream = connect(addr);
                 let mut buf = vec![0u8; 64 * 1024];
                 let mut count = 0u64;
                 let mut latencies = Vec::new();
@@ -68,6 +64,16 @@ pub fn run(
     }
     result.latencies.sort_by_key(|(at, _)| *at);
     result
+}
+
+/// A keep-alive connection as every load worker uses it.
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connect to the server");
+    stream.set_nodelay(true).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
 }
 
 /// Reads one response with a `content-length` body.
@@ -130,11 +136,7 @@ pub fn run_alternating(
             let counts = counts.clone();
             let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").into_bytes();
             std::thread::spawn(move || {
-                let mut stream = TcpStream::connect(addr).expect("connect to the server");
-                stream.set_nodelay(true).unwrap();
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(10)))
-                    .unwrap();
+                let mut stream = connect(addr);
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
                     let elapsed = started.elapsed();

@@ -117,16 +117,13 @@ impl Drop for CpuSlot {
 }
 
 /// Runs `f` on the blocking pool; a panic inside becomes a `Failed` error, never a crash.
-pub(crate) async fn blocking<T, F>(f: F) -> Result<T, CpuError>
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+async fn blocking<T, F>(f: F) -> Result<T, CpuError>
 where
     F: FnOnce() -> Result<T, CpuError> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|join| {
-        Err(CpuError::Failed(format!(
-            "the profiler task failed: {join}"
-        )))
-    })
+    crate::on_blocking_pool(f, CpuError::Failed).await
 }
 
 /// Takes one CPU profile and hands it to `render` on the blocking pool.

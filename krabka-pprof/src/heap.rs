@@ -203,11 +203,7 @@ mod linux {
         F: FnOnce() -> Result<T, HeapError> + Send + 'static,
         T: Send + 'static,
     {
-        tokio::task::spawn_blocking(f).await.unwrap_or_else(|join| {
-            Err(HeapError::Failed(format!(
-                "the heap profiler task failed: {join}"
-            )))
-        })
+        crate::on_blocking_pool(f, HeapError::Failed).await
     }
 
     /// Whether jemalloc samples this process's heap, and whether sampling is active now.
@@ -351,7 +347,11 @@ mod linux {
     }
 
     /// Frames of the allocator and of Rust's allocation plumbing, hidden from the leaf end
-    /// of every stack so that it starts where the program allocated.
+    /// of every stack so that it starts where the program allocated: jemalloc, the
+    /// allocator shims, and generic code of `alloc` and `core` (`core` has no allocator:
+    /// a `core` frame above an allocation is plumbing between `alloc` and the caller).
+    /// The program's own impls of core traits (`<my::Type as core::fmt::Display>::fmt`)
+    /// are kept: they are where the program allocated.
     pub(super) fn is_allocator_frame(name: &str) -> bool {
         const PREFIXES: &[&str] = &[
             // jemalloc, static functions and prefixed exports.
@@ -369,20 +369,14 @@ mod linux {
             "__rg_",
             "__rdl_",
             "__rustc::",
-            // Rust's allocation plumbing and the allocators.
-            "alloc::",
-            "<alloc::",
-            "std::alloc::",
-            "<std::alloc::",
-            "core::alloc::",
-            "<core::alloc::",
+            // The global allocators.
             "tikv_jemallocator::",
             "<tikv_jemallocator::",
-            "<krabka_pprof::heap::allocator::Jemalloc as",
+            "std::alloc::",
+            "<std::alloc::",
             "krabka_pprof::heap::allocator::",
+            "<krabka_pprof::heap::allocator::",
         ];
-        // `<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`: alloc's own impls.
-        let alloc_impl = name.starts_with('<') && name.contains(" as alloc::");
         const NAMES: &[&str] = &[
             "malloc",
             "calloc",
@@ -398,7 +392,52 @@ mod linux {
             "do_rallocx",
             "[unknown]",
         ];
-        alloc_impl || PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name)
+        PREFIXES.iter().any(|p| name.starts_with(p))
+            || NAMES.contains(&name)
+            || is_core_or_alloc(name)
+    }
+
+    /// `core::…`, `alloc::…`, `<core or alloc type>::…`, and `<T as Trait>::…` where both
+    /// the type and the trait are core's or alloc's (a primitive or a type parameter
+    /// counts as core's).
+    fn is_core_or_alloc(name: &str) -> bool {
+        let library = |path: &str| path.starts_with("core::") || path.starts_with("alloc::");
+        let Some(qualified) = name.strip_prefix('<') else {
+            return library(name);
+        };
+        // Split `Type as Trait>::method` at the ` as ` and `>` of the outer brackets.
+        let mut depth = 0usize;
+        let mut split = None;
+        let mut end = None;
+        for (i, c) in qualified.char_indices() {
+            match c {
+                '<' | '[' | '(' => depth += 1,
+                ']' | ')' => depth = depth.saturating_sub(1),
+                '>' if depth == 0 => {
+                    end = Some(i);
+                    break;
+                }
+                '>' => depth -= 1,
+                ' ' if depth == 0 && split.is_none() && qualified[i..].starts_with(" as ") => {
+                    split = Some(i);
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else {
+            return false;
+        };
+        let library_type = |ty: &str| {
+            let ty = ty
+                .trim_start_matches(['&', '*'])
+                .trim_start_matches("mut ")
+                .trim();
+            library(ty) || !ty.contains("::")
+        };
+        match split {
+            Some(at) => library_type(&qualified[..at]) && library(&qualified[at + 4..end]),
+            None => library(&qualified[..end]),
+        }
     }
 
     fn build(parsed: &Parsed, window: Duration) -> Profile {
@@ -490,6 +529,12 @@ MAPPED_LIBRARIES:
                 "<krabka_pprof::heap::allocator::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
                 "__rustc::__rust_alloc",
                 "<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
+                "core::option::Option<T>::map_or_else",
+                "core::iter::traits::iterator::Iterator::collect",
+                "<core::iter::adapters::map::Map<I,F> as core::iter::traits::iterator::Iterator>::fold",
+                "<alloc::vec::Vec<T> as alloc::vec::spec_from_iter::SpecFromIter<T,I>>::from_iter",
+                "<[T] as alloc::slice::hack::ConvertVec>::to_vec",
+                "<&str as alloc::string::ToString>::to_string",
             ] {
                 assert!(is_allocator_frame(hidden), "{hidden}");
             }
@@ -498,6 +543,10 @@ MAPPED_LIBRARIES:
                 "mallocation_site",
                 "std::io::read_to_end",
                 "<my_app::Cache as my_app::Fill>::fill",
+                "<my_app::Report as core::fmt::Display>::fmt",
+                "<core::option::Option<my_app::X> as my_app::Load>::load",
+                "<my_app::Name as alloc::borrow::ToOwned>::to_owned",
+                "my_app::fill_name_index::{{closure}}",
             ] {
                 assert!(!is_allocator_frame(kept), "{kept}");
             }

@@ -50,6 +50,20 @@ pub use heap::Jemalloc;
 pub use krabka_pprof_macros::pprof_routes;
 pub use routes::{pprof_router, pprof_router_with_config};
 
+/// Runs `f` on tokio's blocking pool. A panic inside becomes `failed(reason)`, an error
+/// the route turns into a 500, never a crash of the service.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) async fn on_blocking_pool<T, E, F>(f: F, failed: fn(String) -> E) -> Result<T, E>
+where
+    F: FnOnce() -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|join| Err(failed(format!("the profiler's task failed: {join}"))))
+}
+
 /// What `#[pprof_routes]` expansions call. Not a stable API: it changes with the attribute,
 /// and only the exact matching version of `krabka-pprof-macros` may use it.
 #[doc(hidden)]

@@ -362,15 +362,8 @@ impl CpuQuery {
     pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
         let params = Params::parse(query)?;
         let format = Format::from_params(&params)?;
-        let max_secs = config.cpu_max().as_secs();
-        let seconds_requested = params
-            .get("seconds")
-            .map(|text| parse_seconds(text, max_secs))
-            .transpose()?;
-        let duration = match seconds_requested {
-            None => config.cpu_default(),
-            Some(seconds) => Duration::from_secs(seconds.clamp(1, max_secs)),
-        };
+        let (duration, seconds_requested) =
+            window(&params, config.cpu_default(), config.cpu_max())?;
         let frequency = match params.get("frequency") {
             None => config.frequency(),
             Some(text) => parse_frequency(text)?,
@@ -383,7 +376,7 @@ impl CpuQuery {
             }
         };
         Ok(CpuQuery {
-            duration: duration.min(config.cpu_max()),
+            duration,
             seconds_requested,
             frequency,
             format,
@@ -423,17 +416,10 @@ impl HeapQuery {
     pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
         let params = Params::parse(query)?;
         let format = Format::from_params(&params)?;
-        let max_secs = config.heap_max().as_secs();
-        let seconds_requested = params
-            .get("seconds")
-            .map(|text| parse_seconds(text, max_secs))
-            .transpose()?;
-        let window = match seconds_requested {
-            None => config.heap_default(),
-            Some(seconds) => Duration::from_secs(seconds.clamp(1, max_secs)),
-        };
+        let (window, seconds_requested) =
+            window(&params, config.heap_default(), config.heap_max())?;
         Ok(HeapQuery {
-            window: window.min(config.heap_max()),
+            window,
             seconds_requested,
             format,
         })
@@ -507,6 +493,25 @@ impl Params {
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.as_str())
     }
+}
+
+/// The `seconds` window: missing → `default`, `0` → 1 s, above `max` → `max`. Also the
+/// number asked for, for the logs.
+fn window(
+    params: &Params,
+    default: Duration,
+    max: Duration,
+) -> Result<(Duration, Option<u64>), String> {
+    let max_secs = max.as_secs();
+    let requested = params
+        .get("seconds")
+        .map(|text| parse_seconds(text, max_secs))
+        .transpose()?;
+    let duration = match requested {
+        None => default,
+        Some(seconds) => Duration::from_secs(seconds.clamp(1, max_secs)),
+    };
+    Ok((duration.min(max), requested))
 }
 
 /// A whole, non-negative number of seconds.

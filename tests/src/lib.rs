@@ -229,6 +229,18 @@ pub fn string(profile: &Profile, index: i64) -> &str {
     &profile.string_table[usize::try_from(index).expect("a string index")]
 }
 
+/// Reads a whole document with an XML parser, failing the test on any error.
+pub fn assert_valid_xml(document: &str) {
+    let mut reader = quick_xml::Reader::from_str(document);
+    loop {
+        match reader.read_event() {
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(_) => {}
+            Err(err) => panic!("invalid XML at byte {}: {err}", reader.buffer_position()),
+        }
+    }
+}
+
 /// `(type, unit)` of each sample value.
 pub fn sample_types(profile: &Profile) -> Vec<(String, String)> {
     profile

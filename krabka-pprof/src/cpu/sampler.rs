@@ -761,34 +761,27 @@ fn install_handler() -> Result<(), StartError> {
     Ok(())
 }
 
+/// Arms `ITIMER_PROF` every `1/frequency` s of process CPU time.
 fn set_timer(frequency: u32) -> Result<(), StartError> {
     let micros = (1_000_000 / i64::from(frequency.max(1))).max(1);
-    let interval = libc::timeval {
+    setitimer_prof(libc::timeval {
         tv_sec: (micros / 1_000_000) as libc::time_t,
         tv_usec: (micros % 1_000_000) as libc::suseconds_t,
-    };
-    let timer = libc::itimerval {
-        it_interval: interval,
-        it_value: interval,
-    };
-    // SAFETY: setitimer reads the struct we pass.
-    if unsafe { libc::setitimer(libc::ITIMER_PROF, &timer, std::ptr::null_mut()) } != 0 {
-        return Err(StartError::System(
-            "setitimer(ITIMER_PROF)",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+    })
 }
 
 fn disarm_timer() -> Result<(), StartError> {
-    let zero = libc::timeval {
+    setitimer_prof(libc::timeval {
         tv_sec: 0,
         tv_usec: 0,
-    };
+    })
+}
+
+/// `setitimer(ITIMER_PROF)` with this interval, first expiry included; zero disarms.
+fn setitimer_prof(interval: libc::timeval) -> Result<(), StartError> {
     let timer = libc::itimerval {
-        it_interval: zero,
-        it_value: zero,
+        it_interval: interval,
+        it_value: interval,
     };
     // SAFETY: setitimer reads the struct we pass.
     if unsafe { libc::setitimer(libc::ITIMER_PROF, &timer, std::ptr::null_mut()) } != 0 {

@@ -6,7 +6,8 @@ use std::hint::black_box;
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    TestServer, client, decode, go_pprof_top, sample_types, serial, stacks, string,
+    TestServer, assert_valid_xml, client, decode, go_pprof_top, sample_types, serial, stacks,
+    string,
 };
 use reqwest::StatusCode;
 
@@ -141,14 +142,7 @@ async fn allocs_is_the_same_profile_for_scrapers() {
         .unwrap();
     assert_eq!(svg.headers()["content-type"], "image/svg+xml");
     let svg = svg.text().await.unwrap();
-    let mut reader = quick_xml::Reader::from_str(&svg);
-    loop {
-        match reader.read_event() {
-            Ok(quick_xml::events::Event::Eof) => break,
-            Ok(_) => {}
-            Err(err) => panic!("the heap flamegraph is not XML: {err}"),
-        }
-    }
+    assert_valid_xml(&svg);
     assert!(
         svg.contains("keep_64_mib") && svg.contains("bytes"),
         "heap flamegraph"

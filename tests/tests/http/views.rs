@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::{Burner, TestServer, client, decode, serial};
+use krabka_pprof_tests::{Burner, TestServer, assert_valid_xml, client, decode, serial};
 use reqwest::StatusCode;
 
 #[pprof_routes(cpu_max = "1s", frequency = 250)]
@@ -39,18 +39,6 @@ fn parse_html(html: &str) -> (Vec<String>, Vec<String>) {
     links(&dom.document, &mut found);
     let errors = dom.errors.borrow().iter().map(|e| e.to_string()).collect();
     (errors, found)
-}
-
-/// Reads the whole document with an XML parser; any error fails the test.
-fn assert_valid_xml(svg: &str) {
-    let mut reader = quick_xml::Reader::from_str(svg);
-    loop {
-        match reader.read_event() {
-            Ok(quick_xml::events::Event::Eof) => break,
-            Ok(_) => {}
-            Err(err) => panic!("invalid XML at byte {}: {err}", reader.buffer_position()),
-        }
-    }
 }
 
 #[tokio::test]
