@@ -144,8 +144,12 @@ fn check_return_type(sig: &Signature) -> syn::Result<()> {
 /// type argument. Whether it is really axum's is checked by the type system in the
 /// expansion (`__private::Routes`), with a message of its own.
 fn is_router(ty: &Type) -> bool {
-    let Type::Path(path) = ty else {
-        return false;
+    let path = match ty {
+        Type::Path(path) => path,
+        // `$ret:ty` from a macro_rules! arrives wrapped in an invisible group.
+        Type::Group(group) => return is_router(&group.elem),
+        Type::Paren(paren) => return is_router(&paren.elem),
+        _ => return false,
     };
     if path.qself.is_some() {
         return false;
@@ -191,17 +195,27 @@ fn generate(args: &Args, function: FnItem) -> TokenStream {
     } else {
         quote!((move || -> #ret #body)())
     };
-    let merge = quote_spanned!(ret.span()=>
-        #krate::__private::merge(__krabka_pprof_router, &__KRABKA_PPROF_CONFIG)
+    // The expansion's own locals resolve at the call site, whatever context the return
+    // type's tokens come from (a `macro_rules!` may have written it); the merge call keeps
+    // the return type's span so that a type error points there.
+    let router = syn::Ident::new("__krabka_pprof_router", Span::call_site());
+    let config_ref = syn::Ident::new("__krabka_pprof_config", Span::call_site());
+    let router_at_ret = syn::Ident::new(
+        "__krabka_pprof_router",
+        Span::call_site().located_at(ret.span()),
     );
+    let merge = quote_spanned!(ret.span()=> #krate::__private::merge(#router_at_ret, #config_ref));
 
+    // An inline `const` rather than a `static` item: it is still evaluated (and its
+    // checks still panic) at compile time, and it may name `Self` and the function's
+    // generics, as a `guard = Self::check` does.
     quote! {
         #(#attrs)*
         #vis #sig {
-            static __KRABKA_PPROF_CONFIG: #krate::ProfilingConfig = #config;
+            let #config_ref: &'static #krate::ProfilingConfig = &const { #config };
             #heap_check
             #[allow(clippy::redundant_closure_call, unused_mut)]
-            let __krabka_pprof_router: #ret = #produce;
+            let #router: #ret = #produce;
             #merge
         }
     }

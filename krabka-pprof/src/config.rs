@@ -101,8 +101,9 @@ impl ProfilingConfig {
         self
     }
 
-    /// Shared libraries (matched by substring of their path) the sampler does not unwind
-    /// through; samples that land in them are counted under the library's name.
+    /// Shared libraries the sampler does not unwind through, by file name (`libc` names
+    /// `libc.so.6`, not `libcrypto.so.3`; `pthread` names `libpthread.so.0`; `vdso` the
+    /// vDSO). Samples that land in them are kept, under the library's name.
     pub const fn with_blocklist(mut self, libraries: &'static [&'static str]) -> Self {
         self.blocklist = libraries;
         self

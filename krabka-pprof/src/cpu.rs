@@ -150,16 +150,33 @@ where
         })
     })
     .await?;
+    // Shared with the drains, which run on the blocking pool like the rest of the work.
+    let sampler = Arc::new(sampler);
     let deadline = tokio::time::Instant::now() + request.duration;
     let mut drain =
         tokio::time::interval_at(deadline - request.duration + DRAIN_EVERY, DRAIN_EVERY);
+    let mut draining: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(deadline) => break,
             () = stop_early.notified() => break,
-            _ = drain.tick() => sampler.drain(),
+            _ = drain.tick() => {
+                // One drain at a time; a slow one just makes the next fold more.
+                if draining.as_ref().is_none_or(|d| d.is_finished()) {
+                    let sampler = sampler.clone();
+                    draining = Some(tokio::task::spawn_blocking(move || sampler.drain()));
+                }
+            }
         }
     }
+    if let Some(draining) = draining {
+        let _ = draining.await;
+    }
+    let Ok(sampler) = Arc::try_unwrap(sampler) else {
+        return Err(CpuError::Failed(
+            "a drain of the sampler did not finish".into(),
+        ));
+    };
     blocking(move || {
         let collected = sampler.stop();
         drop(slot);

@@ -164,36 +164,61 @@ mod linux {
     /// The end of the running timed window, if one runs.
     static WINDOW: Mutex<Option<Instant>> = Mutex::new(None);
 
-    /// Holds the timed window for one request; dropping it (also when the client hangs
-    /// up) switches sampling back off and frees the window.
-    struct WindowSlot(());
+    /// Holds the timed window for one request. [`finish`](Self::finish) switches sampling
+    /// back off and frees the window before the response leaves; dropping it unfinished
+    /// (the client hung up) does the same on the blocking pool.
+    struct WindowSlot {
+        finished: bool,
+    }
+
+    /// What a request gets to do, decided under the window lock so that no request can
+    /// see sampling active because another request's window just switched it on.
+    enum Plan {
+        /// Sampling is active on its own: dump at once.
+        DumpNow,
+        /// Sampling is off: this request runs a window.
+        Window(WindowSlot),
+    }
+
+    fn plan(window: Duration) -> Result<Plan, HeapError> {
+        let mut running = WINDOW.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(ends_at) = *running {
+            return Err(HeapError::Busy {
+                retry_after: ends_at.saturating_duration_since(Instant::now()),
+            });
+        }
+        if state()? {
+            return Ok(Plan::DumpNow);
+        }
+        *running = Some(Instant::now() + window);
+        Ok(Plan::Window(WindowSlot { finished: false }))
+    }
+
+    /// Switches sampling off (which also resets jemalloc's samples) and frees the window.
+    fn end_window() {
+        if let Some(ctl) = jemalloc_pprof::PROF_CTL.as_ref() {
+            let _ = ctl.blocking_lock().deactivate();
+        }
+        *WINDOW.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
 
     impl WindowSlot {
-        fn try_acquire(window: Duration) -> Result<WindowSlot, HeapError> {
-            let mut running = WINDOW.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(ends_at) = *running {
-                return Err(HeapError::Busy {
-                    retry_after: ends_at.saturating_duration_since(Instant::now()),
-                });
-            }
-            *running = Some(Instant::now() + window);
-            Ok(WindowSlot(()))
+        /// Ends the window; call on the blocking pool.
+        fn finish(mut self) {
+            self.finished = true;
+            end_window();
         }
     }
 
     impl Drop for WindowSlot {
         fn drop(&mut self) {
-            // Deactivating also resets jemalloc's samples, which walks them: not on an
-            // async worker.
-            let deactivate = || {
-                if let Some(ctl) = jemalloc_pprof::PROF_CTL.as_ref() {
-                    let _ = ctl.blocking_lock().deactivate();
-                }
-                *WINDOW.lock().unwrap_or_else(PoisonError::into_inner) = None;
-            };
+            if self.finished {
+                return;
+            }
+            // Resetting walks jemalloc's samples: not on an async worker.
             match tokio::runtime::Handle::try_current() {
-                Ok(handle) => drop(handle.spawn_blocking(deactivate)),
-                Err(_) => deactivate(),
+                Ok(handle) => drop(handle.spawn_blocking(end_window)),
+                Err(_) => end_window(),
             }
         }
     }
@@ -230,17 +255,11 @@ mod linux {
         F: FnOnce(Profile) -> Result<R, HeapError> + Send + 'static,
         R: Send + 'static,
     {
-        // A window in progress has activated sampling itself: answer 409, not a dump of
-        // half a window.
-        if let Some(ends_at) = *WINDOW.lock().unwrap_or_else(PoisonError::into_inner) {
-            return Err(HeapError::Busy {
-                retry_after: ends_at.saturating_duration_since(Instant::now()),
-            });
-        }
-        if blocking(state).await? {
-            return blocking(move || render(dump(Duration::ZERO)?)).await;
-        }
-        let slot = WindowSlot::try_acquire(request.window)?;
+        let window = request.window;
+        let slot = match blocking(move || plan(window)).await? {
+            Plan::DumpNow => return blocking(move || render(dump(Duration::ZERO)?)).await,
+            Plan::Window(slot) => slot,
+        };
         blocking(|| {
             let ctl = jemalloc_pprof::PROF_CTL
                 .as_ref()
@@ -250,11 +269,10 @@ mod linux {
                 .map_err(|e| HeapError::Failed(format!("activating heap sampling failed: {e}")))
         })
         .await?;
-        tokio::time::sleep(request.window).await;
-        let window = request.window;
+        tokio::time::sleep(window).await;
         blocking(move || {
             let profile = dump(window);
-            drop(slot);
+            slot.finish();
             render(profile?)
         })
         .await

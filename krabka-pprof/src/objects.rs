@@ -34,9 +34,35 @@ pub(crate) struct LoadedObject {
 }
 
 impl LoadedObject {
-    /// The file name without its directory, as blocklist entries are matched.
+    /// The file name without its directory.
     pub(crate) fn short_name(&self) -> &str {
         self.name.rsplit('/').next().unwrap_or(&self.name)
+    }
+
+    /// Whether a blocklist entry names this object: its file name, or that name's stem
+    /// with or without `lib` and before a version (`libc` names `libc.so.6` and
+    /// `libc-2.31.so` but not `libcrypto.so.3`; `pthread` names `libpthread.so.0`;
+    /// `libgcc` names `libgcc_s.so.1`); `vdso` names the vDSO. Never a directory.
+    pub(crate) fn is_named(&self, entry: &str) -> bool {
+        if entry.is_empty() {
+            return false;
+        }
+        if self.is_vdso && entry == "vdso" {
+            return true;
+        }
+        let file = self.short_name();
+        if file == entry {
+            return true;
+        }
+        let stem = file.split('.').next().unwrap_or(file);
+        [entry.to_owned(), format!("lib{entry}")]
+            .iter()
+            .any(|name| {
+                stem == name
+                    || stem
+                        .strip_prefix(name.as_str())
+                        .is_some_and(|rest| rest.starts_with(['-', '_']))
+            })
     }
 
     /// The executable segment, for the pprof mapping.
@@ -253,6 +279,40 @@ mod tests {
         notes.extend([1, 2, 3, 4, 5, 0, 0, 0]);
         assert_eq!(gnu_build_id(&notes), Some(vec![1, 2, 3, 4, 5]));
         assert_eq!(gnu_build_id(&notes[..20]), None);
+    }
+
+    fn object(name: &str) -> LoadedObject {
+        LoadedObject {
+            name: name.to_owned(),
+            file: None,
+            bias: 0,
+            segments: Vec::new(),
+            range: 0..0,
+            build_id: None,
+            eh_frame_hdr: None,
+            is_vdso: false,
+        }
+    }
+
+    #[test]
+    fn blocklist_entries_name_libraries_not_substrings() {
+        let named = |path: &str, entry: &str| object(path).is_named(entry);
+        assert!(named("/lib/x86_64-linux-gnu/libc.so.6", "libc"));
+        assert!(named("/lib64/libc-2.31.so", "libc"));
+        assert!(named("/lib/x86_64-linux-gnu/libgcc_s.so.1", "libgcc"));
+        assert!(named("/lib/x86_64-linux-gnu/libpthread.so.0", "pthread"));
+        assert!(named("/usr/lib/libssl.so.3", "libssl.so.3"));
+        assert!(!named("/usr/lib/x86_64-linux-gnu/libcrypto.so.3", "libc"));
+        assert!(!named("/usr/lib/x86_64-linux-gnu/libcurl.so.4", "libc"));
+        assert!(
+            !named("/srv/pthread-bench/libc/app", "libc"),
+            "directories do not count"
+        );
+        assert!(!named("/srv/app", "pthread"));
+        assert!(!named("/lib/x86_64-linux-gnu/libc.so.6", ""));
+        let mut vdso = object("linux-vdso.so.1");
+        vdso.is_vdso = true;
+        assert!(vdso.is_named("vdso"));
     }
 
     #[cfg(target_os = "linux")]

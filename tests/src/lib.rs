@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 pub use pprof::protos::{Message as _, Profile};
@@ -347,11 +347,29 @@ pub fn process_cpu_time() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-/// Threads that call a workload in a loop until dropped, or until `limit` has passed,
-/// whichever comes first.
+/// Threads that call a workload in a loop until dropped or finished, or until `limit` has
+/// passed. Each thread notes its own CPU clock every few milliseconds, so a test can tell
+/// exactly how much CPU the burners used inside a profile's window.
 pub struct Burner {
     stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Vec<JoinHandle<Vec<(SystemTime, Duration)>>>,
+}
+
+/// Per burner thread: `(wall clock, that thread's CPU time)` readings.
+pub struct CpuTimeline(Vec<Vec<(SystemTime, Duration)>>);
+
+impl CpuTimeline {
+    /// CPU the burner threads used between `start` and `end` (to within a few ms).
+    pub fn cpu_within(&self, start: SystemTime, end: SystemTime) -> Duration {
+        self.0
+            .iter()
+            .filter_map(|readings| {
+                let first = readings.iter().find(|(at, _)| *at >= start)?;
+                let last = readings.iter().rev().find(|(at, _)| *at <= end)?;
+                Some(last.1.saturating_sub(first.1))
+            })
+            .sum()
+    }
 }
 
 impl Burner {
@@ -372,15 +390,57 @@ impl Burner {
                     .name(format!("burner-{i}"))
                     .spawn(move || {
                         let started = Instant::now();
+                        let mut readings = vec![(SystemTime::now(), thread_cpu_time())];
                         while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
                             work();
+                            let now = SystemTime::now();
+                            let due = readings.last().is_none_or(|(at, _)| {
+                                now.duration_since(*at).unwrap_or_default()
+                                    >= Duration::from_millis(2)
+                            });
+                            if due {
+                                readings.push((now, thread_cpu_time()));
+                            }
                         }
+                        readings.push((SystemTime::now(), thread_cpu_time()));
+                        readings
                     })
                     .expect("spawn a burner")
             })
             .collect();
         Burner { stop, threads }
     }
+
+    /// Stops the threads and returns their CPU timelines.
+    pub fn finish(mut self) -> CpuTimeline {
+        self.stop.store(true, Ordering::Relaxed);
+        CpuTimeline(
+            self.threads
+                .drain(..)
+                .map(|t| t.join().expect("a burner thread"))
+                .collect(),
+        )
+    }
+}
+
+/// CPU time of the calling thread.
+pub fn thread_cpu_time() -> Duration {
+    // SAFETY: clock_gettime writes into the zeroed timespec we pass.
+    let time = unsafe {
+        let mut time: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time);
+        time
+    };
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
+}
+
+/// The wall-clock window a profile says it sampled.
+pub fn profile_window(profile: &Profile) -> (SystemTime, SystemTime) {
+    let start = SystemTime::UNIX_EPOCH + Duration::from_nanos(profile.time_nanos as u64);
+    (
+        start,
+        start + Duration::from_nanos(profile.duration_nanos as u64),
+    )
 }
 
 impl Drop for Burner {
@@ -434,13 +494,7 @@ pub mod hot {
     }
 
     fn thread_cpu_nanos() -> u64 {
-        // SAFETY: clock_gettime writes into the zeroed timespec we pass.
-        let time = unsafe {
-            let mut time: libc::timespec = std::mem::zeroed();
-            libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time);
-            time
-        };
-        time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+        super::thread_cpu_time().as_nanos() as u64
     }
 
     /// Time spent inside libc's `memset`: the leaf of every sample is in libc.

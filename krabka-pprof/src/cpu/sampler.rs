@@ -158,10 +158,21 @@ const WRITER: u64 = 1 << 40;
 const CURSOR_MASK: u64 = WRITER - 1;
 
 impl Buffer {
+    /// A zeroed buffer whose pages become resident only as samples are written to them.
     fn new(words: usize) -> Buffer {
+        const _: () = assert!(
+            size_of::<AtomicU64>() == size_of::<u64>()
+                && align_of::<AtomicU64>() == align_of::<u64>()
+        );
+        // calloc'd: large buffers are fresh zero pages the kernel maps on first write.
+        let zeroed: Box<[u64]> = vec![0u64; words].into_boxed_slice();
+        // SAFETY: AtomicU64 has the size, alignment and bit validity of u64 (checked above
+        // for this target), so the allocation is a valid `[AtomicU64]` of the same length,
+        // and the `Box` is freed with the same layout.
+        let words = unsafe { Box::from_raw(Box::into_raw(zeroed) as *mut [AtomicU64]) };
         Buffer {
             state: AtomicU64::new(0),
-            words: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            words,
         }
     }
 }
@@ -194,6 +205,9 @@ static RUNNING_HANDLERS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) struct Sampler {
     /// Shared with the handler through [`SESSION`]; null once taken back.
     session: *mut Session,
+    /// A reference to every shared library whose unwind tables the handler reads, so
+    /// that a `dlclose` elsewhere cannot unmap them while the session lives.
+    libraries: Vec<Library>,
     objects: Objects,
     started: SystemTime,
     started_at: Instant,
@@ -203,7 +217,32 @@ pub(crate) struct Sampler {
 
 // SAFETY: `Session` is `Sync` (atomics, a mutex, and slots guarded by their flag), and the
 // sampler only hands out shared references to it until it takes it back in `stop`/`drop`.
+// The library handles are only passed to `dlclose`, from whichever thread drops them.
 unsafe impl Send for Sampler {}
+// SAFETY: `&Sampler` only allows `drain`, which goes through the session's mutex.
+unsafe impl Sync for Sampler {}
+
+/// A `dlopen` reference to a loaded library, released on drop.
+struct Library(*mut libc::c_void);
+
+impl Library {
+    /// Pins an already loaded library; `None` if it is not loaded (or has no path).
+    fn pin(object: &LoadedObject) -> Option<Library> {
+        let path = object.file.as_ref()?;
+        let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+        // SAFETY: RTLD_NOLOAD never loads anything: it only adds a reference to a library
+        // that is already loaded, which is what keeps its pages mapped.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        (!handle.is_null()).then_some(Library(handle))
+    }
+}
+
+impl Drop for Library {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from a successful dlopen and is closed once.
+        unsafe { libc::dlclose(self.0) };
+    }
+}
 
 impl Sampler {
     /// Arms the timer at `frequency` Hz. Locates unwind tables, allocates every buffer
@@ -212,11 +251,15 @@ impl Sampler {
         let objects = Objects::current();
         let mut unwinder = Unwinder::new();
         let mut blocked = Vec::new();
+        let mut libraries = Vec::new();
         for object in objects.iter() {
-            if blocklist
-                .iter()
-                .any(|name| !name.is_empty() && object.name.contains(name))
+            // The executable and the vDSO are never unloaded; shared libraries could be.
+            if !object.is_vdso
+                && object.file.as_deref() != Some(std::path::Path::new("/proc/self/exe"))
             {
+                libraries.extend(Library::pin(object));
+            }
+            if blocklist.iter().any(|entry| object.is_named(entry)) {
                 blocked.extend(object.segments.iter().map(|s| s.avma.clone()));
             }
             if let Some(module) = framehop_module(object) {
@@ -279,6 +322,7 @@ impl Sampler {
         }
         Ok(Sampler {
             session: pointer,
+            libraries,
             objects,
             started,
             started_at,
@@ -328,7 +372,10 @@ impl Sampler {
             return None;
         }
         let _ = disarm_timer();
-        Some(*retire(pointer))
+        let session = *retire(pointer);
+        // Only now that no handler can read their unwind tables.
+        self.libraries.clear();
+        Some(session)
     }
 }
 
@@ -531,18 +578,23 @@ impl StackReader<'_> {
             if end > self.copy.len() {
                 return Err(());
             }
-            let want = end.div_ceil(STACK_CHUNK) * STACK_CHUNK;
-            self.copy_more(want.min(self.copy.len()));
-            if end > self.copied {
-                return Err(());
+            // A frame can be larger than one step (a big array on the stack): copy step
+            // by step until the address is covered or the stack ends.
+            let want = (end.div_ceil(STACK_CHUNK) * STACK_CHUNK).min(self.copy.len());
+            while self.copied < end {
+                let before = self.copied;
+                self.copy_more(want);
+                if self.copied == before {
+                    return Err(());
+                }
             }
         }
         let bytes: [u8; 8] = self.copy[offset..end].try_into().map_err(|_| ())?;
         Ok(u64::from_ne_bytes(bytes))
     }
 
-    /// Copies the stack up to `want` bytes above `sp`, page by page so that a partial
-    /// copy stops exactly at the first unmapped page.
+    /// Copies at most one step more of the stack, towards `want` bytes above `sp`, page by
+    /// page so that a partial copy stops exactly at the first unmapped page.
     fn copy_more(&mut self, want: usize) {
         const MAX_IOV: usize = STACK_CHUNK / PAGE as usize + 1;
         let mut remote = [libc::iovec {
@@ -814,8 +866,8 @@ mod tests {
     }
 
     #[test]
-    fn stack_reader_stops_at_unmapped_memory() {
-        // A page we own, followed by one we do not: reads stop at the boundary.
+    fn stack_reader_stops_at_unreadable_memory() {
+        // A page we can read, followed by one we cannot: reads stop at the boundary.
         // SAFETY: mmap of two anonymous pages, the second then unmapped.
         let base = unsafe {
             let p = libc::mmap(
@@ -827,7 +879,13 @@ mod tests {
                 0,
             );
             assert_ne!(p, libc::MAP_FAILED);
-            libc::munmap(p.cast::<u8>().add(PAGE as usize).cast(), PAGE as usize);
+            // Unreadable rather than unmapped: another test thread could map something in
+            // a hole.
+            libc::mprotect(
+                p.cast::<u8>().add(PAGE as usize).cast(),
+                PAGE as usize,
+                libc::PROT_NONE,
+            );
             (p as *mut u64).write(0x1122_3344_5566_7788);
             p as u64
         };
@@ -848,8 +906,23 @@ mod tests {
         );
         assert_eq!(reader.read(base - 8), Err(()), "below the stack pointer");
         assert_eq!(reader.read(base + MAX_STACK_COPY as u64), Err(()));
-        // SAFETY: unmapping the page mapped above.
-        unsafe { libc::munmap(base as *mut libc::c_void, PAGE as usize) };
+        // SAFETY: unmapping the two pages mapped above.
+        unsafe { libc::munmap(base as *mut libc::c_void, 2 * PAGE as usize) };
+    }
+
+    #[test]
+    fn stack_reader_reaches_past_a_frame_larger_than_a_step() {
+        let stack = vec![7u64; 40 * 1024 / 8];
+        let mut copy = vec![0u8; MAX_STACK_COPY];
+        let mut reader = StackReader {
+            // SAFETY: getpid has no preconditions.
+            pid: unsafe { libc::getpid() },
+            sp: stack.as_ptr() as u64,
+            copy: &mut copy,
+            copied: 0,
+        };
+        let far = stack.as_ptr() as u64 + 36 * 1024;
+        assert_eq!(reader.read(far), Ok(7), "36 KiB above sp, two steps away");
     }
 
     #[test]

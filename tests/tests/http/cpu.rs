@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, TestServer, client, decode, go_pprof_top, process_cpu_time, sample_types, serial,
-    total, total_in,
+    Burner, TestServer, client, decode, go_pprof_top, profile_window, sample_types, serial, total,
+    total_in,
 };
 use reqwest::StatusCode;
 use tokio::io::AsyncWriteExt as _;
@@ -27,14 +27,11 @@ async fn profile_is_gzipped_pprof_with_the_hot_function() {
     let _serial = serial().await;
     let server = TestServer::start(app);
     let burner = Burner::start(1, Duration::from_secs(20));
-    let cpu_before = process_cpu_time();
     let response = client()
         .get(server.url("/debug/pprof/profile?seconds=3"))
         .send()
         .await
         .unwrap();
-    let cpu_used = process_cpu_time() - cpu_before;
-    drop(burner);
 
     assert_eq!(response.status(), StatusCode::OK);
     let headers = response.headers().clone();
@@ -71,13 +68,18 @@ async fn profile_is_gzipped_pprof_with_the_hot_function() {
         profile.duration_nanos
     );
 
-    // ITIMER_PROF fires once per 1/99 s of process CPU time.
-    let expected = cpu_used.as_secs_f64() * 99.0;
-    let samples = total(&profile, 0) as f64;
+    // ITIMER_PROF fires once per 1/99 s of process CPU time: the burner's CPU inside the
+    // window, by its own clock, predicts its samples.
+    let timeline = burner.finish();
+    let (start, end) = profile_window(&profile);
+    let burned = timeline.cpu_within(start, end);
+    let expected = burned.as_secs_f64() * 99.0;
+    let in_burner = total_in(&profile, 0, "Burner") as f64;
     assert!(
-        samples > expected * 0.6 && samples < expected * 1.25,
-        "{samples} samples for {cpu_used:?} of CPU at 99 Hz (expected about {expected:.0})"
+        (in_burner - expected).abs() <= expected * 0.2,
+        "{in_burner} samples for {burned:?} of burner CPU at 99 Hz (expected about {expected:.0})"
     );
+    let samples = total(&profile, 0) as f64;
     // cpu/nanoseconds is samples × period, up to a nanosecond of rounding per sample.
     let (count, cpu) = (total(&profile, 0), total(&profile, 1));
     assert!(

@@ -152,12 +152,14 @@ async fn cpu_flamegraph_and_text_name_the_hot_function() {
         .lines()
         .find(|l| l.contains("krabka_hot_spin"))
         .expect("the hot row");
-    let flat_percent: f64 = hot
+    // cum%: in a debug build the loop's iterator calls are functions of their own, so the
+    // hot function's flat share is only part of the time spent under it.
+    let cum_percent: f64 = hot
         .split_whitespace()
-        .nth(1)
+        .nth(4)
         .unwrap()
         .trim_end_matches('%')
         .parse()
         .unwrap();
-    assert!(flat_percent > 50.0, "{text}");
+    assert!(cum_percent > 80.0, "{text}");
 }

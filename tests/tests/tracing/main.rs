@@ -4,10 +4,11 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::{TestServer, client, decode};
+use krabka_pprof_tests::{Burner, TestServer, client, decode, total};
 use reqwest::StatusCode;
 
 #[pprof_routes(token_env = "KRABKA_PPROF_TRACING_TOKEN", cpu_max = "5s")]
@@ -50,6 +51,7 @@ async fn spans_and_refusals() {
     let server = TestServer::start(app);
     let http = client();
 
+    let burner = Burner::start(1, Duration::from_secs(20));
     let ok = http
         .get(server.url("/debug/pprof/profile?seconds=1&frequency=50"))
         .bearer_auth("tr4cing-s3cret")
@@ -58,7 +60,8 @@ async fn spans_and_refusals() {
         .unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
     let body = ok.bytes().await.unwrap();
-    decode(&body);
+    drop(burner);
+    let profile = decode(&body);
     let log = captured.take();
     let line = log
         .lines()
@@ -82,7 +85,12 @@ async fn spans_and_refusals() {
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse().ok())
         .expect("a samples field");
-    assert!(samples >= 0);
+    assert!(samples > 0, "the burner was sampled");
+    assert_eq!(
+        samples,
+        total(&profile, 0),
+        "the span counts the samples it served"
+    );
 
     let refused = http
         .get(server.url("/debug/pprof/profile?seconds=1"))

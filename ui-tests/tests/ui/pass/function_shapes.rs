@@ -78,4 +78,30 @@ fn main() {
     let service = Service { greeting: "hi" };
     let _ = (service.router(), service.routes());
     let _ = service.into_router();
+    let _ = (Admin(1u8).router(), from_macro());
 }
+
+/// A guard that is a method, named through `Self`, in a generic impl.
+struct Admin<T>(T);
+
+impl<T: Send + Sync + 'static> Admin<T> {
+    fn allow(parts: &axum::http::request::Parts) -> bool {
+        parts.headers.contains_key("x-admin")
+    }
+
+    #[pprof_routes(guard = Self::allow)]
+    fn router(&self) -> axum::Router {
+        axum::Router::new()
+    }
+}
+
+/// The return type written by a `macro_rules!` (an invisible group around `$ret`).
+macro_rules! app_returning {
+    ($name:ident, $ret:ty) => {
+        #[pprof_routes]
+        fn $name() -> $ret {
+            axum::Router::new()
+        }
+    };
+}
+app_returning!(from_macro, axum::Router);
