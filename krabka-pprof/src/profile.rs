@@ -123,23 +123,16 @@ impl<'o> ProfileBuilder<'o> {
 
         let mut mapping_ids: HashMap<usize, u64> = HashMap::new();
         let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
-        let mut location_ids: HashMap<Frame, u64> = HashMap::new();
+        // Per distinct frame, once: its location, and whether it is hidden at the leaf.
+        let mut known: HashMap<Frame, (u64, bool)> = HashMap::new();
 
         let ProfileBuilder { objects, samples } = self;
         for sample in samples {
-            let names: Vec<(String, String, Option<usize>)> = sample
-                .frames
-                .iter()
-                .map(|frame| describe(objects, frame, &resolved))
-                .collect();
-            let skip = names
-                .iter()
-                .take(names.len().saturating_sub(1))
-                .take_while(|(name, _, _)| hide_leaf(name))
-                .count();
-            let mut location_id = Vec::with_capacity(sample.frames.len() - skip);
-            for (frame, (name, raw, object)) in sample.frames.iter().zip(names).skip(skip) {
-                let id = *location_ids.entry(frame.clone()).or_insert_with(|| {
+            let mut location_id = Vec::with_capacity(sample.frames.len());
+            let mut leaf_side = true;
+            for (i, frame) in sample.frames.iter().enumerate() {
+                let (id, hidden) = *known.entry(frame.clone()).or_insert_with(|| {
+                    let (name, raw, object) = describe(objects, frame, &resolved);
                     let mapping_id = object.map_or(0, |index| {
                         *mapping_ids.entry(index).or_insert_with(|| {
                             let object = objects.get(index).expect("a known object");
@@ -161,18 +154,20 @@ impl<'o> ProfileBuilder<'o> {
                             id
                         })
                     });
-                    let function_id = *function_ids
-                        .entry((name.clone(), raw.clone()))
-                        .or_insert_with(|| {
-                            let id = profile.function.len() as u64 + 1;
-                            profile.function.push(Function {
-                                id,
-                                name: strings.get(&name),
-                                system_name: strings.get(&raw),
-                                ..Function::default()
+                    let hidden = hide_leaf(&name);
+                    let function_id =
+                        *function_ids
+                            .entry((name, raw))
+                            .or_insert_with_key(|(name, raw)| {
+                                let id = profile.function.len() as u64 + 1;
+                                profile.function.push(Function {
+                                    id,
+                                    name: strings.get(name),
+                                    system_name: strings.get(raw),
+                                    ..Function::default()
+                                });
+                                id
                             });
-                            id
-                        });
                     let id = profile.location.len() as u64 + 1;
                     profile.location.push(Location {
                         id,
@@ -187,8 +182,14 @@ impl<'o> ProfileBuilder<'o> {
                         }],
                         is_folded: false,
                     });
-                    id
+                    (id, hidden)
                 });
+                // Hidden frames are dropped from the leaf end, keeping at least one.
+                let last = i + 1 == sample.frames.len();
+                if leaf_side && hidden && !last {
+                    continue;
+                }
+                leaf_side = false;
                 location_id.push(id);
             }
             let label = sample
