@@ -466,7 +466,7 @@ impl Session {
             let Scratch { cache, stack } = scratch;
             let mut reader = StackReader {
                 pid: self.pid,
-                sp: stack_pointer(&regs),
+                sp: regs.sp(),
                 copy: stack,
                 copied: 0,
             };
@@ -712,10 +712,6 @@ fn read_encoded(bytes: &[u8], format: u8) -> Option<(i64, usize)> {
         0x0c => (i64::from_le_bytes(take(8)?.try_into().ok()?), 8),
         _ => return None,
     })
-}
-
-fn stack_pointer(regs: &UnwindRegsNative) -> u64 {
-    regs.sp()
 }
 
 /// The interrupted PC and unwind registers.
