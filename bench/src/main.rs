@@ -13,7 +13,9 @@
 //! - M6 release build time of a small app using the attribute against the same app
 //!   registering the routes by hand, and the attribute's expansion time;
 //! - V the time each view (pprof, svg, text) of a 10 s CPU profile takes after its window;
-//! - H heap dump time and memory, and the throughput cost of jemalloc's sampling.
+//! - H heap dump time and memory, and the throughput cost of jemalloc's sampling;
+//! - S the signal handler's cost per sample on a thread spinning 30 frames deep (median
+//!   and p99, as the sampler measures and reports in the profile's comments).
 //!
 //! The service (`bench server`) and the load (`bench load`) are this same binary run as
 //! separate processes, each pinned to its own core, talking over loopback; every load run
@@ -56,12 +58,14 @@ fn main() {
             let attribute = !args.iter().any(|a| a == "--plain");
             let current_thread = args.iter().any(|a| a == "--current-thread");
             let cpu = flag_value(&args, "--cpu").map(|v| v.parse().expect("--cpu N"));
-            server::serve(attribute, current_thread, cpu);
+            let spin =
+                flag_value(&args, "--spin-depth").map(|v| v.parse().expect("--spin-depth N"));
+            server::serve(attribute, current_thread, cpu, spin);
         }
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
             println!(
-                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H] [--clean-build]"
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S] [--clean-build]"
             );
         }
         _ => {
@@ -418,6 +422,9 @@ fn run(options: &Options) {
     }
     if options.wants("H") {
         rows.extend(heap_figures(options));
+    }
+    if options.wants("S") {
+        rows.extend(handler_cost(options));
     }
     if options.wants("M6") {
         rows.extend(build_cost(options));
@@ -804,6 +811,61 @@ fn view_times(options: &Options) -> Vec<Row> {
         });
     }
     rows
+}
+
+/// S: the handler's own time per sample, 30-frame stacks. The sampler times every handler
+/// run (`CLOCK_MONOTONIC` at entry and exit, 100 ns buckets) and writes the median and
+/// p99 into the profile's comments; this reads them from 5 s profiles at 250 Hz of a
+/// service whose one busy thread spins 30 frames deep (no load: every sample is that
+/// thread's).
+fn handler_cost(options: &Options) -> Vec<Row> {
+    let window = options.secs(5.0).round().max(1.0) as u64;
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .arg("server")
+        .args(["--cpu", &SERVER_CPU.to_string()])
+        .args(["--spin-depth", "30"]);
+    let server = Server::spawn(command);
+    let (mut medians, mut tails, mut depths) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..options.rounds(3) {
+        let f = fetch(
+            server.addr,
+            &format!("/debug/pprof/profile?seconds={window}&frequency=250"),
+        );
+        assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
+        let profile = decode(&f.body);
+        let line = profile
+            .comment
+            .iter()
+            .map(|i| profile.string_table[*i as usize].as_str())
+            .find(|c| c.starts_with("signal handler:"))
+            .expect("the profile reports the handler's cost")
+            .to_owned();
+        eprintln!("S: {line}");
+        // "signal handler: median N ns, p99 M ns per sample, D frames on average"
+        let numbers: Vec<f64> = line
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        medians.push(numbers[0] / 1e3);
+        tails.push(numbers[2] / 1e3);
+        depths.push(numbers[3]);
+    }
+    let depth = median(depths);
+    vec![
+        Row {
+            id: "S",
+            figure: format!("signal handler per sample, median ({depth:.0}-frame stacks mean)"),
+            target: "≤ 4 µs",
+            measured: format!("{:.1} µs", median(medians)),
+        },
+        Row {
+            id: "S",
+            figure: "signal handler per sample, p99".to_owned(),
+            target: "—",
+            measured: format!("{:.1} µs", median(tails)),
+        },
+    ]
 }
 
 /// H: heap dumps (issue 3) and the cost of jemalloc's sampling, on the jemalloc service.

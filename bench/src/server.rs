@@ -13,10 +13,22 @@ fn plain() -> Router {
     Router::new().route("/hello", get(|| async { "hello\n" }))
 }
 
-/// Serves until killed; prints `addr=...` once listening.
-pub fn serve(attribute: bool, current_thread: bool, cpu: Option<usize>) {
+/// Serves until killed; prints `addr=...` once listening. With `spin_depth`, a thread also
+/// spins that many frames deep (counted from the thread's entry), for the handler's cost
+/// per sample at a known stack depth.
+pub fn serve(attribute: bool, current_thread: bool, cpu: Option<usize>, spin_depth: Option<u32>) {
     if let Some(cpu) = cpu {
         crate::system::pin_to_cpu(cpu);
+    }
+    if let Some(depth) = spin_depth {
+        std::thread::Builder::new()
+            .name("spin".into())
+            .spawn(move || {
+                loop {
+                    std::hint::black_box(recurse(depth.saturating_sub(FRAMES_ABOVE), 1 << 22));
+                }
+            })
+            .expect("spawn the spinning thread");
     }
     let mut builder = if current_thread {
         tokio::runtime::Builder::new_current_thread()
@@ -32,4 +44,26 @@ pub fn serve(attribute: bool, current_thread: bool, cpu: Option<usize>) {
         let app = if attribute { with_profiling() } else { plain() };
         axum::serve(listener, app).await.unwrap();
     });
+}
+
+/// Frames other than `recurse`'s on the spinning thread's stack: clone3, start_thread, five
+/// of std's thread start, the closure, and the spinning leaf (the profile's mean depth
+/// confirms the total).
+const FRAMES_ABOVE: u32 = 9;
+
+#[inline(never)]
+fn recurse(depth: u32, rounds: u64) -> u64 {
+    if depth == 0 {
+        return spin(rounds);
+    }
+    std::hint::black_box(recurse(std::hint::black_box(depth - 1), rounds)) + u64::from(depth)
+}
+
+#[inline(never)]
+fn spin(rounds: u64) -> u64 {
+    let mut x = std::hint::black_box(1u64);
+    for i in 0..rounds {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i);
+    }
+    x
 }

@@ -33,7 +33,7 @@ use proc_macro::TokenStream;
 /// | `cpu_default` | duration string | `"30s"` | 1 s ≤ value ≤ `cpu_max`; used when `?seconds` is missing |
 /// | `cpu_max` | duration string | `"60s"` | 1 s ≤ value ≤ 1 h; longer requests are clamped to it |
 /// | `frequency` | integer, Hz | `99` | 1 ≤ value ≤ 1000 |
-/// | `blocklist` | array of strings | `["libc", "libgcc", "pthread", "vdso"]` | non-empty library names |
+/// | `blocklist` | array of strings | `[]` (unwind through every library) | non-empty library names |
 /// | `heap` | bool | `false` | `true` needs krabka-pprof's `heap-profiling` feature |
 /// | `heap_default` | duration string | `"10s"` | 1 s ≤ value ≤ `heap_max`; only with `heap = true` |
 /// | `heap_max` | duration string | `"30s"` | 1 s ≤ value ≤ 1 h; only with `heap = true` |

@@ -7,7 +7,17 @@
     target_os = "linux",
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
+mod memory;
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod sampler;
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+mod timers;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -40,6 +50,15 @@ pub(crate) enum CpuError {
         expect(dead_code, reason = "constructed on other targets")
     )]
     Unsupported,
+    /// Profiling cannot run in this process as it is now; the sentence says why.
+    #[cfg_attr(
+        not(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        )),
+        expect(dead_code, reason = "constructed by the Linux sampler")
+    )]
+    Unavailable(&'static str),
     /// The profiler itself failed.
     Failed(String),
 }
@@ -47,6 +66,9 @@ pub(crate) enum CpuError {
 /// The running profile, if any. Process-wide: there is one `SIGPROF` timer per process,
 /// whatever the number of routers.
 struct Running {
+    /// The process that took the profiler: a child made by `fork` inherits a copy of this
+    /// state, which it must not take for a profile of its own running.
+    pid: u32,
     ends_at: Instant,
     /// Notified by a `?force=true` request: the running profile stops early.
     stop_early: Arc<Notify>,
@@ -66,7 +88,8 @@ impl CpuSlot {
     fn try_acquire(duration: Duration) -> Result<CpuSlot, (CpuError, Arc<Notify>)> {
         let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        if let Some(current) = &*running {
+        let pid = std::process::id();
+        if let Some(current) = running.as_ref().filter(|r| r.pid == pid) {
             let busy = CpuError::Busy {
                 retry_after: current.ends_at.saturating_duration_since(now),
             };
@@ -74,6 +97,7 @@ impl CpuSlot {
         }
         let stop_early = Arc::new(Notify::new());
         *running = Some(Running {
+            pid,
             ends_at: now + duration,
             stop_early: stop_early.clone(),
         });
@@ -128,6 +152,7 @@ pub(crate) use sampling::profile;
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
 mod sampling {
+    use std::collections::HashMap;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -140,6 +165,31 @@ mod sampling {
         T: Send + 'static,
     {
         crate::on_blocking_pool(f, CpuError::Failed).await
+    }
+
+    /// Owns the running sampler for the request. If the request is dropped (the client
+    /// hung up), the sampler is stopped and freed on the blocking pool: stopping deletes
+    /// timers, waits for handlers and calls `dlclose`, none of which belongs on an async
+    /// worker.
+    /// The profiler's slot is released only after the sampler is gone, so the next request
+    /// never finds the sampler still stopping.
+    struct Running {
+        sampler: Option<Arc<sampler::Sampler>>,
+        slot: Option<CpuSlot>,
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let (sampler, slot) = (self.sampler.take(), self.slot.take());
+            let stop = move || {
+                drop(sampler);
+                drop(slot);
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(stop)),
+                Err(_) => stop(),
+            }
+        }
     }
 
     /// Takes one CPU profile and hands it to `render` on the blocking pool.
@@ -158,6 +208,10 @@ mod sampling {
                 StartError::Running => CpuError::Busy {
                     retry_after: Duration::from_secs(1),
                 },
+                StartError::ForeignHandler => CpuError::Unavailable(
+                    "another SIGPROF handler is installed in this process (another profiler?); \
+                     stop it, or remove it, to take CPU profiles here",
+                ),
                 StartError::System(call, error) => {
                     CpuError::Failed(format!("{call} failed: {error}"))
                 }
@@ -165,7 +219,10 @@ mod sampling {
         })
         .await?;
         // Shared with the drains, which run on the blocking pool like the rest of the work.
-        let sampler = Arc::new(sampler);
+        let mut running = Running {
+            sampler: Some(Arc::new(sampler)),
+            slot: Some(slot),
+        };
         let deadline = tokio::time::Instant::now() + request.duration;
         let mut drain =
             tokio::time::interval_at(deadline - request.duration + DRAIN_EVERY, DRAIN_EVERY);
@@ -177,8 +234,12 @@ mod sampling {
                 _ = drain.tick() => {
                     // One drain at a time; a slow one just makes the next fold more.
                     if draining.as_ref().is_none_or(|d| d.is_finished()) {
-                        let sampler = sampler.clone();
-                        draining = Some(tokio::task::spawn_blocking(move || sampler.drain()));
+                        let sampler = running.sampler.clone();
+                        draining = Some(tokio::task::spawn_blocking(move || {
+                            if let Some(sampler) = sampler {
+                                sampler.drain();
+                            }
+                        }));
                     }
                 }
             }
@@ -186,31 +247,81 @@ mod sampling {
         if let Some(draining) = draining {
             let _ = draining.await;
         }
-        let Ok(sampler) = Arc::try_unwrap(sampler) else {
+        let Some(Ok(sampler)) = running.sampler.take().map(Arc::try_unwrap) else {
             return Err(CpuError::Failed(
                 "a drain of the sampler did not finish".into(),
             ));
         };
-        blocking(move || {
+        let slot = running.slot.take();
+        let (rendered, report) = blocking(move || {
             let collected = sampler.stop();
             drop(slot);
-            render(report(collected))
+            let report = collected.report.clone();
+            let (profile, capped) = report_profile(collected);
+            Ok((render(profile), (report, capped)))
         })
-        .await
+        .await?;
+        log_report(&report.0, report.1);
+        rendered
+    }
+
+    /// Puts what the sampler noticed into the request's span, and says what a reader of
+    /// the profile must know (a reader other than the usual one, a capped rate, a handler
+    /// replaced) at `warn` or `info`.
+    fn log_report(report: &sampler::Report, capped: bool) {
+        let span = tracing::Span::current();
+        span.record("stack_reader", report.reader);
+        span.record("threads_timed", report.threads_timed);
+        span.record("foreign_signals", report.foreign_signals);
+        span.record("handler_p50_ns", report.handler_nanos.0);
+        span.record("handler_p99_ns", report.handler_nanos.1);
+        span.record("rate_capped", capped);
+        span.record("handler_replaced", report.handler_replaced);
+        if report.reader == "process_vm_readv" {
+            tracing::debug!(why = %report.reader_why, "stack reader: {}", report.reader);
+        } else {
+            tracing::info!(why = %report.reader_why, "stack reader: {}", report.reader);
+        }
+        if capped {
+            tracing::info!(
+                "the sampling rate was capped by the kernel tick: each sample carries the CPU \
+                 time of the periods it stands for"
+            );
+        }
+        if report.handler_replaced {
+            tracing::warn!(
+                "another SIGPROF handler replaced this profiler's during the window; \
+                 counting stopped there, the profile covers only the time before"
+            );
+        }
+        if let Some(shortfall) = &report.timer_shortfall {
+            tracing::warn!("{shortfall}");
+        }
     }
 
     /// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
-    /// sample per distinct (thread, stack).
-    fn report(collected: sampler::Collected) -> Profile {
+    /// sample per distinct (thread, stack); and whether the kernel capped the rate (the
+    /// samples stand for more periods than there were signals).
+    fn report_profile(collected: sampler::Collected) -> (Profile, bool) {
         use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
-        use sampler::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ};
-        use std::collections::HashMap;
+        use sampler::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
 
         let period = 1_000_000_000 / i64::from(collected.frequency);
-        let weight = sample_weight(&collected, period);
         let mut builder = ProfileBuilder::new(&collected.objects);
         let mut thread_names: HashMap<u32, String> = HashMap::new();
-        for (stack, count) in &collected.stacks {
+        let mut name_of = |tid: u32| {
+            thread_names
+                .entry(tid)
+                .or_insert_with(|| thread_name(tid))
+                .clone()
+        };
+        let mut signals = collected.lost.samples;
+        let mut periods = collected.lost.periods;
+        let mut periods_by_thread: HashMap<u32, u64> = HashMap::new();
+        for (stack, tally) in &collected.stacks {
+            signals += tally.samples;
+            periods += tally.periods;
+            *periods_by_thread.entry(stack.tid).or_default() += tally.periods;
             let mut frames: Vec<Frame> = stack
                 .frames
                 .iter()
@@ -235,36 +346,93 @@ mod sampling {
             }
             if stack.flags & FLAG_NO_STACK_READ != 0 {
                 frames.push(Frame::Marker(
-                    "[not unwound: process_vm_readv is not allowed here]".into(),
+                    "[not unwound: the stack cannot be read here]".into(),
                 ));
             }
-            let name = thread_names
-                .entry(stack.tid)
-                .or_insert_with(|| thread_name(stack.tid))
-                .clone();
-            let count = *count as i64;
+            if stack.flags & FLAG_TRUNCATED != 0 {
+                frames.push(Frame::Marker("[truncated]".into()));
+            }
             builder.add(
                 frames,
-                vec![count, (count as f64 * weight).round() as i64],
+                vec![tally.samples as i64, tally.periods as i64 * period],
                 vec![
-                    ("thread", LabelValue::Str(name)),
+                    ("thread", LabelValue::Str(name_of(stack.tid))),
                     ("thread_id", LabelValue::Num(i64::from(stack.tid))),
                 ],
             );
         }
-        if collected.lost > 0 {
-            let lost = collected.lost as i64;
+        if collected.lost.samples > 0 {
             builder.add(
                 vec![Frame::Marker("[lost: sample buffer full]".into())],
-                vec![lost, (lost as f64 * weight).round() as i64],
+                vec![
+                    collected.lost.samples as i64,
+                    collected.lost.periods as i64 * period,
+                ],
                 Vec::new(),
             );
+        }
+        // A thread that blocks SIGPROF keeps its timer's signal pending: its CPU is never
+        // charged to another thread, and is shown here from its own clock so that the
+        // total still matches the process's CPU time.
+        for thread in &collected.threads {
+            let sampled = periods_by_thread.get(&thread.tid).copied().unwrap_or(0) as i64 * period;
+            let unsampled = thread.cpu.as_nanos() as i64 - sampled;
+            if unsampled > 2 * period && super::timers::blocks_sigprof(thread.tid) {
+                let name = name_of(thread.tid);
+                builder.add(
+                    vec![Frame::Marker(format!(
+                        "[thread {name}: blocks SIGPROF, not sampled]"
+                    ))],
+                    vec![(unsampled + period / 2) / period, unsampled],
+                    vec![
+                        ("thread", LabelValue::Str(name)),
+                        ("thread_id", LabelValue::Num(i64::from(thread.tid))),
+                    ],
+                );
+            }
+        }
+        let capped = periods > signals + signals / 8;
+        let report = &collected.report;
+        let mut comments = vec![
+            format!(
+                "krabka-pprof: {} Hz per-thread CPU timers on {} threads; stacks read with {}",
+                collected.frequency, report.threads_timed, report.reader
+            ),
+            format!(
+                "process CPU time over the window: {} ms",
+                collected.cpu_time.as_millis()
+            ),
+        ];
+        if capped {
+            comments.push(format!(
+                "{signals} signals stood for {periods} periods: the kernel tick capped the \
+                 rate, and each sample carries the CPU time it stands for"
+            ));
+        }
+        if report.handler_replaced {
+            comments.push(
+                "another SIGPROF handler replaced this profiler's during the window".to_owned(),
+            );
+        }
+        comments.push(format!(
+            "signal handler: median {} ns, p99 {} ns per sample, {:.1} frames on average",
+            report.handler_nanos.0, report.handler_nanos.1, report.mean_depth
+        ));
+        comments.push(format!(
+            "{} stacks unwound: {} to their outermost frame, {} read without a system call",
+            report.unwound, report.complete, report.direct
+        ));
+        if report.foreign_signals > 0 {
+            comments.push(format!(
+                "{} foreign SIGPROF signals ignored (kill, raise, or another timer)",
+                report.foreign_signals
+            ));
         }
         let time_nanos = collected
             .started
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
-        builder.finish(
+        let profile = builder.finish(
             &Meta {
                 sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
                 period_type: ("cpu", "nanoseconds"),
@@ -272,25 +440,11 @@ mod sampling {
                 time_nanos,
                 duration_nanos: collected.duration.as_nanos() as i64,
                 default_sample_type: None,
+                comments,
             },
             &|_| false,
-        )
-    }
-
-    /// CPU nanoseconds one sample stands for: the period, unless the timer could not keep up.
-    ///
-    /// `ITIMER_PROF` expires at most once per scheduler tick on each CPU (`CONFIG_HZ`, often
-    /// 250), so above that rate the kernel delivers fewer signals than asked. Then each sample
-    /// stands for the process's measured CPU time divided by the samples taken, so that
-    /// `cpu/nanoseconds` still adds up to the CPU the process really used.
-    fn sample_weight(collected: &sampler::Collected, period: i64) -> f64 {
-        let samples = collected.stacks.values().sum::<u64>() + collected.lost;
-        let expected = collected.cpu_time.as_secs_f64() * f64::from(collected.frequency);
-        if samples > 0 && (samples as f64) < expected * 0.8 {
-            collected.cpu_time.as_nanos() as f64 / samples as f64
-        } else {
-            period as f64
-        }
+        );
+        (profile, capped)
     }
 
     /// A thread's name while it lives; its id once it has exited.

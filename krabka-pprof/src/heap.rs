@@ -485,6 +485,7 @@ mod linux {
                 time_nanos,
                 duration_nanos: window.as_nanos() as i64,
                 default_sample_type: Some("inuse_space"),
+                comments: Vec::new(),
             },
             &is_allocator_frame,
         )

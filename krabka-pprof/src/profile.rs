@@ -41,6 +41,8 @@ pub(crate) struct Meta {
     pub(crate) time_nanos: i64,
     pub(crate) duration_nanos: i64,
     pub(crate) default_sample_type: Option<&'static str>,
+    /// Free-form notes `go tool pprof -comments` shows.
+    pub(crate) comments: Vec<String>,
 }
 
 /// Interns strings; index 0 is the empty string, as pprof requires.
@@ -118,6 +120,7 @@ impl<'o> ProfileBuilder<'o> {
             time_nanos: meta.time_nanos,
             duration_nanos: meta.duration_nanos,
             default_sample_type: meta.default_sample_type.map_or(0, |t| strings.get(t)),
+            comment: meta.comments.iter().map(|c| strings.get(c)).collect(),
             ..Profile::default()
         };
 

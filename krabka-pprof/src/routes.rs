@@ -226,6 +226,13 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
         samples = field::Empty,
         bytes = field::Empty,
         outcome = field::Empty,
+        stack_reader = field::Empty,
+        threads_timed = field::Empty,
+        foreign_signals = field::Empty,
+        handler_p50_ns = field::Empty,
+        handler_p99_ns = field::Empty,
+        rate_capped = field::Empty,
+        handler_replaced = field::Empty,
     );
     async move {
         if let Some(refusal) = shared.access.refusal(&parts) {
@@ -280,6 +287,7 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
         Err(CpuError::Unsupported) => unavailable(
             "CPU profiling is not available on this platform: it needs Linux on x86_64 or aarch64",
         ),
+        Err(CpuError::Unavailable(reason)) => unavailable(reason),
         Err(CpuError::Failed(reason)) => failed(&format!(
             "CPU profiling failed: {reason}; the profiler is free again, retry the request"
         )),

@@ -110,14 +110,50 @@ impl Drop for TestServer {
 pub struct ChildServer {
     child: std::process::Child,
     pub addr: SocketAddr,
+    /// Where its stderr goes, for [`ChildServer::start_logged`].
+    log: Option<PathBuf>,
 }
 
 impl ChildServer {
     /// Starts `exe mode` with `MALLOC_CONF` and `_RJEM_MALLOC_CONF` removed, then `env`
     /// applied (`None` removes a variable).
     pub fn start(exe: &str, mode: &str, env: &[(&str, Option<&str>)]) -> ChildServer {
+        ChildServer::spawn(exe, mode, env, None)
+    }
+
+    /// Like [`start`](Self::start), with the child's stderr kept for [`log`](Self::log).
+    pub fn start_logged(exe: &str, mode: &str, env: &[(&str, Option<&str>)]) -> ChildServer {
+        ChildServer::spawn(exe, mode, env, Some(temp_path("child.log")))
+    }
+
+    /// What the child wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.log
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the child is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn spawn(
+        exe: &str,
+        mode: &str,
+        env: &[(&str, Option<&str>)],
+        log: Option<PathBuf>,
+    ) -> ChildServer {
         use std::io::BufRead as _;
         let mut command = Command::new(exe);
+        if let Some(log) = &log {
+            command.stderr(std::fs::File::create(log).expect("create the child's log"));
+        }
         command
             .arg(mode)
             .env_remove("MALLOC_CONF")
@@ -141,7 +177,7 @@ impl ChildServer {
             .expect("test_child prints addr=")
             .parse()
             .unwrap();
-        ChildServer { child, addr }
+        ChildServer { child, addr, log }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -153,7 +189,37 @@ impl Drop for ChildServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(log) = &self.log {
+            let _ = std::fs::remove_file(log);
+        }
     }
+}
+
+/// Runs `exe mode` to its end (killed after `limit`), returning its exit status and stdout.
+pub fn run_child(exe: &str, mode: &str, limit: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(exe)
+        .arg(mode)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start test_child");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for test_child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, reader.join().unwrap())
 }
 
 /// Sends `request` (a full HTTP/1.1 request with `Connection: close`) on a new connection
@@ -335,6 +401,29 @@ pub fn temp_path(name: &str) -> PathBuf {
     ))
 }
 
+/// Waits until process `pid` has a POSIX timer (the sampler has armed its timers), for at
+/// most 10 s; false if it never does. Reads `/proc/PID/timers`, which lists them.
+pub fn wait_for_timers(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
+        if timers.lines().any(|line| line.starts_with("ID:")) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+/// The profile's comments, as `go tool pprof -comments` prints them.
+pub fn comments(profile: &Profile) -> Vec<&str> {
+    profile
+        .comment
+        .iter()
+        .map(|index| string(profile, *index))
+        .collect()
+}
+
 /// CPU time used by this process so far (user + system).
 pub fn process_cpu_time() -> Duration {
     // SAFETY: getrusage writes into the zeroed struct we pass and nothing else.
@@ -495,6 +584,113 @@ pub mod hot {
 
     fn thread_cpu_nanos() -> u64 {
         super::thread_cpu_time().as_nanos() as u64
+    }
+
+    /// CPU time spent in each part of [`copy_round`], for the tests' ground truth.
+    pub static COPY_CPU_NANOS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+
+    /// One round of about 40 % arithmetic, 40 % `copy_from_slice` (libc's `memcpy`, whose
+    /// samples must be unwound to [`copy_forty`]) and 20 % other arithmetic, each part
+    /// timed by the thread's own CPU clock into [`COPY_CPU_NANOS`]. The copy's length is
+    /// calibrated once per thread against the arithmetic, since memory speed varies more
+    /// than arithmetic between machines and with what else runs.
+    pub fn copy_round() {
+        thread_local! {
+            static STATE: std::cell::RefCell<(Vec<u8>, Vec<u8>, usize)> =
+                std::cell::RefCell::new((vec![1u8; 1 << 20], vec![0u8; 1 << 20], 0));
+        }
+        STATE.with_borrow_mut(|(from, to, length)| {
+            if *length == 0 {
+                *length = calibrate_copy(from, to);
+            }
+            timed_into(&COPY_CPU_NANOS, 0, || split_fifty(black_box(4_000)));
+            timed_into(&COPY_CPU_NANOS, 1, || {
+                copy_forty(&from[..*length], &mut to[..*length])
+            });
+            timed_into(&COPY_CPU_NANOS, 2, || split_twenty(black_box(2_000)));
+        });
+    }
+
+    /// The copy length that takes as long as 4000 rounds of the arithmetic loop.
+    fn calibrate_copy(from: &[u8], to: &mut [u8]) -> usize {
+        let time = |f: &mut dyn FnMut()| {
+            let before = thread_cpu_nanos();
+            for _ in 0..200 {
+                f();
+            }
+            (thread_cpu_nanos() - before).max(1)
+        };
+        let arithmetic = time(&mut || {
+            black_box(split_fifty(black_box(4_000)));
+        });
+        let probe = 64 * 1024;
+        let copying = time(&mut || {
+            black_box(copy_forty(&from[..probe], &mut to[..probe]));
+        });
+        let length = (probe as u64 * arithmetic / copying) as usize;
+        length.clamp(4 * 1024, from.len())
+    }
+
+    /// Copies `from` into `to` three times with `copy_from_slice`.
+    #[inline(never)]
+    pub fn copy_forty(from: &[u8], to: &mut [u8]) -> u64 {
+        let mut copied = 0;
+        for _ in 0..3 {
+            to.copy_from_slice(black_box(from));
+            copied += u64::from(black_box(to[7]));
+        }
+        copied
+    }
+
+    fn timed_into(counters: &[AtomicU64; 3], index: usize, work: impl FnOnce() -> u64) {
+        let before = thread_cpu_nanos();
+        black_box(work());
+        counters[index].fetch_add(thread_cpu_nanos() - before, Ordering::Relaxed);
+    }
+
+    /// Recurses `depth` frames deep, then spins at the bottom for `rounds`.
+    #[inline(never)]
+    pub fn krabka_deep_recursion(depth: u32, rounds: u64) -> u64 {
+        if depth == 0 {
+            return krabka_hot_spin(rounds);
+        }
+        // Not a tail call: the addition after it keeps every frame on the stack.
+        black_box(krabka_deep_recursion(black_box(depth - 1), rounds)) + u64::from(depth)
+    }
+
+    /// The lowest address of the calling thread's stack.
+    pub fn stack_floor() -> usize {
+        // SAFETY: pthread_getattr_np fills the attribute object we pass, which we destroy.
+        unsafe {
+            let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+            assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+            let mut address = std::ptr::null_mut();
+            let mut size = 0;
+            assert_eq!(
+                libc::pthread_attr_getstack(&attr, &mut address, &mut size),
+                0
+            );
+            libc::pthread_attr_destroy(&mut attr);
+            address as usize
+        }
+    }
+
+    /// Recurses until fewer than `leave` bytes of the thread's stack (whose lowest address
+    /// is `floor`) remain below this frame, then spins there for `rounds`.
+    #[inline(never)]
+    pub fn krabka_near_stack_end(floor: usize, leave: usize, rounds: u64) -> u64 {
+        let marker = 0u8;
+        let here = black_box(&raw const marker) as usize;
+        if here < floor + leave {
+            return krabka_hot_spin(rounds);
+        }
+        black_box(krabka_near_stack_end(floor, leave, rounds)) + 1
+    }
+
+    /// Work for threads that live a few milliseconds.
+    #[inline(never)]
+    pub fn krabka_short_lived(rounds: u64) -> u64 {
+        krabka_hot_spin(black_box(rounds))
     }
 
     /// Time spent inside libc's `memset`: the leaf of every sample is in libc.

@@ -1,74 +1,92 @@
-//! The CPU sampler: a `SIGPROF` interval timer, a signal handler that unwinds the
-//! interrupted thread and writes its stack into a pre-allocated buffer, and a drain that
-//! aggregates stacks off the signal path.
+//! The CPU sampler: per-thread CPU-time timers ([`timers`](super::timers)) that send
+//! `SIGPROF`, a signal handler that unwinds the interrupted thread and writes its stack
+//! into a pre-allocated buffer, and a drain that aggregates stacks off the signal path.
 //!
 //! # What runs in the signal handler, and why it is safe
 //!
-//! `ITIMER_PROF` sends `SIGPROF` to the process once per `1/frequency` seconds of its CPU
-//! time; the kernel delivers it to a thread that is running. The handler ([`on_sigprof`]):
+//! Each thread's timer signals that thread once per `1/frequency` seconds of its own CPU
+//! time; a process-wide backstop timer covers threads too short-lived to get one. The
+//! handler ([`on_sigprof`]):
 //!
 //! 1. saves `errno`, and registers itself in an atomic counter of running handlers;
 //! 2. loads the session pointer (null when no profile runs: it returns at once);
-//! 3. takes a scratch slot with a compare-and-swap (no lock; if every slot is in use by
+//! 3. keeps only this session's own timer signals: `si_code == SI_TIMER` and a signal
+//!    value carrying the session's number (`kill -PROF`, `raise`, another profiler's
+//!    timer and a finished session's late signals are counted as foreign and dropped);
+//!    a backstop signal is dropped on a thread that has a timer of its own;
+//! 4. weighs the sample by `1 + si_overrun`: the periods the timer could not signal
+//!    (it fires at most once per kernel tick) are CPU time this sample stands for;
+//! 5. takes a scratch slot with a compare-and-swap (no lock; if every slot is in use by
 //!    handlers on other threads, it records the interrupted PC alone, marked as such);
-//! 4. reads the registers from the `ucontext` the kernel passed;
-//! 5. unwinds with [framehop](https://docs.rs/framehop) under `MustNotAllocateDuringUnwind`,
-//!    from unwind tables (`.eh_frame_hdr`/`.eh_frame`) that were located in memory before
-//!    the timer started; framehop takes no locks and does not allocate in this mode;
-//! 6. reads the stack only through a copy made with `process_vm_readv` on its own pid: a
-//!    system call that fails with `EFAULT` instead of faulting, so a wrong unwind rule can
-//!    at worst end the stack early, never crash the process;
-//! 7. reserves space in the active buffer with one `fetch_add` and writes the record with
+//! 6. reads the registers from the `ucontext` the kernel passed;
+//! 7. unwinds with [framehop](https://docs.rs/framehop) with fixed storage (no allocation),
+//!    from unwind tables (`.eh_frame_hdr`/`.eh_frame`) located in memory before the timers
+//!    started, of objects that cannot be unmapped while the session lives (the executable,
+//!    the vDSO, and libraries pinned with `dlopen(RTLD_NOLOAD)`); framehop takes no locks
+//!    and does not allocate in this mode;
+//! 8. reads the stack only through a copy made by a system call
+//!    ([`Memory`]: `process_vm_readv`, or `pread` of `/proc/self/mem` where a seccomp
+//!    filter is installed) that fails instead of faulting, so a wrong unwind rule can at
+//!    worst end the stack early, never crash the process;
+//! 9. reserves space in the active buffer with one `fetch_add` and writes the record with
 //!    plain atomic stores; if the buffer is full, it counts a lost sample;
-//! 8. restores `errno`.
+//! 10. restores `errno`.
 //!
 //! Nothing in the handler allocates, locks, formats, logs or can block: it uses atomics,
-//! memory owned by the session, and the async-signal-safe `process_vm_readv` and `gettid`
-//! system calls. Unwinding stops at the first frame in a blocklisted library; a sample
-//! whose interrupted PC is in one is recorded as that PC alone, not unwound.
+//! memory owned by the session, and the async-signal-safe `process_vm_readv`, `pread`,
+//! `gettid` and `clock_gettime` calls. Its frames and stack copy live in the slot, so its
+//! own stack use is a few hundred bytes (measured by a test), whatever the stack depth.
 //!
 //! Off the signal path, a drain (called about every 100 ms while the window runs, and at
-//! the end) swaps the two buffers, waits for handlers still writing to the old one, and
-//! folds its records into a map from stack to count. Memory is therefore bounded by the
-//! buffer size and the number of distinct stacks, not by the profile's length.
+//! the end) gives new threads their timers, swaps the two buffers, waits for handlers still
+//! writing to the old one, and folds its records into a map from stack to count and
+//! weight. Memory is therefore bounded by the buffer size and the number of distinct
+//! stacks, not by the profile's length.
 //!
-//! Stopping disarms the timer, clears the session pointer, waits until no handler is
+//! Stopping deletes the timers, clears the session pointer, waits until no handler is
 //! running, and only then frees the session. The handler stays installed between
 //! profiles (it returns at once when no session exists), so a late `SIGPROF` can never
-//! meet the default action, which would kill the process.
+//! meet the default action, which would kill the process. Nothing survives `execve`
+//! (POSIX timers are deleted by it) or `fork` (they are not inherited, and a fork handler
+//! clears the child's copy of the session so that the child can profile itself).
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ops::{Deref, Range};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, Once, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use framehop::{
-    CacheNative, ExplicitModuleSectionInfo, Module, MustNotAllocateDuringUnwind, UnwindRegsNative,
+    AllocationPolicy, CacheNative, ExplicitModuleSectionInfo, Module, UnwindRegsNative,
     Unwinder as _, UnwinderNative,
 };
 
+use super::memory::{KnownStacks, MAX_PAGES, Memory, PAGE};
+use super::timers::{KIND_BACKSTOP, KIND_THREAD, ThreadCpu, ThreadSet, Timers, signal_kind};
 use crate::objects::{LoadedObject, Objects};
 
-/// Deepest stack recorded, in frames.
+/// Deepest stack recorded, in frames; a deeper one ends in a `[truncated]` frame.
 pub(crate) const MAX_DEPTH: usize = 128;
 /// How far above the stack pointer the handler may copy the stack.
 const MAX_STACK_COPY: usize = 256 * 1024;
-/// The stack is copied in steps of this size, as far as the unwinder reads.
-const STACK_CHUNK: usize = 16 * 1024;
-const PAGE: u64 = 4096;
 /// How often the caller should [`Sampler::drain`] while a profile runs.
 pub(crate) const DRAIN_EVERY: Duration = Duration::from_millis(100);
+/// Threads that can have a timer of their own in one session.
+const MAX_THREADS: usize = 4096;
 
-/// Record header: `MAGIC << 56 | flags << 48 | depth << 32 | tid`.
+/// Record: a header word `MAGIC << 56 | flags << 48 | depth << 32 | tid`, a weight word
+/// (timer periods the sample stands for), then the frames.
 const MAGIC: u64 = 0xA5;
+const RECORD_HEADER: usize = 2;
 /// The interrupted PC was in a blocklisted library: not unwound.
 pub(crate) const FLAG_BLOCKLISTED: u8 = 1;
 /// Every scratch slot was busy on other threads: not unwound.
 pub(crate) const FLAG_NO_SCRATCH: u8 = 2;
-/// The stack could not be read (`process_vm_readv` unavailable): not unwound.
+/// The stack could not be read (no reader works here): not unwound.
 pub(crate) const FLAG_NO_STACK_READ: u8 = 4;
+/// The stack is deeper than [`MAX_DEPTH`]: its outermost frames are missing.
+pub(crate) const FLAG_TRUNCATED: u8 = 8;
 
 /// A stack as recorded: the interrupted PC first, then return addresses.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -78,17 +96,51 @@ pub(crate) struct StackKey {
     pub(crate) frames: Box<[u64]>,
 }
 
+/// How often a stack was sampled, and how many timer periods those samples stand for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    pub(crate) samples: u64,
+    pub(crate) periods: u64,
+}
+
 /// What a finished session collected.
 pub(crate) struct Collected {
-    pub(crate) stacks: HashMap<StackKey, u64>,
+    pub(crate) stacks: HashMap<StackKey, Tally>,
     /// Samples dropped because the buffer was full.
-    pub(crate) lost: u64,
+    pub(crate) lost: Tally,
     pub(crate) started: SystemTime,
     pub(crate) duration: Duration,
     /// CPU time the whole process used during the window (user + system).
     pub(crate) cpu_time: Duration,
     pub(crate) frequency: u32,
     pub(crate) objects: Objects,
+    /// Each tracked thread's CPU over the window, from its own clock.
+    pub(crate) threads: Vec<ThreadCpu>,
+    pub(crate) report: Report,
+}
+
+/// How the session went, for the response's log line and the profile's comments.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Report {
+    /// The stack reader, and why it was chosen.
+    pub(crate) reader: &'static str,
+    pub(crate) reader_why: String,
+    /// `SIGPROF`s that were not this session's (another sender, a late timer).
+    pub(crate) foreign_signals: u64,
+    /// Our handler was replaced by someone else's during the window; counting stopped.
+    pub(crate) handler_replaced: bool,
+    /// Threads that had a timer of their own.
+    pub(crate) threads_timed: usize,
+    /// Why some threads had none.
+    pub(crate) timer_shortfall: Option<String>,
+    /// Handler time per sample: median and 99th percentile, nanoseconds.
+    pub(crate) handler_nanos: (u64, u64),
+    /// Mean frames per unwound sample.
+    pub(crate) mean_depth: f64,
+    /// Unwound samples: read without a system call, and unwound to the outermost frame.
+    pub(crate) unwound: u64,
+    pub(crate) direct: u64,
+    pub(crate) complete: u64,
 }
 
 /// Why sampling could not start.
@@ -96,6 +148,8 @@ pub(crate) struct Collected {
 pub(crate) enum StartError {
     /// Another session is running in this process (another router, or a bug).
     Running,
+    /// Another `SIGPROF` handler is installed (another profiler in this process).
+    ForeignHandler,
     /// A system call failed.
     System(&'static str, std::io::Error),
 }
@@ -107,8 +161,8 @@ struct MemorySlice {
     len: usize,
 }
 
-// SAFETY: the slices point into loaded objects' read-only segments, which stay mapped while
-// the session uses them (objects unloaded mid-profile are the documented exception).
+// SAFETY: the slices point into read-only segments of objects that stay mapped while the
+// session uses them: the executable, the vDSO, and libraries the session pinned.
 unsafe impl Send for MemorySlice {}
 // SAFETY: as above; the bytes are never written.
 unsafe impl Sync for MemorySlice {}
@@ -130,13 +184,41 @@ impl Deref for MemorySlice {
     }
 }
 
-type Unwinder = UnwinderNative<MemorySlice, MustNotAllocateDuringUnwind>;
-type Cache = CacheNative<MustNotAllocateDuringUnwind>;
+type Unwinder = UnwinderNative<MemorySlice, FixedStorage>;
+type Cache = CacheNative<FixedStorage>;
 
-/// One handler's working memory.
+/// framehop's allocation-free unwinding, with storage sized for what unwind tables use.
+///
+/// framehop's own `MustNotAllocateDuringUnwind` gives gimli room for 192 register rules
+/// per row; gimli moves rows by value while it evaluates, so the handler then used about
+/// 17 KiB of the interrupted thread's stack, more than a thread near its limit has. Real
+/// tables name at most the 17 integer registers of x86_64 (or 33 of aarch64) and a few
+/// vector ones; a table that needs more fails to unwind (the stack ends early), never
+/// overruns.
+struct FixedStorage;
+
+impl<R: gimli::ReaderOffset> gimli::UnwindContextStorage<R> for FixedStorage {
+    type Rules = [(gimli::Register, gimli::RegisterRule<R>); 24];
+    type Stack = [gimli::UnwindTableRow<R, Self>; 4];
+}
+
+impl<R: gimli::Reader> gimli::EvaluationStorage<R> for FixedStorage {
+    type Stack = [gimli::Value; 16];
+    type ExpressionStack = [(R, R); 4];
+    type Result = [gimli::Piece<R>; 1];
+}
+
+impl AllocationPolicy for FixedStorage {
+    type GimliUnwindContextStorage<R: gimli::ReaderOffset> = FixedStorage;
+    type GimliEvaluationStorage<R: gimli::Reader> = FixedStorage;
+}
+
+/// One handler's working memory: kept off the interrupted thread's stack, which may have
+/// little room left.
 struct Scratch {
     cache: Cache,
     stack: Box<[u8]>,
+    frames: [u64; MAX_DEPTH],
 }
 
 struct Slot {
@@ -177,8 +259,63 @@ impl Buffer {
     }
 }
 
+/// Handler time per sample, in 100 ns buckets up to 20 µs (the last bucket: longer).
+struct Costs {
+    buckets: [AtomicU32; Costs::BUCKETS],
+    frames: AtomicU64,
+    unwound: AtomicU64,
+    /// Unwound samples that needed no system call to read the stack.
+    direct: AtomicU64,
+    /// Unwound samples that reached the stack's outermost frame.
+    complete: AtomicU64,
+}
+
+impl Costs {
+    const BUCKETS: usize = 201;
+    const WIDTH: u64 = 100;
+
+    fn new() -> Costs {
+        Costs {
+            buckets: [const { AtomicU32::new(0) }; Costs::BUCKETS],
+            frames: AtomicU64::new(0),
+            unwound: AtomicU64::new(0),
+            direct: AtomicU64::new(0),
+            complete: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, nanos: u64) {
+        let bucket = ((nanos / Costs::WIDTH) as usize).min(Costs::BUCKETS - 1);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The upper edge of the bucket holding the `quantile`th sample.
+    fn quantile(&self, quantile: f64) -> u64 {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| u64::from(b.load(Ordering::Relaxed)))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let rank = ((total as f64 * quantile).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (bucket, count) in counts.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                return (bucket as u64 + 1) * Costs::WIDTH;
+            }
+        }
+        Costs::BUCKETS as u64 * Costs::WIDTH
+    }
+}
+
 /// Everything the handler reads. Immutable after start, apart from atomics and slots.
 struct Session {
+    /// Matched against each signal's value: only this session's timers count.
+    id: u32,
     unwinder: Unwinder,
     /// Code ranges of blocklisted objects, sorted.
     blocked: Box<[Range<u64>]>,
@@ -186,22 +323,34 @@ struct Session {
     buffers: [Buffer; 2],
     active: AtomicUsize,
     lost: AtomicU64,
-    pid: libc::pid_t,
-    can_read_stack: bool,
+    lost_periods: AtomicU64,
+    foreign: AtomicU64,
+    /// Threads with a timer of their own: the backstop's signals on them are dropped.
+    timed: ThreadSet,
+    memory: Memory,
+    /// Per thread, stack memory proven readable: read directly, without a system call.
+    known: KnownStacks,
+    /// Bits of a return address that are address (the rest may hold a pointer
+    /// authentication code on aarch64).
+    code_mask: u64,
+    costs: Costs,
     drained: Mutex<Drained>,
 }
 
 #[derive(Default)]
 struct Drained {
-    stacks: HashMap<StackKey, u64>,
+    stacks: HashMap<StackKey, Tally>,
     /// Per buffer: words already folded in since its last reset.
     done: [usize; 2],
 }
 
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
 static RUNNING_HANDLERS: AtomicUsize = AtomicUsize::new(0);
+static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
 
-/// A running sampler. Dropping it stops sampling and frees its memory.
+/// A running sampler. Dropping it stops sampling and frees its memory; it may block for a
+/// moment (deleting timers, waiting for handlers, `dlclose`), so drop it on a blocking
+/// thread.
 pub(crate) struct Sampler {
     /// Shared with the handler through [`SESSION`]; null once taken back.
     session: *mut Session,
@@ -209,6 +358,9 @@ pub(crate) struct Sampler {
     /// that a `dlclose` elsewhere cannot unmap them while the session lives.
     libraries: Vec<Library>,
     objects: Objects,
+    timers: Mutex<Option<Timers>>,
+    handler_replaced: AtomicBool,
+    reader_why: String,
     started: SystemTime,
     started_at: Instant,
     cpu_at_start: Duration,
@@ -219,21 +371,44 @@ pub(crate) struct Sampler {
 // sampler only hands out shared references to it until it takes it back in `stop`/`drop`.
 // The library handles are only passed to `dlclose`, from whichever thread drops them.
 unsafe impl Send for Sampler {}
-// SAFETY: `&Sampler` only allows `drain`, which goes through the session's mutex.
+// SAFETY: `&Sampler` only allows `drain`, which goes through the session's and the timers'
+// mutexes.
 unsafe impl Sync for Sampler {}
 
 /// A `dlopen` reference to a loaded library, released on drop.
 struct Library(*mut libc::c_void);
 
+unsafe extern "C" {
+    /// glibc and musl both have it; the `libc` crate declares it for glibc only.
+    fn dlinfo(
+        handle: *mut libc::c_void,
+        request: libc::c_int,
+        info: *mut libc::c_void,
+    ) -> libc::c_int;
+}
+const RTLD_DI_LINKMAP: libc::c_int = 2;
+
 impl Library {
-    /// Pins an already loaded library; `None` if it is not loaded (or has no path).
+    /// Pins exactly this loaded library; `None` if that cannot be done (it has no path,
+    /// or the path names another copy, as for one loaded into another namespace by
+    /// `dlmopen`). Only a pinned library's unwind tables may be read by the handler.
     fn pin(object: &LoadedObject) -> Option<Library> {
         let path = object.file.as_ref()?;
         let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
         // SAFETY: RTLD_NOLOAD never loads anything: it only adds a reference to a library
-        // that is already loaded, which is what keeps its pages mapped.
+        // that is already loaded in the default namespace, which keeps its pages mapped.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-        (!handle.is_null()).then_some(Library(handle))
+        if handle.is_null() {
+            return None;
+        }
+        let library = Library(handle);
+        // The first field of a `link_map` is its load bias, `l_addr`.
+        let mut map: *const u64 = std::ptr::null();
+        // SAFETY: RTLD_DI_LINKMAP writes the handle's `struct link_map *` into `map`.
+        let found = unsafe { dlinfo(handle, RTLD_DI_LINKMAP, (&raw mut map).cast()) } == 0;
+        // SAFETY: a link_map returned by the loader is valid while the handle is open.
+        let same = found && !map.is_null() && unsafe { *map } == object.bias;
+        same.then_some(library)
     }
 }
 
@@ -244,26 +419,56 @@ impl Drop for Library {
     }
 }
 
+/// Which objects' unwind tables the handler may read: the executable and the vDSO, which
+/// are never unmapped, and libraries this call could pin (returned with them).
+fn readable_objects(objects: &Objects) -> (Vec<&LoadedObject>, Vec<Library>) {
+    let mut readable = Vec::new();
+    let mut libraries = Vec::new();
+    for object in objects.iter() {
+        let permanent = object.is_vdso
+            || object.file.as_deref() == Some(std::path::Path::new("/proc/self/exe"));
+        if permanent {
+            readable.push(object);
+        } else if let Some(library) = Library::pin(object) {
+            libraries.push(library);
+            readable.push(object);
+        }
+    }
+    (readable, libraries)
+}
+
+/// The address bits of a code pointer in this process: everything up to the highest bit
+/// any loaded object uses. On aarch64 the bits above may hold a pointer authentication
+/// code in return addresses, which must be stripped before they are looked up.
+fn code_address_mask(objects: &Objects) -> u64 {
+    let highest = objects
+        .iter()
+        .map(|o| o.range.end)
+        .max()
+        .unwrap_or(u64::MAX);
+    u64::MAX >> highest.leading_zeros()
+}
+
 impl Sampler {
-    /// Arms the timer at `frequency` Hz. Locates unwind tables, allocates every buffer
-    /// the handler will use, installs the handler. Takes well under a millisecond.
+    /// Arms the timers at `frequency` Hz. Locates unwind tables, allocates every buffer
+    /// the handler will use, installs the handler. Takes about a millisecond.
     pub(crate) fn start(frequency: u32, blocklist: &[&str]) -> Result<Sampler, StartError> {
+        register_fork_handler();
+        if !handler_is_ours_or_default() {
+            return Err(StartError::ForeignHandler);
+        }
         let objects = Objects::current();
         let mut unwinder = Unwinder::new();
         let mut blocked = Vec::new();
-        let mut libraries = Vec::new();
-        for object in objects.iter() {
-            // The executable and the vDSO are never unloaded; shared libraries could be.
-            if !object.is_vdso
-                && object.file.as_deref() != Some(std::path::Path::new("/proc/self/exe"))
-            {
-                libraries.extend(Library::pin(object));
-            }
-            if blocklist.iter().any(|entry| object.is_named(entry)) {
-                blocked.extend(object.segments.iter().map(|s| s.avma.clone()));
-            }
+        let (readable, libraries) = readable_objects(&objects);
+        for object in readable {
             if let Some(module) = framehop_module(object) {
                 unwinder.add_module(module);
+            }
+        }
+        for object in objects.iter() {
+            if blocklist.iter().any(|entry| object.is_named(entry)) {
+                blocked.extend(object.segments.iter().map(|s| s.avma.clone()));
             }
         }
         blocked.sort_by_key(|r| r.start);
@@ -273,10 +478,13 @@ impl Sampler {
         // A buffer holds a quarter second of the worst case (every CPU sampled at the
         // full rate with full-depth stacks), 2.5 drain periods: enough that a drain a
         // little late loses nothing, small enough to stay well under a megabyte at 99 Hz.
-        let per_second = frequency as usize * cpus.min(64) * (MAX_DEPTH + 1);
+        let per_second = frequency as usize * cpus.min(64) * (MAX_DEPTH + RECORD_HEADER);
         let words = (per_second / 4).clamp(16 * 1024, 1024 * 1024);
+        let reader = Memory::choose();
 
+        let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let session = Box::new(Session {
+            id,
             unwinder,
             blocked: blocked.into_boxed_slice(),
             slots: (0..slots)
@@ -285,15 +493,20 @@ impl Sampler {
                     scratch: UnsafeCell::new(Scratch {
                         cache: Cache::new_in(),
                         stack: vec![0u8; MAX_STACK_COPY].into_boxed_slice(),
+                        frames: [0; MAX_DEPTH],
                     }),
                 })
                 .collect(),
             buffers: [Buffer::new(words), Buffer::new(words)],
             active: AtomicUsize::new(0),
             lost: AtomicU64::new(0),
-            // SAFETY: getpid has no preconditions.
-            pid: unsafe { libc::getpid() },
-            can_read_stack: process_vm_readv_works(),
+            lost_periods: AtomicU64::new(0),
+            foreign: AtomicU64::new(0),
+            timed: ThreadSet::new(MAX_THREADS),
+            memory: reader.memory,
+            known: KnownStacks::new(MAX_THREADS),
+            code_mask: code_address_mask(&objects),
+            costs: Costs::new(),
             drained: Mutex::new(Drained::default()),
         });
 
@@ -315,15 +528,22 @@ impl Sampler {
         let started = SystemTime::now();
         let started_at = Instant::now();
         let cpu_at_start = process_cpu_time();
-        if let Err(err) = set_timer(frequency) {
-            let session = retire(pointer);
-            drop(session);
-            return Err(err);
-        }
+        // SAFETY: the session lives until `retire` below or the sampler's `take_session`.
+        let timed = unsafe { &(*pointer).timed };
+        let timers = match Timers::start(id, frequency, timed) {
+            Ok(timers) => timers,
+            Err(err) => {
+                drop(retire(pointer));
+                return Err(StartError::System("timer_create", err));
+            }
+        };
         Ok(Sampler {
             session: pointer,
             libraries,
             objects,
+            timers: Mutex::new(Some(timers)),
+            handler_replaced: AtomicBool::new(false),
+            reader_why: reader.why,
             started,
             started_at,
             cpu_at_start,
@@ -331,20 +551,41 @@ impl Sampler {
         })
     }
 
-    /// Folds the records written so far into the stack counts.
+    /// Folds the records written so far into the stack counts, and gives threads that
+    /// started since the last drain their own timers. If another handler replaced ours,
+    /// the timers stop: their signals would only disturb the other profiler.
     pub(crate) fn drain(&self) {
-        if !self.session.is_null() {
-            // SAFETY: the session lives until `take_session`, which needs `&mut self`.
-            unsafe { (*self.session).drain_inactive() };
+        if self.session.is_null() {
+            return;
+        }
+        // SAFETY: the session lives until `take_session`, which needs `&mut self`.
+        let session = unsafe { &*self.session };
+        session.drain_inactive();
+        let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+        if !handler_is_ours() {
+            self.handler_replaced.store(true, Ordering::Relaxed);
+            drop(timers.take());
+        } else if let Some(timers) = timers.as_mut() {
+            let alive = timers.refresh(&session.timed);
+            session.known.retain(&alive);
         }
     }
 
     /// Stops sampling and returns what was collected.
     pub(crate) fn stop(mut self) -> Collected {
-        let session = self.take_session().expect("a sampler stops once");
+        let replaced = self.handler_replaced.load(Ordering::Relaxed) || !handler_is_ours();
+        let timers = self
+            .timers
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let (timer_shortfall, threads_timed) = timers
+            .as_ref()
+            .map_or((None, 0), |t| (t.shortfall.clone(), t.tracked()));
+        let threads = timers.map(Timers::stop).unwrap_or_default();
         let duration = self.started_at.elapsed();
         let cpu_time = process_cpu_time().saturating_sub(self.cpu_at_start);
-        let lost = session.lost.load(Ordering::Relaxed);
+        let session = self.take_session().expect("a sampler stops once");
         let mut drained = session
             .drained
             .into_inner()
@@ -354,24 +595,52 @@ impl Sampler {
             let cursor = (buffer.state.load(Ordering::Acquire) & CURSOR_MASK) as usize;
             fold(buffer, drained.done[index], cursor, &mut drained.stacks);
         }
+        let unwound = session.costs.unwound.load(Ordering::Relaxed);
+        let report = Report {
+            reader: session.memory.name(),
+            reader_why: std::mem::take(&mut self.reader_why),
+            foreign_signals: session.foreign.load(Ordering::Relaxed),
+            handler_replaced: replaced,
+            threads_timed,
+            timer_shortfall,
+            handler_nanos: (session.costs.quantile(0.5), session.costs.quantile(0.99)),
+            unwound,
+            direct: session.costs.direct.load(Ordering::Relaxed),
+            complete: session.costs.complete.load(Ordering::Relaxed),
+            mean_depth: if unwound == 0 {
+                0.0
+            } else {
+                session.costs.frames.load(Ordering::Relaxed) as f64 / unwound as f64
+            },
+        };
         Collected {
             stacks: drained.stacks,
-            lost,
+            lost: Tally {
+                samples: session.lost.load(Ordering::Relaxed),
+                periods: session.lost_periods.load(Ordering::Relaxed),
+            },
             started: self.started,
             duration,
             cpu_time,
             frequency: self.frequency,
             objects: std::mem::take(&mut self.objects),
+            threads,
+            report,
         }
     }
 
-    /// Disarms the timer and takes the session back from the handler.
+    /// Deletes the timers and takes the session back from the handler.
     fn take_session(&mut self) -> Option<Session> {
+        drop(
+            self.timers
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
         let pointer = std::mem::replace(&mut self.session, std::ptr::null_mut());
         if pointer.is_null() {
             return None;
         }
-        let _ = disarm_timer();
         let session = *retire(pointer);
         // Only now that no handler can read their unwind tables.
         self.libraries.clear();
@@ -405,7 +674,73 @@ fn retire(pointer: *mut Session) -> Box<Session> {
     unsafe { Box::from_raw(pointer) }
 }
 
+/// In a child made by `fork`, the parent's session is a copy that no timer feeds and no
+/// thread will ever stop: forget it (leaking the copy), so that the child can profile
+/// itself. Registered once, before the first session starts.
+fn register_fork_handler() {
+    static ONCE: Once = Once::new();
+    extern "C" fn in_child() {
+        SESSION.store(std::ptr::null_mut(), Ordering::SeqCst);
+        RUNNING_HANDLERS.store(0, Ordering::SeqCst);
+    }
+    ONCE.call_once(|| {
+        // SAFETY: the child handler only stores to atomics, which is async-signal-safe.
+        unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    });
+}
+
+/// The layout of a `siginfo_t` sent by a POSIX timer on 64-bit Linux.
+#[repr(C)]
+struct TimerSignalInfo {
+    signo: libc::c_int,
+    errno: libc::c_int,
+    code: libc::c_int,
+    _pad: libc::c_int,
+    timer: libc::c_int,
+    overrun: libc::c_int,
+    value: u64,
+}
+
+const _: () = assert!(size_of::<TimerSignalInfo>() <= size_of::<libc::siginfo_t>());
+
 impl Session {
+    /// One `SIGPROF`. Runs in the signal handler: see the module docs.
+    ///
+    /// # Safety
+    /// `info` and `context` must be what the kernel passed to a `SA_SIGINFO` handler.
+    unsafe fn on_signal(&self, info: *const libc::siginfo_t, context: *mut libc::c_void) {
+        let entered = monotonic_nanos();
+        if info.is_null() {
+            return;
+        }
+        // SAFETY: the kernel's siginfo is valid for the handler's duration, and at least
+        // as large as the timer layout (checked above).
+        let info = unsafe { &*info.cast::<TimerSignalInfo>() };
+        let kind = if info.code == libc::SI_TIMER {
+            signal_kind(info.value, self.id)
+        } else {
+            None
+        };
+        // A thread's own timer names it: no system call needed to learn which it is.
+        let tid = match kind {
+            Some(KIND_THREAD) => self.timed.owner(info.timer).unwrap_or_else(current_tid),
+            _ => current_tid(),
+        };
+        let periods = match kind {
+            Some(KIND_THREAD) => 1 + info.overrun.max(0) as u64,
+            // A thread with its own timer is sampled by it; the backstop is for the others.
+            Some(KIND_BACKSTOP) if self.timed.contains(tid) => return,
+            Some(KIND_BACKSTOP) => 1,
+            _ => {
+                self.foreign.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.sample(tid, periods, context) };
+        self.costs.record(monotonic_nanos().saturating_sub(entered));
+    }
+
     /// Swaps the buffers and folds the one that was active into the counts. One drainer at
     /// a time (the mutex); handlers never take it.
     fn drain_inactive(&self) {
@@ -439,60 +774,89 @@ impl Session {
         }
     }
 
-    /// Records one sample. Runs in the signal handler: see the module docs.
+    /// Records one sample standing for `periods` timer periods.
     ///
     /// # Safety
     /// `context` must be the `ucontext_t` the kernel passed to the handler.
-    unsafe fn sample(&self, context: *mut libc::c_void) {
+    unsafe fn sample(&self, tid: u32, periods: u64, context: *mut libc::c_void) {
         // SAFETY: forwarded from the caller.
-        let Some((pc, regs)) = (unsafe { registers(context) }) else {
+        let Some((pc, regs)) = (unsafe { registers(context, self.code_mask) }) else {
             return;
         };
-        let tid = current_tid();
-        let mut frames = [0u64; MAX_DEPTH];
-        let mut depth = 0usize;
-        let mut flags = 0u8;
-        if self.is_blocked(pc) {
-            flags |= FLAG_BLOCKLISTED;
-            frames[0] = pc;
-            depth = 1;
-        } else if !self.can_read_stack {
-            flags |= FLAG_NO_STACK_READ;
-            frames[0] = pc;
-            depth = 1;
+        let flags = if self.is_blocked(pc) {
+            FLAG_BLOCKLISTED
+        } else if matches!(self.memory, Memory::Unreadable) {
+            FLAG_NO_STACK_READ
         } else if let Some(slot) = self.take_slot(tid) {
             // SAFETY: `take_slot` gave this handler exclusive use of the slot.
             let scratch = unsafe { &mut *slot.scratch.get() };
-            let Scratch { cache, stack } = scratch;
+            let Scratch {
+                cache,
+                stack,
+                frames,
+            } = scratch;
+            let sp = regs.sp();
+            let direct_high = match self.known.get(tid) {
+                Some((low, high)) if low <= sp && sp < high => high,
+                _ => 0,
+            };
             let mut reader = StackReader {
-                pid: self.pid,
-                sp: regs.sp(),
+                memory: &self.memory,
+                sp,
+                direct_high,
                 copy: stack,
                 copied: 0,
             };
-            let mut read = |address: u64| reader.read(address);
-            let mut frames_iter = self.unwinder.iter_frames(pc, regs, cache, &mut read);
-            while depth < MAX_DEPTH {
-                match frames_iter.next() {
-                    Ok(Some(frame)) => {
-                        let address = frame.address();
-                        frames[depth] = address;
-                        depth += 1;
-                        // Do not unwind through a blocklisted library.
-                        if depth > 1 && self.is_blocked(address.wrapping_sub(1)) {
+            let (depth, flags, complete) = {
+                let mut read = |address: u64| reader.read(address);
+                let mut unwinding = self.unwinder.iter_frames(pc, regs, cache, &mut read);
+                let mut depth = 0usize;
+                let mut flags = 0;
+                let mut complete = false;
+                loop {
+                    match unwinding.next() {
+                        Ok(Some(_)) if depth == MAX_DEPTH => {
+                            flags |= FLAG_TRUNCATED;
                             break;
                         }
+                        Ok(Some(frame)) => {
+                            let address = frame.address() & self.code_mask;
+                            frames[depth] = address;
+                            depth += 1;
+                            // Do not unwind through a blocklisted library.
+                            if depth > 1 && self.is_blocked(address.wrapping_sub(1)) {
+                                break;
+                            }
+                        }
+                        Ok(None) => {
+                            complete = true;
+                            break;
+                        }
+                        Err(_) => break,
                     }
-                    Ok(None) | Err(_) => break,
                 }
+                (depth, flags, complete)
+            };
+            // An unwind that reached the outermost frame read only this thread's stack:
+            // what it copied is known readable for the thread's later samples.
+            if complete && reader.copied > 0 {
+                self.known.prove(tid, sp, sp + reader.copied as u64);
             }
+            if reader.copied == 0 {
+                self.costs.direct.fetch_add(1, Ordering::Relaxed);
+            }
+            if complete {
+                self.costs.complete.fetch_add(1, Ordering::Relaxed);
+            }
+            self.costs.frames.fetch_add(depth as u64, Ordering::Relaxed);
+            self.costs.unwound.fetch_add(1, Ordering::Relaxed);
+            self.write(tid, flags, periods, &frames[..depth]);
             slot.busy.store(false, Ordering::Release);
+            return;
         } else {
-            flags |= FLAG_NO_SCRATCH;
-            frames[0] = pc;
-            depth = 1;
-        }
-        self.write(tid, flags, &frames[..depth]);
+            FLAG_NO_SCRATCH
+        };
+        self.write(tid, flags, periods, &[pc]);
     }
 
     fn is_blocked(&self, address: u64) -> bool {
@@ -512,9 +876,9 @@ impl Session {
     }
 
     /// Appends one record to the active buffer; async-signal-safe.
-    fn write(&self, tid: u32, flags: u8, frames: &[u64]) {
+    fn write(&self, tid: u32, flags: u8, periods: u64, frames: &[u64]) {
         let buffer = &self.buffers[self.active.load(Ordering::Acquire)];
-        let len = 1 + frames.len();
+        let len = RECORD_HEADER + frames.len();
         let previous = buffer
             .state
             .fetch_add(WRITER + len as u64, Ordering::AcqRel);
@@ -523,11 +887,16 @@ impl Session {
             let header =
                 MAGIC << 56 | u64::from(flags) << 48 | (frames.len() as u64) << 32 | u64::from(tid);
             buffer.words[at].store(header, Ordering::Relaxed);
-            for (word, frame) in buffer.words[at + 1..at + len].iter().zip(frames) {
+            buffer.words[at + 1].store(periods, Ordering::Relaxed);
+            for (word, frame) in buffer.words[at + RECORD_HEADER..at + len]
+                .iter()
+                .zip(frames)
+            {
                 word.store(*frame, Ordering::Relaxed);
             }
         } else {
             self.lost.fetch_add(1, Ordering::Relaxed);
+            self.lost_periods.fetch_add(periods, Ordering::Relaxed);
         }
         buffer.state.fetch_sub(WRITER, Ordering::Release);
     }
@@ -535,7 +904,7 @@ impl Session {
 
 /// Folds records `from..to` of `buffer` into `stacks` and zeroes them. Stops at the first
 /// empty header: space reserved by a sample that did not fit is never written.
-fn fold(buffer: &Buffer, from: usize, to: usize, stacks: &mut HashMap<StackKey, u64>) {
+fn fold(buffer: &Buffer, from: usize, to: usize, stacks: &mut HashMap<StackKey, Tally>) {
     let words = &buffer.words;
     let end = to.min(words.len());
     let mut at = from;
@@ -545,9 +914,10 @@ fn fold(buffer: &Buffer, from: usize, to: usize, stacks: &mut HashMap<StackKey, 
             break;
         }
         let depth = ((header >> 32) & 0xffff) as usize;
-        let Some(record) = words.get(at + 1..at + 1 + depth) else {
+        let Some(record) = words.get(at + RECORD_HEADER..at + RECORD_HEADER + depth) else {
             break;
         };
+        let periods = words[at + 1].swap(0, Ordering::Relaxed);
         let frames: Box<[u64]> = record
             .iter()
             .map(|w| w.swap(0, Ordering::Relaxed))
@@ -557,93 +927,57 @@ fn fold(buffer: &Buffer, from: usize, to: usize, stacks: &mut HashMap<StackKey, 
             flags: (header >> 48) as u8,
             frames,
         };
-        *stacks.entry(key).or_insert(0) += 1;
-        at += 1 + depth;
+        let tally = stacks.entry(key).or_default();
+        tally.samples += 1;
+        tally.periods += periods;
+        at += RECORD_HEADER + depth;
     }
 }
 
-/// Reads the interrupted thread's stack through a lazily grown copy.
+/// Reads the interrupted thread's stack: directly below `direct_high` (memory proven
+/// readable, see [`KnownStacks`]), else through a lazily grown copy made by system calls.
 struct StackReader<'a> {
-    pid: libc::pid_t,
+    memory: &'a Memory,
     sp: u64,
+    /// Zero, or the end of the range above `sp` that may be read with plain loads.
+    direct_high: u64,
     copy: &'a mut [u8],
     copied: usize,
 }
 
 impl StackReader<'_> {
     fn read(&mut self, address: u64) -> Result<u64, ()> {
+        if address >= self.sp
+            && address
+                .checked_add(8)
+                .is_some_and(|end| end <= self.direct_high)
+        {
+            // SAFETY: `[sp, direct_high)` is this thread's live stack, proven readable
+            // (see `KnownStacks`): mapped while the thread runs, so the load cannot fault.
+            return Ok(unsafe { (address as *const u64).read_unaligned() });
+        }
         let offset = usize::try_from(address.checked_sub(self.sp).ok_or(())?).map_err(|_| ())?;
         let end = offset.checked_add(8).ok_or(())?;
-        if end > self.copied {
-            if end > self.copy.len() {
+        if end > self.copy.len() {
+            return Err(());
+        }
+        // A frame can be larger than one step (a big array on the stack): copy step by
+        // step until the address is covered or the stack ends.
+        while self.copied < end {
+            let from = self.sp + self.copied as u64;
+            // Up to the end of the page `end` is on, at most MAX_PAGES pages per call.
+            let page_end = (self.sp + end as u64).div_ceil(PAGE) * PAGE;
+            let step_end = page_end.min((from / PAGE + MAX_PAGES as u64) * PAGE);
+            let limit = (step_end - self.sp).min(self.copy.len() as u64) as usize;
+            let got = self.memory.read(from, &mut self.copy[self.copied..limit]);
+            if got == 0 {
                 return Err(());
             }
-            // A frame can be larger than one step (a big array on the stack): copy step
-            // by step until the address is covered or the stack ends.
-            let want = (end.div_ceil(STACK_CHUNK) * STACK_CHUNK).min(self.copy.len());
-            while self.copied < end {
-                let before = self.copied;
-                self.copy_more(want);
-                if self.copied == before {
-                    return Err(());
-                }
-            }
+            self.copied += got;
         }
         let bytes: [u8; 8] = self.copy[offset..end].try_into().map_err(|_| ())?;
         Ok(u64::from_ne_bytes(bytes))
     }
-
-    /// Copies at most one step more of the stack, towards `want` bytes above `sp`, page by
-    /// page so that a partial copy stops exactly at the first unmapped page.
-    fn copy_more(&mut self, want: usize) {
-        const MAX_IOV: usize = STACK_CHUNK / PAGE as usize + 1;
-        let mut remote = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_IOV];
-        let mut count = 0;
-        let mut address = self.sp + self.copied as u64;
-        let end = self.sp + want as u64;
-        while address < end && count < MAX_IOV {
-            let page_end = ((address / PAGE) + 1) * PAGE;
-            let next = page_end.min(end);
-            remote[count] = libc::iovec {
-                iov_base: address as *mut libc::c_void,
-                iov_len: (next - address) as usize,
-            };
-            count += 1;
-            address = next;
-        }
-        let length = (address - (self.sp + self.copied as u64)) as usize;
-        let local = libc::iovec {
-            iov_base: self.copy[self.copied..].as_mut_ptr().cast(),
-            iov_len: length,
-        };
-        // SAFETY: `local` is inside our own buffer; the remote ranges are only read, by the
-        // kernel, which reports unmapped ones instead of faulting.
-        let got =
-            unsafe { libc::process_vm_readv(self.pid, &local, 1, remote.as_ptr(), count as _, 0) };
-        if got > 0 {
-            self.copied += got as usize;
-        }
-    }
-}
-
-/// Whether `process_vm_readv` on our own memory works here (seccomp may forbid it).
-fn process_vm_readv_works() -> bool {
-    let source = [0x5au8; 16];
-    let mut target = [0u8; 16];
-    let local = libc::iovec {
-        iov_base: target.as_mut_ptr().cast(),
-        iov_len: target.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: source.as_ptr() as *mut libc::c_void,
-        iov_len: source.len(),
-    };
-    // SAFETY: both ranges are live locals of the right length.
-    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    got == 16 && target == source
 }
 
 /// A framehop module for an object's in-memory unwind tables.
@@ -719,7 +1053,10 @@ fn read_encoded(bytes: &[u8], format: u8) -> Option<(i64, usize)> {
 /// # Safety
 /// `context` must be the `ucontext_t` the kernel passed to a `SA_SIGINFO` handler.
 #[cfg(target_arch = "x86_64")]
-unsafe fn registers(context: *mut libc::c_void) -> Option<(u64, UnwindRegsNative)> {
+unsafe fn registers(
+    context: *mut libc::c_void,
+    _code_mask: u64,
+) -> Option<(u64, UnwindRegsNative)> {
     let context = context.cast::<libc::ucontext_t>();
     if context.is_null() {
         return None;
@@ -732,12 +1069,13 @@ unsafe fn registers(context: *mut libc::c_void) -> Option<(u64, UnwindRegsNative
     Some((ip, UnwindRegsNative::new(ip, sp, bp)))
 }
 
-/// The interrupted PC and unwind registers.
+/// The interrupted PC and unwind registers; return addresses read while unwinding (and the
+/// link register) are stripped of pointer authentication bits with `code_mask`.
 ///
 /// # Safety
 /// `context` must be the `ucontext_t` the kernel passed to a `SA_SIGINFO` handler.
 #[cfg(target_arch = "aarch64")]
-unsafe fn registers(context: *mut libc::c_void) -> Option<(u64, UnwindRegsNative)> {
+unsafe fn registers(context: *mut libc::c_void, code_mask: u64) -> Option<(u64, UnwindRegsNative)> {
     let context = context.cast::<libc::ucontext_t>();
     if context.is_null() {
         return None;
@@ -747,7 +1085,12 @@ unsafe fn registers(context: *mut libc::c_void) -> Option<(u64, UnwindRegsNative
     let pc = mcontext.pc;
     Some((
         pc,
-        UnwindRegsNative::new(mcontext.regs[30], mcontext.sp, mcontext.regs[29]),
+        UnwindRegsNative::new_with_ptr_auth_mask(
+            framehop::aarch64::PtrAuthMask(code_mask),
+            mcontext.regs[30],
+            mcontext.sp,
+            mcontext.regs[29],
+        ),
     ))
 }
 
@@ -765,6 +1108,17 @@ fn process_cpu_time() -> Duration {
     time(usage.ru_utime) + time(usage.ru_stime)
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds; async-signal-safe (the vDSO answers it).
+fn monotonic_nanos() -> u64 {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut time) };
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+}
+
 fn current_tid() -> u32 {
     // SAFETY: gettid has no preconditions and is async-signal-safe.
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
@@ -773,7 +1127,7 @@ fn current_tid() -> u32 {
 /// The `SIGPROF` handler. See the module docs for what it may and may not do.
 extern "C" fn on_sigprof(
     _signal: libc::c_int,
-    _info: *mut libc::siginfo_t,
+    info: *mut libc::siginfo_t,
     context: *mut libc::c_void,
 ) {
     // SAFETY: errno is thread-local; reading and restoring it is what makes the handler
@@ -783,15 +1137,37 @@ extern "C" fn on_sigprof(
     let session = SESSION.load(Ordering::SeqCst);
     if !session.is_null() {
         // SAFETY: a non-null session stays alive until RUNNING_HANDLERS drops to zero
-        // after it was cleared (see `retire`); `context` comes from the kernel.
-        unsafe { (*session).sample(context) };
+        // after it was cleared (see `retire`); `info` and `context` come from the kernel.
+        unsafe { (*session).on_signal(info, context) };
     }
     RUNNING_HANDLERS.fetch_sub(1, Ordering::SeqCst);
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 
-/// Installs the handler (again, in case something replaced it since the last profile).
+/// The `SIGPROF` handler installed now.
+fn current_handler() -> usize {
+    // SAFETY: sigaction with a null new action only writes the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut old) != 0 {
+            return libc::SIG_DFL;
+        }
+        old.sa_sigaction
+    }
+}
+
+fn handler_is_ours() -> bool {
+    current_handler() == on_sigprof as *const () as usize
+}
+
+/// Whether starting may install our handler: nobody else's is there.
+fn handler_is_ours_or_default() -> bool {
+    let handler = current_handler();
+    handler == libc::SIG_DFL || handler == libc::SIG_IGN || handler_is_ours()
+}
+
+/// Installs the handler (again, in case the default came back since the last profile).
 fn install_handler() -> Result<(), StartError> {
     // SAFETY: the sigaction struct is fully initialised; the handler is async-signal-safe.
     unsafe {
@@ -809,41 +1185,10 @@ fn install_handler() -> Result<(), StartError> {
     Ok(())
 }
 
-/// Arms `ITIMER_PROF` every `1/frequency` s of process CPU time.
-fn set_timer(frequency: u32) -> Result<(), StartError> {
-    let micros = (1_000_000 / i64::from(frequency.max(1))).max(1);
-    setitimer_prof(libc::timeval {
-        tv_sec: (micros / 1_000_000) as libc::time_t,
-        tv_usec: (micros % 1_000_000) as libc::suseconds_t,
-    })
-}
-
-fn disarm_timer() -> Result<(), StartError> {
-    setitimer_prof(libc::timeval {
-        tv_sec: 0,
-        tv_usec: 0,
-    })
-}
-
-/// `setitimer(ITIMER_PROF)` with this interval, first expiry included; zero disarms.
-fn setitimer_prof(interval: libc::timeval) -> Result<(), StartError> {
-    let timer = libc::itimerval {
-        it_interval: interval,
-        it_value: interval,
-    };
-    // SAFETY: setitimer reads the struct we pass.
-    if unsafe { libc::setitimer(libc::ITIMER_PROF, &timer, std::ptr::null_mut()) } != 0 {
-        return Err(StartError::System(
-            "setitimer(ITIMER_PROF)",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn eh_frame_pointer_encodings() {
@@ -861,10 +1206,17 @@ mod tests {
         );
     }
 
+    fn this_process() -> Memory {
+        Memory::VmReadv {
+            // SAFETY: getpid has no preconditions.
+            pid: unsafe { libc::getpid() },
+        }
+    }
+
     #[test]
     fn stack_reader_stops_at_unreadable_memory() {
         // A page we can read, followed by one we cannot: reads stop at the boundary.
-        // SAFETY: mmap of two anonymous pages, the second then unmapped.
+        // SAFETY: mmap of two anonymous pages, the second then made unreadable.
         let base = unsafe {
             let p = libc::mmap(
                 std::ptr::null_mut(),
@@ -885,11 +1237,12 @@ mod tests {
             (p as *mut u64).write(0x1122_3344_5566_7788);
             p as u64
         };
+        let memory = this_process();
         let mut copy = vec![0u8; MAX_STACK_COPY];
         let mut reader = StackReader {
-            // SAFETY: getpid has no preconditions.
-            pid: unsafe { libc::getpid() },
+            memory: &memory,
             sp: base,
+            direct_high: 0,
             copy: &mut copy,
             copied: 0,
         };
@@ -908,37 +1261,54 @@ mod tests {
 
     #[test]
     fn stack_reader_reaches_past_a_frame_larger_than_a_step() {
-        let stack = vec![7u64; 40 * 1024 / 8];
+        let mut stack = vec![7u64; 40 * 1024 / 8];
+        stack[36 * 1024 / 8] = 9;
+        let memory = this_process();
         let mut copy = vec![0u8; MAX_STACK_COPY];
         let mut reader = StackReader {
-            // SAFETY: getpid has no preconditions.
-            pid: unsafe { libc::getpid() },
+            memory: &memory,
             sp: stack.as_ptr() as u64,
+            direct_high: 0,
             copy: &mut copy,
             copied: 0,
         };
         let far = stack.as_ptr() as u64 + 36 * 1024;
-        assert_eq!(reader.read(far), Ok(7), "36 KiB above sp, two steps away");
+        assert_eq!(
+            reader.read(far),
+            Ok(9),
+            "36 KiB above sp, several steps away"
+        );
+        assert_eq!(reader.read(far - 8), Ok(7));
+    }
+
+    fn test_session(words: usize) -> Session {
+        Session {
+            id: 0,
+            unwinder: Unwinder::new(),
+            blocked: Box::new([]),
+            slots: Box::new([]),
+            buffers: [Buffer::new(words), Buffer::new(words)],
+            active: AtomicUsize::new(0),
+            lost: AtomicU64::new(0),
+            lost_periods: AtomicU64::new(0),
+            foreign: AtomicU64::new(0),
+            timed: ThreadSet::new(4),
+            memory: Memory::Unreadable,
+            known: KnownStacks::new(4),
+            code_mask: u64::MAX,
+            costs: Costs::new(),
+            drained: Mutex::new(Drained::default()),
+        }
     }
 
     #[test]
     fn buffer_records_round_trip_and_overflow_is_counted() {
-        let session = Session {
-            unwinder: Unwinder::new(),
-            blocked: Box::new([]),
-            slots: Box::new([]),
-            buffers: [Buffer::new(8), Buffer::new(8)],
-            active: AtomicUsize::new(0),
-            lost: AtomicU64::new(0),
-            pid: 0,
-            can_read_stack: true,
-            drained: Mutex::new(Drained::default()),
-        };
-        session.write(7, 0, &[1, 2, 3]);
-        session.write(7, 0, &[1, 2, 3]);
-        session.write(8, FLAG_BLOCKLISTED, &[9, 9, 9]); // does not fit: 4 + 4 + 4 > 8
+        let session = test_session(10);
+        session.write(7, 0, 1, &[1, 2, 3]);
+        session.write(7, 0, 3, &[1, 2, 3]);
+        session.write(8, FLAG_BLOCKLISTED, 2, &[9, 9, 9]); // does not fit: 5 + 5 + 5 > 10
         session.drain_inactive();
-        session.write(9, 0, &[5]);
+        session.write(9, FLAG_TRUNCATED, 1, &[5]);
         session.drain_inactive();
         let drained = session.drained.lock().unwrap();
         let key = |tid, flags, frames: &[u64]| StackKey {
@@ -946,10 +1316,23 @@ mod tests {
             flags,
             frames: frames.into(),
         };
-        assert_eq!(drained.stacks.get(&key(7, 0, &[1, 2, 3])), Some(&2));
-        assert_eq!(drained.stacks.get(&key(9, 0, &[5])), Some(&1));
+        assert_eq!(
+            drained.stacks.get(&key(7, 0, &[1, 2, 3])),
+            Some(&Tally {
+                samples: 2,
+                periods: 4
+            })
+        );
+        assert_eq!(
+            drained.stacks.get(&key(9, FLAG_TRUNCATED, &[5])),
+            Some(&Tally {
+                samples: 1,
+                periods: 1
+            })
+        );
         assert_eq!(drained.stacks.len(), 2);
         assert_eq!(session.lost.load(Ordering::Relaxed), 1);
+        assert_eq!(session.lost_periods.load(Ordering::Relaxed), 2);
         assert!(
             session
                 .buffers
@@ -961,6 +1344,158 @@ mod tests {
                 .buffers
                 .iter()
                 .all(|b| b.words.iter().all(|w| w.load(Ordering::Relaxed) == 0))
+        );
+    }
+
+    #[test]
+    fn handler_costs_give_median_and_tail() {
+        let costs = Costs::new();
+        for nanos in (0..98).map(|i| 1_000 + i * 10).chain([9_000, 50_000]) {
+            costs.record(nanos);
+        }
+        assert_eq!(costs.quantile(0.5), 1_500);
+        assert_eq!(costs.quantile(0.99), 9_100);
+        assert_eq!(costs.quantile(1.0), Costs::BUCKETS as u64 * Costs::WIDTH);
+        assert_eq!(Costs::new().quantile(0.5), 0);
+    }
+
+    #[test]
+    fn pointer_authentication_bits_are_stripped_from_return_addresses() {
+        // Objects up to a 48-bit address; a signed return address carries a code above.
+        let objects = Objects::current();
+        let mask = code_address_mask(&objects);
+        let highest = objects.iter().map(|o| o.range.end).max().unwrap();
+        assert_eq!(mask, u64::MAX >> highest.leading_zeros());
+        let code = highest - 0x100;
+        let signed = code | (0x2a << 55);
+        assert_eq!(signed & mask, code, "the authentication code is removed");
+        assert_eq!(code & mask, code, "a plain address is kept");
+    }
+
+    #[test]
+    fn only_pinned_libraries_give_unwind_tables() {
+        let objects = Objects::current();
+        let (readable, libraries) = readable_objects(&objects);
+        assert!(readable.iter().any(|o| o.is_vdso));
+        assert!(
+            readable
+                .iter()
+                .any(|o| o.short_name().starts_with("libc.so")),
+            "libc is pinned"
+        );
+        assert_eq!(
+            readable.len(),
+            libraries.len() + 2,
+            "every library is pinned; only the executable and the vDSO are not"
+        );
+    }
+
+    #[test]
+    fn a_library_is_pinned_only_as_the_copy_that_was_listed() {
+        let objects = Objects::current();
+        let libc = objects
+            .iter()
+            .find(|o| o.short_name().starts_with("libc.so"))
+            .expect("libc is loaded");
+        assert!(Library::pin(libc).is_some());
+        // The same path, somewhere else: another copy (another namespace, or a library
+        // replaced since the list was taken). Its tables could be unmapped under us.
+        let mut elsewhere = libc.clone();
+        elsewhere.bias += 0x1000_0000;
+        assert!(Library::pin(&elsewhere).is_none());
+    }
+
+    #[cfg(target_env = "gnu")]
+    #[test]
+    fn a_library_in_another_namespace_is_not_read() {
+        // The same libc, loaded again into a new namespace by dlmopen: RTLD_NOLOAD in the
+        // default namespace would find the other copy, which does not pin this one.
+        let name = c"libc.so.6";
+        // SAFETY: dlmopen loads a fresh copy of libc into a new link-map namespace.
+        let handle = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, name.as_ptr(), libc::RTLD_NOW) };
+        assert!(!handle.is_null(), "dlmopen of libc");
+        let objects = Objects::current();
+        let (readable, libraries) = readable_objects(&objects);
+        let readable_copies = readable
+            .iter()
+            .filter(|o| o.short_name().starts_with("libc.so"))
+            .count();
+        assert_eq!(readable_copies, 1, "only the pinned copy's tables are read");
+        drop(libraries);
+        // SAFETY: closing the handle opened above, once.
+        unsafe { libc::dlclose(handle) };
+    }
+
+    /// How far below the interrupted code's stack pointer the kernel's signal frame and the
+    /// handler reach, measured by painting the stack below a spinning thread and sampling it.
+    #[test]
+    fn the_handler_uses_little_of_the_interrupted_threads_stack() {
+        const PAINT: usize = 48 * 1024;
+        const COLOUR: u8 = 0xa7;
+
+        #[inline(never)]
+        fn paint_and_spin(stop: &AtomicBool, spins: &AtomicU64) -> usize {
+            let marker = 0u8;
+            let sp = std::hint::black_box(&raw const marker) as usize;
+            // Below the red zone, down to PAINT bytes below this frame.
+            let low = sp - 256 - PAINT;
+            for at in low..sp - 256 {
+                // SAFETY: this thread's own stack, below the current frame and within its
+                // 1 MiB; nothing else uses it.
+                unsafe { std::ptr::write_volatile(at as *mut u8, COLOUR) };
+            }
+            let mut x = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                spins.store(x, Ordering::Relaxed);
+            }
+            // The lowest byte that is no longer the paint: how deep the signal frames went.
+            let lowest = (low..sp - 256)
+                // SAFETY: as above.
+                .find(|&at| unsafe { std::ptr::read_volatile(at as *const u8) } != COLOUR)
+                .unwrap_or(sp);
+            sp - lowest
+        }
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let spins = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (stop, spins) = (stop.clone(), spins.clone());
+            std::thread::Builder::new()
+                .stack_size(1 << 20)
+                .spawn(move || paint_and_spin(&stop, &spins))
+                .unwrap()
+        };
+        while spins.load(Ordering::Relaxed) == 0 {
+            std::thread::yield_now();
+        }
+        let sampler = Sampler::start(1000, &[]).expect("a sampler");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut samples = 0;
+        while samples < 200 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            sampler.drain();
+            // SAFETY: the session lives until `stop` below.
+            let session = unsafe { &*sampler.session };
+            samples = session.costs.unwound.load(Ordering::Relaxed);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let used = thread.join().unwrap();
+        let collected = sampler.stop();
+        assert!(samples >= 100, "{samples} samples to judge by");
+        eprintln!(
+            "signal frame + handler: {used} bytes below the interrupted sp; handler {:?} ns",
+            collected.report.handler_nanos
+        );
+        // The kernel's own signal frame (its size depends on the CPU's vector registers),
+        // plus 4 KiB for the handler.
+        // SAFETY: getauxval has no preconditions; 51 is AT_MINSIGSTKSZ.
+        let kernel_frame = unsafe { libc::getauxval(51) } as usize;
+        let bound = kernel_frame.max(2048) + 4096;
+        assert!(
+            used < bound,
+            "{used} bytes of the interrupted thread's stack (bound {bound}, the kernel's \
+             frame {kernel_frame})"
         );
     }
 }

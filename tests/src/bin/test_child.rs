@@ -1,10 +1,18 @@
-//! A separate process for tests that need a fresh environment at startup: it reports
-//! jemalloc's configuration (`test_child config`), or serves on 127.0.0.1 until its stdin
-//! closes an app with heap profiling (`test_child serve`) or one whose routes need the
-//! bearer token in `KRABKA_PPROF_TEST_TOKEN` (`test_child serve-token`).
+//! A separate process for tests that need a fresh environment at startup, or that change
+//! what a process can do: it reports jemalloc's configuration (`test_child config`), or
+//! serves on 127.0.0.1 until its stdin closes an app with heap profiling (`serve`), one
+//! whose routes need the bearer token in `KRABKA_PPROF_TEST_TOKEN` (`serve-token`), or a
+//! CPU-profiling app with a busy thread, logging to stderr (`serve-cpu`; with
+//! `KRABKA_TEST_SECCOMP=eperm|kill` it first installs a seccomp filter against
+//! `process_vm_readv`, with `KRABKA_TEST_FOREIGN_HANDLER=1` another `SIGPROF` handler, and
+//! `GET /replace-handler` installs one during a profile). `exec-during-profile` calls
+//! `exec` while its own profile runs; `fork-profile` forks while its own profile runs and
+//! has the child profile itself; `spin` burns CPU and says it survived.
 
 use std::io::Read as _;
-use std::time::Duration;
+use std::os::unix::process::CommandExt as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
@@ -20,6 +28,150 @@ fn app() -> Router {
 #[pprof_routes(token_env = "KRABKA_PPROF_TEST_TOKEN", cpu_max = "10s", heap = true)]
 fn token_app() -> Router {
     Router::new().route("/", get(|| async { "child" }))
+}
+
+#[pprof_routes(cpu_max = "10s")]
+fn cpu_app() -> Router {
+    Router::new().route(
+        "/replace-handler",
+        get(|| async {
+            // Once the profile has had 300 ms of CPU to sample (30 samples at 99 Hz).
+            let start = krabka_pprof_tests::process_cpu_time();
+            let limit = Instant::now() + Duration::from_secs(5);
+            while krabka_pprof_tests::process_cpu_time() - start < Duration::from_millis(300)
+                && Instant::now() < limit
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            install_foreign_handler();
+            "replaced"
+        }),
+    )
+}
+
+/// Signals the foreign handler saw.
+static FOREIGN_SEEN: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn foreign_handler(_: libc::c_int) {
+    FOREIGN_SEEN.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Installs a `SIGPROF` handler of "another profiler".
+fn install_foreign_handler() {
+    // SAFETY: a fully initialised sigaction whose handler only touches an atomic.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = foreign_handler as *const () as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGPROF, &action, std::ptr::null_mut()),
+            0
+        );
+    }
+}
+
+/// A seccomp filter that answers `process_vm_readv` with `action` and allows the rest,
+/// as hardened services and sandboxes do. Installed before any thread starts, so every
+/// thread has it.
+fn install_seccomp(action: u32) {
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xC000_003E;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xC000_00B7;
+    let statement = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    let mut filter = [
+        statement(load, 4), // seccomp_data.arch
+        jump(AUDIT_ARCH, 1, 0),
+        statement(ret, libc::SECCOMP_RET_ALLOW),
+        statement(load, 0), // seccomp_data.nr
+        jump(libc::SYS_process_vm_readv as u32, 0, 1),
+        statement(ret, action),
+        statement(ret, libc::SECCOMP_RET_ALLOW),
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_mut_ptr(),
+    };
+    // SAFETY: no_new_privs, then a filter program that lives through the call.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &raw const program,
+            ),
+            0,
+            "installing the seccomp filter"
+        );
+    }
+}
+
+/// A thread that burns CPU in `krabka_hot_spin` for at most a minute.
+fn start_burner() {
+    std::thread::Builder::new()
+        .name("child-burner".into())
+        .spawn(|| {
+            let until = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < until {
+                std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
+            }
+        })
+        .expect("spawn the burner");
+}
+
+/// Whether this process has armed a POSIX timer (the sampler's), waiting at most 10 s.
+fn wait_for_own_timers() -> bool {
+    krabka_pprof_tests::wait_for_timers(std::process::id())
+}
+
+/// Writes a line to stdout without std's lock (a forked child may not take it).
+fn say(line: &str) {
+    let line = format!("{line}\n");
+    // SAFETY: writing our own buffer to fd 1.
+    unsafe { libc::write(1, line.as_ptr().cast(), line.len()) };
+}
+
+/// Serves `cpu_app` on a fresh runtime and listener, and takes a profile of itself.
+fn profile_self(seconds: u64) -> (u16, usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, cpu_app()).await });
+        let response = krabka_pprof_tests::client()
+            .get(format!(
+                "http://{addr}/debug/pprof/profile?seconds={seconds}"
+            ))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap();
+        let samples = if status == 200 {
+            krabka_pprof_tests::decode(&body).sample.len()
+        } else {
+            0
+        };
+        (status, samples)
+    })
 }
 
 fn serve(router: Router) {
@@ -58,8 +210,79 @@ fn main() {
         }
         Some("serve") => serve(app()),
         Some("serve-token") => serve(token_app()),
+        Some("serve-cpu") => {
+            match std::env::var("KRABKA_TEST_SECCOMP").as_deref() {
+                Ok("eperm") => install_seccomp(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+                Ok("kill") => install_seccomp(libc::SECCOMP_RET_KILL_PROCESS),
+                _ => {}
+            }
+            if std::env::var_os("KRABKA_TEST_FOREIGN_HANDLER").is_some() {
+                install_foreign_handler();
+            }
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::INFO)
+                .with_ansi(false)
+                .with_writer(std::io::stderr)
+                .init();
+            start_burner();
+            serve(cpu_app());
+        }
+        Some("exec-during-profile") => {
+            start_burner();
+            let profiling = std::thread::spawn(|| profile_self(5));
+            assert!(wait_for_own_timers(), "the profile started");
+            // A hot upgrade: this process becomes another program while its profile runs.
+            let error = std::process::Command::new(std::env::current_exe().unwrap())
+                .arg("spin")
+                .exec();
+            drop(profiling);
+            panic!("exec failed: {error}");
+        }
+        Some("spin") => {
+            // SIGPROF has its default action here (exec resets handlers): a timer left
+            // over from the program before would kill this one.
+            let until = Instant::now() + Duration::from_millis(300);
+            let start = krabka_pprof_tests::thread_cpu_time();
+            while krabka_pprof_tests::thread_cpu_time() - start < Duration::from_millis(300)
+                && Instant::now() < until + Duration::from_secs(5)
+            {
+                std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
+            }
+            say("survived");
+        }
+        Some("fork-profile") => {
+            start_burner();
+            let profiling = std::thread::spawn(|| profile_self(3));
+            assert!(wait_for_own_timers(), "the profile started");
+            // SAFETY: fork; the child only builds a fresh runtime and threads of its own,
+            // writes with write(2) and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                start_burner();
+                let (status, samples) = profile_self(1);
+                say(&format!("child status={status} samples={samples}"));
+                // SAFETY: leaving the child without running the parent's destructors.
+                unsafe { libc::_exit(0) };
+            }
+            assert!(pid > 0, "fork failed");
+            let (status, samples) = profiling.join().unwrap();
+            let mut child_status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut child_status, 0) };
+            say(&format!(
+                "parent status={status} samples={samples} child_exit={}",
+                if libc::WIFEXITED(child_status) {
+                    libc::WEXITSTATUS(child_status)
+                } else {
+                    -1
+                }
+            ));
+        }
         _ => {
-            eprintln!("usage: test_child config|serve|serve-token");
+            eprintln!(
+                "usage: test_child config|serve|serve-token|serve-cpu|exec-during-profile|\
+                 fork-profile|spin"
+            );
             std::process::exit(2);
         }
     }

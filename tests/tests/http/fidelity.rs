@@ -1,6 +1,7 @@
 //! The profile says where the CPU went: a known 50/30/20 split is recovered within 3
-//! percentage points, the sample count matches frequency × CPU time within 15%, and time
-//! whose leaf is in libc is counted, attributed to libc, not dropped.
+//! percentage points, the sample count matches frequency × CPU time within 15%, time whose
+//! leaf is in libc keeps its Rust callers by default, and a blocklisted library's time is
+//! counted under its name, not dropped.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -25,9 +26,9 @@ fn fast_app() -> Router {
     Router::new()
 }
 
-/// Everything the sampler will unwind through, with full stacks through libc.
-#[pprof_routes(cpu_max = "10s", blocklist = [])]
-fn app_without_blocklist() -> Router {
+/// libc blocklisted: samples in it are not unwound.
+#[pprof_routes(cpu_max = "10s", blocklist = ["libc"])]
+fn app_blocking_libc() -> Router {
     Router::new()
 }
 
@@ -116,15 +117,15 @@ fn stacks_with(profile: &Profile, name: &str) -> Vec<(Vec<String>, i64)> {
 }
 
 #[tokio::test]
-async fn libc_time_is_counted_under_libc() {
+async fn a_blocklisted_library_is_counted_under_its_name() {
     let _serial = serial().await;
-    let server = TestServer::start(app);
+    let server = TestServer::start(app_blocking_libc);
     let burner = Burner::start_with(1, Duration::from_secs(30), hot::burn_in_libc);
     let (profile, cpu_used) = profile(&server, 3).await;
     drop(burner);
 
-    // With the default blocklist, a sample interrupted inside libc is not unwound: it is
-    // the libc function (or `[libc.so.6]` when libc does not export it) under a marker.
+    // A sample interrupted inside a blocklisted libc is not unwound: it is the libc
+    // function (or `[libc.so.6]` when libc does not export it) under a marker.
     let samples = total(&profile, 0);
     let in_libc: i64 = stacks_with(&profile, "libc.so.6: blocklisted, not unwound")
         .iter()
@@ -144,9 +145,9 @@ async fn libc_time_is_counted_under_libc() {
 }
 
 #[tokio::test]
-async fn without_a_blocklist_libc_time_keeps_its_callers() {
+async fn by_default_libc_time_keeps_its_callers() {
     let _serial = serial().await;
-    let server = TestServer::start(app_without_blocklist);
+    let server = TestServer::start(app);
     let burner = Burner::start_with(1, Duration::from_secs(30), hot::burn_in_libc);
     let (profile, _) = profile(&server, 3).await;
     drop(burner);

@@ -1,0 +1,388 @@
+//! Reading the interrupted thread's stack from the signal handler without ever faulting:
+//! every byte goes through a system call that reports unreadable memory as an error.
+//!
+//! Two readers, chosen once per profile before any timer is armed:
+//! - `process_vm_readv` on our own pid: one call copies several pages;
+//! - `pread` on `/proc/self/mem`, opened before the window: for processes where a seccomp
+//!   filter is installed (hardened systemd units, sandboxes, container runtimes with
+//!   strict profiles), which may answer `process_vm_readv` with `EPERM` or kill the
+//!   process for calling it. With a filter installed, `process_vm_readv` is never called,
+//!   not even to probe.
+//!
+//! If neither works, samples keep their leaf alone under a marker, and the choice says why.
+
+use std::os::fd::{AsRawFd as _, OwnedFd};
+
+pub(crate) const PAGE: u64 = 4096;
+/// Pages one read may ask for at most.
+pub(crate) const MAX_PAGES: usize = 4;
+
+/// How the handler reads stack memory.
+pub(crate) enum Memory {
+    VmReadv { pid: libc::pid_t },
+    ProcMem { file: OwnedFd },
+    Unreadable,
+}
+
+/// The reader a session uses, and why it was chosen (for the profile's log line).
+pub(crate) struct Choice {
+    pub(crate) memory: Memory,
+    pub(crate) why: String,
+}
+
+impl Memory {
+    /// Picks the reader for this process as it is now.
+    pub(crate) fn choose() -> Choice {
+        let seccomp = seccomp_mode();
+        let vm_readv_refused = if seccomp == 0 {
+            let memory = Memory::VmReadv {
+                // SAFETY: getpid has no preconditions.
+                pid: unsafe { libc::getpid() },
+            };
+            match probe(&memory) {
+                Ok(()) => {
+                    return Choice {
+                        memory,
+                        why: "process_vm_readv works here".to_owned(),
+                    };
+                }
+                Err(err) => format!("process_vm_readv failed ({err})"),
+            }
+        } else {
+            format!("a seccomp filter is installed (Seccomp: {seccomp})")
+        };
+        match open_proc_mem() {
+            Ok(file) => {
+                let memory = Memory::ProcMem { file };
+                match probe(&memory) {
+                    Ok(()) => Choice {
+                        memory,
+                        why: format!("{vm_readv_refused}: reading /proc/self/mem instead"),
+                    },
+                    Err(err) => Choice {
+                        memory: Memory::Unreadable,
+                        why: format!(
+                            "{vm_readv_refused}, and /proc/self/mem cannot be read ({err}): \
+                             stacks are not unwound"
+                        ),
+                    },
+                }
+            }
+            Err(err) => Choice {
+                memory: Memory::Unreadable,
+                why: format!(
+                    "{vm_readv_refused}, and /proc/self/mem cannot be opened ({err}): \
+                     stacks are not unwound"
+                ),
+            },
+        }
+    }
+
+    /// A short name for logs.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Memory::VmReadv { .. } => "process_vm_readv",
+            Memory::ProcMem { .. } => "/proc/self/mem",
+            Memory::Unreadable => "none",
+        }
+    }
+
+    /// Copies `target.len()` bytes from `address` (at most [`MAX_PAGES`] pages), stopping
+    /// at the first page that cannot be read. Returns the bytes copied. Async-signal-safe.
+    pub(crate) fn read(&self, address: u64, target: &mut [u8]) -> usize {
+        match self {
+            Memory::VmReadv { pid } => {
+                // One remote range per page, so that a partial copy stops exactly at the
+                // first unreadable page.
+                let mut remote = [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; MAX_PAGES + 1];
+                let mut count = 0;
+                let mut at = address;
+                let end = address + target.len() as u64;
+                while at < end && count < remote.len() {
+                    let next = ((at / PAGE + 1) * PAGE).min(end);
+                    remote[count] = libc::iovec {
+                        iov_base: at as *mut libc::c_void,
+                        iov_len: (next - at) as usize,
+                    };
+                    count += 1;
+                    at = next;
+                }
+                let local = libc::iovec {
+                    iov_base: target.as_mut_ptr().cast(),
+                    iov_len: (at - address) as usize,
+                };
+                // SAFETY: `local` is inside `target`; the remote ranges are only read, by
+                // the kernel, which reports unreadable ones instead of faulting.
+                let got = unsafe {
+                    libc::process_vm_readv(*pid, &local, 1, remote.as_ptr(), count as _, 0)
+                };
+                usize::try_from(got).unwrap_or(0)
+            }
+            Memory::ProcMem { file } => {
+                let Ok(offset) = libc::off64_t::try_from(address) else {
+                    return 0;
+                };
+                // SAFETY: the kernel writes at most `target.len()` bytes into `target`; an
+                // unreadable page ends the copy (or fails it with EIO).
+                let got = unsafe {
+                    libc::pread64(
+                        file.as_raw_fd(),
+                        target.as_mut_ptr().cast(),
+                        target.len(),
+                        offset,
+                    )
+                };
+                usize::try_from(got).unwrap_or(0)
+            }
+            Memory::Unreadable => 0,
+        }
+    }
+}
+
+/// Reads a known local through `memory`.
+fn probe(memory: &Memory) -> std::io::Result<()> {
+    let source = [0x5au8; 16];
+    let mut target = [0u8; 16];
+    let got = memory.read(source.as_ptr() as u64, &mut target);
+    if got == 16 && target == source {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn open_proc_mem() -> std::io::Result<OwnedFd> {
+    let file = std::fs::File::open("/proc/self/mem")?;
+    Ok(file.into())
+}
+
+/// `Seccomp:` from `/proc/self/status`: 0 none, 1 strict, 2 filter. Unknown counts as
+/// filtered, the careful side.
+pub(crate) fn seccomp_mode() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Seccomp:"))
+                .and_then(|mode| mode.trim().parse().ok())
+        })
+        .unwrap_or(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A readable page, then an unmapped one (`/proc/self/mem` reads through protections,
+    /// as debuggers need, so only a hole stops it), if the hole is still free.
+    fn page_before_a_hole() -> u64 {
+        // SAFETY: an anonymous mapping of two pages; the second is unmapped again.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                2 * PAGE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap(p.cast::<u8>().add(PAGE as usize).cast(), PAGE as usize);
+            (p as *mut u64).write(0x1122_3344_5566_7788);
+            p as u64
+        }
+    }
+
+    /// Whether nothing was mapped into the hole meanwhile (by another test's thread).
+    fn hole_still_free(base: u64) -> bool {
+        let hole = (base + PAGE) as *mut libc::c_void;
+        // SAFETY: MAP_FIXED_NOREPLACE maps the hole only if it is free, and we unmap it.
+        unsafe {
+            let p = libc::mmap(
+                hole,
+                PAGE as usize,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            );
+            let free = p == hole;
+            if p != libc::MAP_FAILED {
+                libc::munmap(p, PAGE as usize);
+            }
+            free
+        }
+    }
+
+    #[test]
+    fn both_readers_stop_at_the_first_unmapped_page() {
+        let readers = [
+            Memory::VmReadv {
+                // SAFETY: getpid has no preconditions.
+                pid: unsafe { libc::getpid() },
+            },
+            Memory::ProcMem {
+                file: open_proc_mem().unwrap(),
+            },
+        ];
+        for memory in &readers {
+            let mut checked = false;
+            for _attempt in 0..5 {
+                let base = page_before_a_hole();
+                let mut target = [0u8; 64];
+                let across = memory.read(base + PAGE - 16, &mut target[..32]);
+                let first = memory.read(base, &mut target[..8]);
+                let value = u64::from_ne_bytes(target[..8].try_into().unwrap());
+                let beyond = memory.read(base + PAGE, &mut target[..8]);
+                let valid = hole_still_free(base);
+                // SAFETY: unmapping the page mapped above.
+                unsafe { libc::munmap(base as *mut libc::c_void, PAGE as usize) };
+                if valid {
+                    assert_eq!(across, 16, "{} stops at the hole", memory.name());
+                    assert_eq!((first, value), (8, 0x1122_3344_5566_7788));
+                    assert_eq!(beyond, 0, "{} reads nothing in the hole", memory.name());
+                    checked = true;
+                    break;
+                }
+            }
+            assert!(checked, "the hole was taken five times in a row");
+        }
+        assert_eq!(Memory::Unreadable.read(0x1000, &mut [0u8; 8]), 0);
+    }
+
+    #[test]
+    fn without_seccomp_process_vm_readv_is_chosen() {
+        if seccomp_mode() == 0 {
+            let choice = Memory::choose();
+            assert_eq!(choice.memory.name(), "process_vm_readv", "{}", choice.why);
+        }
+    }
+}
+
+/// Per thread, a range of its stack proven readable: `[low, high)` was copied whole, by a
+/// system call, from the thread's own stack pointer up, in a sample whose unwind reached
+/// the stack's outermost frame. Memory between a thread's current stack pointer and the
+/// top of its stack stays mapped while the thread lives, so a later sample of the same
+/// thread whose stack pointer is inside the range may read `[sp, high)` directly, with
+/// plain loads: no system call, and no way to fault.
+///
+/// Written by the handler (each thread only its own entry; a thread never runs two
+/// handlers at once, `SIGPROF` being blocked during its own), and cleared by the drain for
+/// threads that exited, so that a thread id used again starts unknown.
+pub(crate) struct KnownStacks {
+    entries: Box<[KnownStack]>,
+}
+
+struct KnownStack {
+    tid: std::sync::atomic::AtomicU32,
+    low: std::sync::atomic::AtomicU64,
+    high: std::sync::atomic::AtomicU64,
+}
+
+impl KnownStacks {
+    pub(crate) fn new(capacity: usize) -> KnownStacks {
+        use std::sync::atomic::{AtomicU32, AtomicU64};
+        let size = (capacity * 2).next_power_of_two();
+        KnownStacks {
+            entries: (0..size)
+                .map(|_| KnownStack {
+                    tid: AtomicU32::new(0),
+                    low: AtomicU64::new(0),
+                    high: AtomicU64::new(0),
+                })
+                .collect(),
+        }
+    }
+
+    /// The entry for `tid`, claiming a free one if `claim`; async-signal-safe.
+    fn entry(&self, tid: u32, claim: bool) -> Option<&KnownStack> {
+        use std::sync::atomic::Ordering;
+        let mask = self.entries.len() - 1;
+        let mut at = (tid as usize).wrapping_mul(0x9e37_79b9) & mask;
+        for _ in 0..self.entries.len() / 2 {
+            let entry = &self.entries[at];
+            match entry.tid.load(Ordering::Acquire) {
+                found if found == tid => return Some(entry),
+                0 if claim => {
+                    match entry
+                        .tid
+                        .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire)
+                    {
+                        Ok(_) => return Some(entry),
+                        Err(found) if found == tid => return Some(entry),
+                        Err(_) => {}
+                    }
+                }
+                0 => return None,
+                _ => {}
+            }
+            at = (at + 1) & mask;
+        }
+        None
+    }
+
+    /// The proven range of `tid`'s stack, if any.
+    pub(crate) fn get(&self, tid: u32) -> Option<(u64, u64)> {
+        use std::sync::atomic::Ordering;
+        let entry = self.entry(tid, false)?;
+        let high = entry.high.load(Ordering::Acquire);
+        (high != 0).then(|| (entry.low.load(Ordering::Relaxed), high))
+    }
+
+    /// Records that `[low, high)` of `tid`'s stack was just copied whole; merges it with
+    /// what was known when the two overlap.
+    pub(crate) fn prove(&self, tid: u32, low: u64, high: u64) {
+        use std::sync::atomic::Ordering;
+        let Some(entry) = self.entry(tid, true) else {
+            return;
+        };
+        let (old_low, old_high) = (
+            entry.low.load(Ordering::Relaxed),
+            entry.high.load(Ordering::Relaxed),
+        );
+        let (low, high) = if old_high != 0 && low <= old_high && old_low <= high {
+            (low.min(old_low), high.max(old_high))
+        } else {
+            (low, high)
+        };
+        entry.high.store(0, Ordering::Release);
+        entry.low.store(low, Ordering::Relaxed);
+        entry.high.store(high, Ordering::Release);
+    }
+
+    /// Forgets every thread not in `alive` (sorted).
+    pub(crate) fn retain(&self, alive: &[u32]) {
+        use std::sync::atomic::Ordering;
+        for entry in self.entries.iter() {
+            let tid = entry.tid.load(Ordering::Acquire);
+            if tid != 0 && alive.binary_search(&tid).is_err() {
+                entry.high.store(0, Ordering::Release);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod known_stacks_tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_proven_merged_and_forgotten() {
+        let known = KnownStacks::new(8);
+        assert_eq!(known.get(42), None);
+        known.prove(42, 0x1000, 0x3000);
+        assert_eq!(known.get(42), Some((0x1000, 0x3000)));
+        known.prove(42, 0x0800, 0x1800);
+        assert_eq!(known.get(42), Some((0x0800, 0x3000)), "overlapping: merged");
+        known.prove(42, 0x9000, 0xa000);
+        assert_eq!(known.get(42), Some((0x9000, 0xa000)), "elsewhere: replaced");
+        known.prove(7, 0x100, 0x200);
+        known.retain(&[7]);
+        assert_eq!(known.get(42), None, "exited");
+        assert_eq!(known.get(7), Some((0x100, 0x200)));
+    }
+}

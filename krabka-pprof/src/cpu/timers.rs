@@ -1,0 +1,428 @@
+//! The sampler's clocks: one POSIX CPU-time timer per thread of the process, plus one
+//! process-wide backstop, all sending `SIGPROF` tagged with the session's signal value.
+//!
+//! Why per thread (as Go does since 1.18): one process-wide `ITIMER_PROF` has one pending
+//! signal per process and is checked once per tick, so on several busy cores most periods
+//! are lost; it survives `execve`, where `SIGPROF`'s default action kills the new program;
+//! and its signal goes to any thread that does not block it, so a thread that blocks
+//! `SIGPROF` has its CPU charged to an idle one. A `CLOCK_THREAD_CPUTIME_ID` timer with
+//! `SIGEV_THREAD_ID` signals exactly the thread whose CPU it measures, reports the periods
+//! it could not signal as overrun (so each sample carries the CPU it stands for), and, like
+//! every POSIX timer, is not inherited by `fork` and is deleted by `execve`.
+//!
+//! Threads are found by listing `/proc/self/task` at the start and at every drain; a thread
+//! that lives and dies between two listings is covered by the backstop, a
+//! `CLOCK_PROCESS_CPUTIME_ID` timer whose signals the handler keeps only on threads that
+//! have no timer of their own ([`ThreadSet`]).
+//!
+//! Everything here runs off the signal path; only [`ThreadSet::contains`] and the signal
+//! values are read by the handler.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// What a timer's signal value says, besides the session it belongs to.
+pub(crate) const KIND_THREAD: u64 = 1;
+pub(crate) const KIND_BACKSTOP: u64 = 2;
+/// High bits of every signal value this crate arms a timer with.
+const SIGNAL_TAG: u64 = 0x4b52_4241 << 32;
+
+/// The signal value for timers of `kind` in the session numbered `session`.
+pub(crate) fn signal_value(session: u32, kind: u64) -> u64 {
+    SIGNAL_TAG | u64::from(session) << 8 | kind
+}
+
+/// The timer kind of `value` if it belongs to the session numbered `session`.
+pub(crate) fn signal_kind(value: u64, session: u32) -> Option<u64> {
+    (value & !0xff == signal_value(session, 0)).then_some(value & 0xff)
+}
+
+/// Thread ids that have a timer of their own, and which thread each timer id belongs to:
+/// written by the drain, read by the handler. Open addressing over atomics; never shrinks
+/// during a session.
+pub(crate) struct ThreadSet {
+    slots: Box<[AtomicU32]>,
+    /// Indexed by kernel timer id (small integers, allocated from 0 per process).
+    owners: Box<[AtomicU32]>,
+}
+
+impl ThreadSet {
+    /// Room for `capacity` threads (a power of two is used, twice as large).
+    pub(crate) fn new(capacity: usize) -> ThreadSet {
+        let size = (capacity * 2).next_power_of_two();
+        ThreadSet {
+            slots: (0..size).map(|_| AtomicU32::new(0)).collect(),
+            owners: (0..size).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    /// Records that `timer` signals thread `tid`.
+    fn set_owner(&self, timer: libc::c_int, tid: u32) {
+        if let Some(owner) = usize::try_from(timer).ok().and_then(|t| self.owners.get(t)) {
+            owner.store(tid, Ordering::Release);
+        }
+    }
+
+    /// The thread `timer` signals, if known. Async-signal-safe: one load.
+    pub(crate) fn owner(&self, timer: libc::c_int) -> Option<u32> {
+        let owner = usize::try_from(timer)
+            .ok()
+            .and_then(|t| self.owners.get(t))?;
+        Some(owner.load(Ordering::Acquire)).filter(|&tid| tid != 0)
+    }
+
+    fn start(&self, tid: u32) -> usize {
+        (tid as usize).wrapping_mul(0x9e37_79b9) & (self.slots.len() - 1)
+    }
+
+    /// Adds `tid`; false if the set is full (half the slots in use).
+    pub(crate) fn insert(&self, tid: u32, len: usize) -> bool {
+        if tid == 0 || len >= self.slots.len() / 2 {
+            return false;
+        }
+        let mask = self.slots.len() - 1;
+        let mut at = self.start(tid);
+        loop {
+            match self.slots[at].compare_exchange(0, tid, Ordering::Release, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(existing) if existing == tid => return true,
+                Err(_) => at = (at + 1) & mask,
+            }
+        }
+    }
+
+    /// Whether `tid` has its own timer. Async-signal-safe: loads only.
+    pub(crate) fn contains(&self, tid: u32) -> bool {
+        let mask = self.slots.len() - 1;
+        let mut at = self.start(tid);
+        for _ in 0..self.slots.len() {
+            match self.slots[at].load(Ordering::Acquire) {
+                0 => return false,
+                found if found == tid => return true,
+                _ => at = (at + 1) & mask,
+            }
+        }
+        false
+    }
+}
+
+/// One thread's timer and its CPU clock at the moment the timer was armed.
+struct Tracked {
+    timer: libc::c_int,
+    clock: libc::clockid_t,
+    cpu_at_start: Duration,
+}
+
+/// A thread's CPU over the part of the window it was tracked, read when the timers stop.
+pub(crate) struct ThreadCpu {
+    pub(crate) tid: u32,
+    pub(crate) cpu: Duration,
+}
+
+/// Every timer of one session. Dropping it deletes them all.
+pub(crate) struct Timers {
+    session: u32,
+    period: Duration,
+    backstop: Option<libc::c_int>,
+    threads: HashMap<u32, Tracked>,
+    /// Why some thread has no timer (e.g. `RLIMIT_SIGPENDING` reached), said once.
+    pub(crate) shortfall: Option<String>,
+    seed: u64,
+}
+
+impl Timers {
+    /// Arms the backstop and one timer per current thread, registering each in `set`.
+    pub(crate) fn start(session: u32, frequency: u32, set: &ThreadSet) -> io::Result<Timers> {
+        let period = Duration::from_nanos(1_000_000_000 / u64::from(frequency.max(1)));
+        let mut timers = Timers {
+            session,
+            period,
+            backstop: None,
+            threads: HashMap::new(),
+            shortfall: None,
+            seed: seed(),
+        };
+        let backstop = create(
+            libc::CLOCK_PROCESS_CPUTIME_ID,
+            libc::SIGEV_SIGNAL,
+            0,
+            signal_value(session, KIND_BACKSTOP),
+        )?;
+        timers.backstop = Some(backstop);
+        timers.arm(backstop)?;
+        timers.refresh(set);
+        Ok(timers)
+    }
+
+    /// Gives a timer to every thread that started since the last call; returns the ids of
+    /// the threads alive now, sorted (empty if they cannot be listed).
+    pub(crate) fn refresh(&mut self, set: &ThreadSet) -> Vec<u32> {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return Vec::new();
+        };
+        let mut alive: Vec<u32> = tasks
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+            .collect();
+        alive.sort_unstable();
+        for &tid in &alive {
+            if self.threads.contains_key(&tid) || self.shortfall.is_some() {
+                continue;
+            }
+            match self.track(tid, set) {
+                Ok(()) => {}
+                // The thread exited between the listing and now.
+                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(err) => {
+                    self.shortfall = Some(format!(
+                        "thread {tid} and later threads have no CPU timer of their own \
+                         ({err}); their samples come from the process-wide timer"
+                    ));
+                }
+            }
+        }
+        alive
+    }
+
+    fn track(&mut self, tid: u32, set: &ThreadSet) -> io::Result<()> {
+        if !set.insert(tid, self.threads.len()) {
+            return Err(io::Error::other("more threads than the sampler tracks"));
+        }
+        let clock = thread_cpu_clock(tid);
+        let cpu_at_start = clock_time(clock)?;
+        let timer = create(
+            clock,
+            libc::SIGEV_THREAD_ID,
+            tid as libc::c_int,
+            signal_value(self.session, KIND_THREAD),
+        )?;
+        set.set_owner(timer, tid);
+        self.threads.insert(
+            tid,
+            Tracked {
+                timer,
+                clock,
+                cpu_at_start,
+            },
+        );
+        self.arm(timer)
+    }
+
+    /// Starts `timer` with the session's period, its first expiry uniform in (0, period]
+    /// so that threads that live less than a period are sampled without bias.
+    fn arm(&mut self, timer: libc::c_int) -> io::Result<()> {
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let period = self.period.as_nanos() as u64;
+        let first = 1 + self.seed % period;
+        let spec = libc::itimerspec {
+            it_interval: timespec(period),
+            it_value: timespec(first),
+        };
+        // SAFETY: the timer id came from timer_create; the spec is fully initialised.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_timer_settime,
+                timer,
+                0,
+                &raw const spec,
+                std::ptr::null_mut::<libc::itimerspec>(),
+            )
+        };
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Deletes every timer and returns the CPU each tracked thread still alive used since
+    /// its timer was armed. Signals already queued may still arrive; the handler ignores
+    /// them once the session is retired (its value no longer matches).
+    pub(crate) fn stop(mut self) -> Vec<ThreadCpu> {
+        let threads = std::mem::take(&mut self.threads);
+        let mut cpu = Vec::with_capacity(threads.len());
+        for (tid, tracked) in threads {
+            delete(tracked.timer);
+            if let Ok(now) = clock_time(tracked.clock) {
+                cpu.push(ThreadCpu {
+                    tid,
+                    cpu: now.saturating_sub(tracked.cpu_at_start),
+                });
+            }
+        }
+        cpu
+    }
+
+    /// How many threads have a timer of their own.
+    pub(crate) fn tracked(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+impl Drop for Timers {
+    fn drop(&mut self) {
+        if let Some(backstop) = self.backstop.take() {
+            delete(backstop);
+        }
+        for (_, tracked) in self.threads.drain() {
+            delete(tracked.timer);
+        }
+    }
+}
+
+/// The kernel's clock id for thread `tid`'s CPU time (what glibc's `pthread_getcpuclockid`
+/// computes): `~tid << 3 | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED`.
+fn thread_cpu_clock(tid: u32) -> libc::clockid_t {
+    ((!(tid as libc::clockid_t)) << 3) | 4 | 2
+}
+
+fn clock_time(clock: libc::clockid_t) -> io::Result<Duration> {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    if unsafe { libc::clock_gettime(clock, &mut time) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Duration::new(time.tv_sec as u64, time.tv_nsec as u32))
+}
+
+/// The raw `timer_create` system call (glibc's wrapper hides the kernel's timer id behind
+/// its own `timer_t`; the kernel id is what `si_timerid` reports and `timer_settime` takes).
+fn create(
+    clock: libc::clockid_t,
+    notify: libc::c_int,
+    tid: libc::c_int,
+    value: u64,
+) -> io::Result<libc::c_int> {
+    // SAFETY: sigevent is plain data; every field the kernel reads is set below.
+    let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
+    event.sigev_notify = notify;
+    event.sigev_signo = libc::SIGPROF;
+    event.sigev_value = libc::sigval {
+        sival_ptr: value as usize as *mut libc::c_void,
+    };
+    event.sigev_notify_thread_id = tid;
+    let mut timer: libc::c_int = 0;
+    // SAFETY: the kernel reads `event` and writes the new id into `timer`.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_timer_create,
+            clock,
+            &raw mut event,
+            &raw mut timer,
+        )
+    };
+    if result == 0 {
+        Ok(timer)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn delete(timer: libc::c_int) {
+    // SAFETY: deleting a timer id this session created, once.
+    unsafe { libc::syscall(libc::SYS_timer_delete, timer) };
+}
+
+fn timespec(nanos: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (nanos / 1_000_000_000) as libc::time_t,
+        tv_nsec: (nanos % 1_000_000_000) as libc::c_long,
+    }
+}
+
+fn seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (u64::from(nanos) << 1 | 1) ^ u64::from(std::process::id()) << 32
+}
+
+/// Whether thread `tid` currently blocks `SIGPROF` (`SigBlk` in its status).
+pub(crate) fn blocks_sigprof(tid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigBlk:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGPROF - 1)) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_values_name_their_session_and_kind() {
+        let value = signal_value(7, KIND_THREAD);
+        assert_eq!(signal_kind(value, 7), Some(KIND_THREAD));
+        assert_eq!(
+            signal_kind(signal_value(7, KIND_BACKSTOP), 7),
+            Some(KIND_BACKSTOP)
+        );
+        assert_eq!(signal_kind(value, 8), None, "another session's timer");
+        assert_eq!(signal_kind(0, 7), None, "kill(2) carries no value");
+        assert_eq!(signal_kind(value & 0xffff_ffff, 7), None, "no tag");
+    }
+
+    #[test]
+    fn thread_set_finds_what_was_inserted_and_nothing_else() {
+        let set = ThreadSet::new(8);
+        for (n, tid) in [5u32, 21, 37, 1_000_003].into_iter().enumerate() {
+            assert!(set.insert(tid, n));
+        }
+        assert!(set.contains(21) && set.contains(1_000_003));
+        assert!(!set.contains(6) && !set.contains(0));
+        assert!(!set.insert(9, 8), "full at half the slots");
+        set.set_owner(3, 21);
+        assert_eq!(set.owner(3), Some(21));
+        assert_eq!(set.owner(4), None);
+        assert_eq!(set.owner(-1), None);
+        assert_eq!(set.owner(1 << 20), None);
+    }
+
+    #[test]
+    fn this_threads_clock_id_is_the_kernels() {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: pthread_self is this thread; the clock id is written to `clock`.
+        let found = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
+        assert_eq!(found, 0);
+        assert_eq!(thread_cpu_clock(tid), clock);
+    }
+
+    #[test]
+    fn a_thread_that_blocks_sigprof_is_seen_to() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: blocking one signal in this thread's own mask.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGPROF);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            }
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as u32)
+                .unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        assert!(blocks_sigprof(tid));
+        // SAFETY: gettid has no preconditions.
+        let here = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+        assert!(!blocks_sigprof(here));
+        done_tx.send(()).unwrap();
+        thread.join().unwrap();
+    }
+}

@@ -1,0 +1,163 @@
+//! The profiler can never hurt the process it watches, nor be fooled by it: a program
+//! `exec`'d during a profile runs, a forked child profiles itself, a seccomp filter
+//! against `process_vm_readv` (refusing it, or killing for it) still gives fully unwound
+//! stacks, and another `SIGPROF` handler is never silently replaced. Each in a child
+//! process (`test_child`), since each changes what the whole process can do.
+
+use std::time::Duration;
+
+use krabka_pprof_tests::{
+    ChildServer, client, comments, decode, run_child, stacks, total, wait_for_timers,
+};
+use reqwest::StatusCode;
+
+const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
+
+#[test]
+fn a_program_execd_during_a_profile_runs() {
+    let (status, stdout) = run_child(CHILD, "exec-during-profile", Duration::from_secs(60));
+    assert!(
+        status.success() && stdout.contains("survived"),
+        "the exec'd program must run to its end, not die of SIGPROF: {status}, {stdout:?}"
+    );
+}
+
+#[test]
+fn a_forked_child_profiles_itself() {
+    let (status, stdout) = run_child(CHILD, "fork-profile", Duration::from_secs(60));
+    assert!(status.success(), "{status}: {stdout}");
+    let child = stdout
+        .lines()
+        .find(|l| l.starts_with("child "))
+        .unwrap_or_else(|| panic!("the child reports: {stdout:?}"));
+    assert!(
+        child.starts_with("child status=200 ") && !child.ends_with("samples=0"),
+        "the child's own profile: {child}"
+    );
+    let parent = stdout
+        .lines()
+        .find(|l| l.starts_with("parent "))
+        .unwrap_or_else(|| panic!("the parent reports: {stdout:?}"));
+    assert!(
+        parent.starts_with("parent status=200 ") && parent.ends_with("child_exit=0"),
+        "the parent's profile, undisturbed by the fork: {parent}"
+    );
+}
+
+/// The burner's stacks in a child's profile: leaf `krabka_hot_spin`, unwound to the
+/// thread's start.
+async fn assert_fully_unwound(child: &ChildServer) {
+    let response = client()
+        .get(child.url("/debug/pprof/profile?seconds=2&frequency=250"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    let burner: Vec<_> = stacks(&profile)
+        .into_iter()
+        .filter(|(frames, _)| {
+            frames
+                .first()
+                .is_some_and(|f| f.contains("krabka_hot_spin"))
+        })
+        .collect();
+    let samples: i64 = burner.iter().map(|(_, v)| v[0]).sum();
+    assert!(samples > 100, "{samples} samples of the burner");
+    let unwound: i64 = burner
+        .iter()
+        .filter(|(frames, _)| {
+            frames.iter().any(|f| f.contains("start_burner"))
+                && frames.iter().any(|f| f.contains("thread_start"))
+        })
+        .map(|(_, v)| v[0])
+        .sum();
+    assert!(
+        unwound as f64 >= samples as f64 * 0.95,
+        "{unwound} of {samples} burner stacks unwound to the thread's start: {:?}",
+        burner.first()
+    );
+    assert!(
+        stacks(&profile)
+            .iter()
+            .all(|(frames, _)| !frames.iter().any(|f| f.contains("not unwound"))),
+        "no stack left not unwound"
+    );
+}
+
+#[tokio::test]
+async fn a_seccomp_filter_refusing_process_vm_readv_still_gives_whole_stacks() {
+    let child = ChildServer::start_logged(
+        CHILD,
+        "serve-cpu",
+        &[("KRABKA_TEST_SECCOMP", Some("eperm"))],
+    );
+    assert_fully_unwound(&child).await;
+    let log = child.log();
+    assert!(
+        log.contains("stack reader: /proc/self/mem") && log.contains("seccomp filter"),
+        "the log says which reader and why: {log}"
+    );
+}
+
+#[tokio::test]
+async fn a_seccomp_filter_killing_for_process_vm_readv_kills_nothing() {
+    let mut child =
+        ChildServer::start_logged(CHILD, "serve-cpu", &[("KRABKA_TEST_SECCOMP", Some("kill"))]);
+    assert_fully_unwound(&child).await;
+    assert!(child.is_running(), "the service is alive after its profile");
+}
+
+#[tokio::test]
+async fn another_sigprof_handler_is_not_replaced() {
+    let child = ChildServer::start_logged(
+        CHILD,
+        "serve-cpu",
+        &[("KRABKA_TEST_FOREIGN_HANDLER", Some("1"))],
+    );
+    let response = client()
+        .get(child.url("/debug/pprof/profile?seconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = response.text().await.unwrap();
+    assert!(
+        body.contains("another SIGPROF handler is installed"),
+        "the 503 says why: {body}"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_replaced_during_the_window_is_reported() {
+    let child = ChildServer::start_logged(CHILD, "serve-cpu", &[]);
+    let url = child.url("/debug/pprof/profile?seconds=3");
+    let running = tokio::spawn(async move { client().get(url).send().await.unwrap() });
+    let pid = child.pid();
+    assert!(
+        tokio::task::spawn_blocking(move || wait_for_timers(pid))
+            .await
+            .unwrap(),
+        "the child's sampler armed its timers"
+    );
+    let replaced = client()
+        .get(child.url("/replace-handler"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replaced.status(), StatusCode::OK);
+    let response = running.await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    assert!(total(&profile, 0) > 0, "what was sampled before is kept");
+    assert!(
+        comments(&profile).iter().any(|c| c.contains("replaced")),
+        "the profile says so: {:?}",
+        comments(&profile)
+    );
+    let log = child.log();
+    assert!(
+        log.contains("handler_replaced=true") && log.contains("replaced this profiler"),
+        "the response's log line says so: {log}"
+    );
+}

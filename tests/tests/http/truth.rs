@@ -1,0 +1,460 @@
+//! The profile tells the truth where a process-wide timer lied: libc's callers are kept by
+//! default, a thread that blocks `SIGPROF` is not charged to an idle one, two busy cores
+//! are not capped, the weights add up to the CPU used at every frequency, signals that are
+//! not the sampler's are not samples, short-lived threads still count, and deep stacks say
+//! they were cut. Each compares the profile with the CPU clocks of the threads that did
+//! the work.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{
+    Burner, Profile, TestServer, client, comments, decode, hot, process_cpu_time, profile_window,
+    serial, stacks, thread_cpu_time, total, total_in, wait_for_timers,
+};
+use reqwest::StatusCode;
+
+/// Default settings, apart from a window long enough for these tests.
+#[pprof_routes(cpu_max = "10s")]
+fn app() -> Router {
+    Router::new()
+}
+
+/// A profile request running while the test does something in the process.
+fn start_profile(
+    server: &TestServer,
+    seconds: u64,
+    frequency: u32,
+) -> tokio::task::JoinHandle<(Profile, Duration)> {
+    let url = server.url(&format!(
+        "/debug/pprof/profile?seconds={seconds}&frequency={frequency}"
+    ));
+    tokio::spawn(async move {
+        let cpu_before = process_cpu_time();
+        let response = client().get(url).send().await.unwrap();
+        let cpu_used = process_cpu_time() - cpu_before;
+        assert_eq!(response.status(), StatusCode::OK);
+        (decode(&response.bytes().await.unwrap()), cpu_used)
+    })
+}
+
+async fn profile_at(server: &TestServer, seconds: u64, frequency: u32) -> (Profile, Duration) {
+    start_profile(server, seconds, frequency).await.unwrap()
+}
+
+#[tokio::test]
+async fn memcpy_time_is_under_its_rust_caller_by_default() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    for counter in &hot::COPY_CPU_NANOS {
+        counter.store(0, Ordering::Relaxed);
+    }
+    // 250 Hz for 3000 samples: a binomial error under a point for each share.
+    let burner = Burner::start_with(2, Duration::from_secs(30), hot::copy_round);
+    let (profile, _) = profile_at(&server, 6, 250).await;
+    drop(burner);
+
+    let measured = hot::COPY_CPU_NANOS
+        .each_ref()
+        .map(|c| c.load(Ordering::Relaxed) as f64);
+    let measured_sum: f64 = measured.iter().sum();
+    let parts = ["split_fifty", "copy_forty", "split_twenty"].map(|f| total_in(&profile, 0, f));
+    let sum: i64 = parts.iter().sum();
+    assert!(
+        sum > 2000,
+        "{sum} samples in the workload: too few to judge"
+    );
+    eprintln!("copy split: {parts:?} of {sum} samples; measured CPU {measured:?} ns");
+    for ((part, truth), nominal) in parts.iter().zip(measured).zip([40.0, 40.0, 20.0]) {
+        let share = *part as f64 * 100.0 / sum as f64;
+        let expected = truth * 100.0 / measured_sum;
+        assert!(
+            (expected - nominal).abs() <= 10.0,
+            "the workload itself is off: {expected:.1}% where about {nominal}% was meant"
+        );
+        assert!(
+            (share - expected).abs() <= 3.0,
+            "the profile says {share:.1}%, the CPU clock {expected:.1}% ({parts:?} of {sum})"
+        );
+    }
+    // The copy's samples are memcpy in libc (named `[libc.so.6]` where libc's symbol table
+    // is stripped), unwound to the Rust function that called it.
+    let copy_stacks: Vec<_> = stacks(&profile)
+        .into_iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f.contains("copy_forty")))
+        .collect();
+    let in_libc: i64 = copy_stacks
+        .iter()
+        .filter(|(frames, _)| {
+            ["memcpy", "memmove", "libc.so"]
+                .iter()
+                .any(|name| frames[0].contains(name))
+        })
+        .map(|(_, values)| values[0])
+        .sum();
+    assert!(
+        in_libc as f64 >= parts[1] as f64 * 0.7,
+        "memcpy leaves under copy_forty: {in_libc} of {}",
+        parts[1]
+    );
+}
+
+#[tokio::test]
+async fn a_thread_that_blocks_sigprof_is_not_charged_to_another() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let stop = Arc::new(AtomicBool::new(false));
+    let used = Arc::new(AtomicU64::new(0));
+    let blocker = {
+        let (stop, used) = (stop.clone(), used.clone());
+        std::thread::Builder::new()
+            .name("sigprof-blocker".into())
+            .spawn(move || {
+                // SAFETY: blocks one signal in this thread's own mask, as librdkafka does.
+                unsafe {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGPROF);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                }
+                let start = thread_cpu_time();
+                let limit = Instant::now() + Duration::from_secs(30);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < limit {
+                    std::hint::black_box(hot::krabka_hot_spin(20_000));
+                }
+                used.store(
+                    (thread_cpu_time() - start).as_nanos() as u64,
+                    Ordering::Relaxed,
+                );
+            })
+            .unwrap()
+    };
+    let (profile, cpu_used) = profile_at(&server, 3, 99).await;
+    stop.store(true, Ordering::Relaxed);
+    blocker.join().unwrap();
+
+    let marker = "[thread sigprof-blocker: blocks SIGPROF, not sampled]";
+    let reported = total_in(&profile, 1, marker);
+    let all = total(&profile, 1);
+    eprintln!(
+        "blocked: {reported} ns under the marker of {all} ns; process used {cpu_used:?}; \
+         the thread {} ns in all",
+        used.load(Ordering::Relaxed)
+    );
+    // The window is 3 s of the blocker's busy loop: about 3 s of its CPU.
+    assert!(
+        (2.4e9..=3.3e9).contains(&(reported as f64)),
+        "the blocked thread's CPU must appear under its marker: {reported} ns"
+    );
+    let idle = total_in(&profile, 1, "epoll_wait");
+    assert!(
+        idle < 300_000_000,
+        "{idle} ns charged to epoll_wait: the blocked thread's CPU went to an idle thread"
+    );
+    assert!(
+        (all as f64 - cpu_used.as_nanos() as f64).abs() <= cpu_used.as_nanos() as f64 * 0.1,
+        "the profile's total {all} ns must still match the process's {cpu_used:?}"
+    );
+}
+
+#[tokio::test]
+async fn two_busy_threads_just_under_the_tick_are_not_capped() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(2, Duration::from_secs(30));
+    let (profile, _) = profile_at(&server, 3, 240).await;
+    let timeline = burner.finish();
+
+    let (start, end) = profile_window(&profile);
+    let cpu = timeline.cpu_within(start, end);
+    let expected = cpu.as_secs_f64() * 240.0;
+    let samples = total_in(&profile, 0, "Burner") as f64;
+    eprintln!("240 Hz: {samples} samples for {cpu:?}, expected {expected:.0}");
+    assert!(
+        samples >= expected * 0.9,
+        "{samples} samples for {cpu:?} of CPU at 240 Hz: expected at least 90% of {expected:.0}"
+    );
+    let nanos = total_in(&profile, 1, "Burner") as f64;
+    assert!(
+        (nanos - cpu.as_nanos() as f64).abs() <= cpu.as_nanos() as f64 * 0.1,
+        "cpu/nanoseconds {nanos} for {cpu:?}"
+    );
+}
+
+#[tokio::test]
+async fn weights_add_up_to_the_cpu_used_at_every_frequency() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    for threads in [1, 2] {
+        for frequency in [19, 99, 240, 250, 500, 1000] {
+            let burner = Burner::start(threads, Duration::from_secs(30));
+            let (profile, cpu_used) = profile_at(&server, 2, frequency).await;
+            let timeline = burner.finish();
+            let (start, end) = profile_window(&profile);
+            let burned = timeline.cpu_within(start, end).as_nanos() as f64;
+            let in_burners = total_in(&profile, 1, "Burner") as f64;
+            let all = total(&profile, 1) as f64;
+            eprintln!(
+                "{threads} threads at {frequency} Hz: burners {in_burners:.0} of {burned:.0} ns, \
+                 all {all:.0} of {cpu_used:?}; {:?}",
+                comments(&profile)
+            );
+            assert!(
+                (in_burners - burned).abs() <= burned * 0.1,
+                "{threads} threads at {frequency} Hz: the burners' samples stand for \
+                 {in_burners:.0} ns, their clocks say {burned:.0} ns"
+            );
+            let process = cpu_used.as_nanos() as f64;
+            assert!(
+                (all - process).abs() <= process * 0.1,
+                "{threads} threads at {frequency} Hz: Σ cpu/nanoseconds {all:.0}, the process \
+                 used {process:.0} ns"
+            );
+            if frequency > 250 {
+                assert!(
+                    comments(&profile).iter().any(|c| c.contains("capped")),
+                    "above the tick the profile says the rate was capped"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_that_are_not_the_samplers_are_not_samples() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(1, Duration::from_secs(30));
+    let running = start_profile(&server, 3, 99);
+    tokio::task::spawn_blocking(|| {
+        assert!(
+            wait_for_timers(std::process::id()),
+            "the sampler armed its timers"
+        );
+        // 400 foreign SIGPROFs in about a second: kill(2) to the process, and raise(3).
+        for i in 0..400 {
+            // SAFETY: sending SIGPROF to this process, whose handler the profile installed.
+            unsafe {
+                if i % 2 == 0 {
+                    libc::kill(libc::getpid(), libc::SIGPROF);
+                } else {
+                    libc::raise(libc::SIGPROF);
+                }
+            }
+            std::thread::sleep(Duration::from_micros(2500));
+        }
+    })
+    .await
+    .unwrap();
+    let (profile, _) = running.await.unwrap();
+    let timeline = burner.finish();
+
+    let (start, end) = profile_window(&profile);
+    let cpu = timeline.cpu_within(start, end);
+    let expected = cpu.as_secs_f64() * 99.0;
+    let all = total(&profile, 0) as f64;
+    eprintln!(
+        "{all} samples, {expected:.0} expected; {:?}",
+        comments(&profile)
+    );
+    assert!(
+        (all - expected).abs() <= expected * 0.15,
+        "{all} samples where the burner's CPU gives {expected:.0}: foreign signals were counted"
+    );
+    assert!(
+        comments(&profile)
+            .iter()
+            .any(|c| c.contains("foreign SIGPROF") && !c.starts_with("0 ")),
+        "the profile says it ignored foreign signals: {:?}",
+        comments(&profile)
+    );
+}
+
+#[tokio::test]
+async fn short_lived_threads_are_counted() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let stop = Arc::new(AtomicBool::new(false));
+    let used = Arc::new(AtomicU64::new(0));
+    let spawner = {
+        let (stop, used) = (stop.clone(), used.clone());
+        std::thread::spawn(move || {
+            let limit = Instant::now() + Duration::from_secs(30);
+            let mut spawned = 0u32;
+            // 200 threads a second, each a few milliseconds of CPU.
+            while !stop.load(Ordering::Relaxed) && Instant::now() < limit {
+                let used = used.clone();
+                std::thread::Builder::new()
+                    .name("short-lived".into())
+                    .spawn(move || {
+                        let start = thread_cpu_time();
+                        std::hint::black_box(hot::krabka_short_lived(300_000));
+                        used.fetch_add(
+                            (thread_cpu_time() - start).as_nanos() as u64,
+                            Ordering::Relaxed,
+                        );
+                    })
+                    .unwrap()
+                    .join()
+                    .unwrap();
+                spawned += 1;
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            spawned
+        })
+    };
+    let (profile, cpu_used) = profile_at(&server, 3, 99).await;
+    stop.store(true, Ordering::Relaxed);
+    let spawned = spawner.join().unwrap();
+
+    let short = total_in(&profile, 1, "krabka_short_lived") as f64;
+    let truth = used.load(Ordering::Relaxed) as f64 * 3.0 / 3.0;
+    let all = total(&profile, 1) as f64;
+    eprintln!(
+        "{spawned} threads; short-lived work {short:.0} ns in the profile, {truth:.0} ns measured \
+         over the whole run; all {all:.0} ns of {cpu_used:?}"
+    );
+    assert!(
+        spawned > 300,
+        "{spawned} threads: the spawner was too slow to test this"
+    );
+    assert!(
+        short >= truth * 0.6,
+        "short-lived threads' CPU is missing: {short:.0} ns of {truth:.0} ns"
+    );
+    let process = cpu_used.as_nanos() as f64;
+    assert!(
+        (all - process).abs() <= process * 0.1,
+        "Σ cpu/nanoseconds {all:.0}, the process used {process:.0} ns"
+    );
+}
+
+#[tokio::test]
+async fn a_stack_deeper_than_recorded_ends_in_truncated() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start_with(1, Duration::from_secs(30), || {
+        std::hint::black_box(hot::krabka_deep_recursion(400, 200_000));
+    });
+    let (profile, _) = profile_at(&server, 2, 99).await;
+    drop(burner);
+
+    let deep: Vec<_> = stacks(&profile)
+        .into_iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f.contains("krabka_deep_recursion")))
+        .collect();
+    let samples: i64 = deep.iter().map(|(_, v)| v[0]).sum();
+    assert!(samples > 50, "{samples} samples in the recursion");
+    let truncated: i64 = deep
+        .iter()
+        .filter(|(frames, _)| frames.last().is_some_and(|f| f == "[truncated]"))
+        .map(|(_, v)| v[0])
+        .sum();
+    assert!(
+        truncated as f64 >= samples as f64 * 0.9,
+        "{truncated} of {samples} samples 400 frames deep end in [truncated]"
+    );
+    for (frames, _) in &deep {
+        if frames.last().is_some_and(|f| f == "[truncated]") {
+            assert_eq!(frames.len(), 129, "128 frames and the marker");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_child_processes_during_a_window() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(1, Duration::from_secs(30));
+    let running = start_profile(&server, 4, 99);
+    let failures = tokio::task::spawn_blocking(|| {
+        assert!(
+            wait_for_timers(std::process::id()),
+            "the sampler armed its timers"
+        );
+        let started = Instant::now();
+        let mut failures = 0;
+        for _ in 0..2000 {
+            let status = std::process::Command::new("true").status().unwrap();
+            failures += usize::from(!status.success());
+        }
+        eprintln!("2000 children in {:?}", started.elapsed());
+        failures
+    })
+    .await
+    .unwrap();
+    let (profile, _) = running.await.unwrap();
+    drop(burner);
+    assert_eq!(failures, 0, "every child exited 0");
+    assert!(total_in(&profile, 0, "Burner") > 100);
+}
+
+#[tokio::test]
+async fn libraries_loaded_and_unloaded_during_a_window() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let stop = Arc::new(AtomicBool::new(false));
+    let loader = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let limit = Instant::now() + Duration::from_secs(30);
+            let data = vec![7u8; 1 << 16];
+            let mut rounds = 0u32;
+            while !stop.load(Ordering::Relaxed) && Instant::now() < limit {
+                // SAFETY: libz is loaded, its crc32 called on our buffer, and unloaded.
+                unsafe {
+                    let handle = libc::dlopen(c"libz.so.1".as_ptr(), libc::RTLD_NOW);
+                    assert!(!handle.is_null(), "libz.so.1 (zlib1g) is on every Debian");
+                    let crc32 = libc::dlsym(handle, c"crc32".as_ptr());
+                    assert!(!crc32.is_null());
+                    let crc32: extern "C" fn(u64, *const u8, u32) -> u64 =
+                        std::mem::transmute(crc32);
+                    for _ in 0..20 {
+                        std::hint::black_box(crc32(0, data.as_ptr(), data.len() as u32));
+                    }
+                    libc::dlclose(handle);
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let (profile, _) = profile_at(&server, 3, 250).await;
+    stop.store(true, Ordering::Relaxed);
+    let rounds = loader.join().unwrap();
+    assert!(rounds > 100, "{rounds} dlopen/dlclose rounds");
+    assert!(
+        total(&profile, 0) > 300,
+        "the profile has the loader's samples"
+    );
+}
+
+#[tokio::test]
+async fn a_thread_with_little_stack_left_survives_being_profiled() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = stop.clone();
+        // 64 KiB of stack, and a recursion that leaves 8 KiB of it: the kernel's signal
+        // frame (3.3 KiB here) and the handler must fit in what is left.
+        std::thread::Builder::new()
+            .name("small-stack".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let floor = hot::stack_floor();
+                let limit = Instant::now() + Duration::from_secs(30);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < limit {
+                    std::hint::black_box(hot::krabka_near_stack_end(floor, 8 * 1024, 100_000));
+                }
+            })
+            .unwrap()
+    };
+    let (profile, _) = profile_at(&server, 2, 250).await;
+    stop.store(true, Ordering::Relaxed);
+    thread.join().expect("the small-stack thread survived");
+    assert!(total_in(&profile, 0, "krabka_near_stack_end") > 100);
+}
