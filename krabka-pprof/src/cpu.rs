@@ -467,3 +467,53 @@ where
 {
     Err(CpuError::Unsupported)
 }
+
+#[cfg(all(
+    test,
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+mod tests {
+    use std::sync::PoisonError;
+    use std::time::Duration;
+
+    use super::sampler::tests::{ONE_SAMPLER, TORN_DOWN_ON};
+    use super::{CpuRequest, CpuSlot, profile};
+
+    #[tokio::test]
+    async fn a_cancelled_profile_is_torn_down_off_the_async_worker() {
+        let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
+        let worker = std::thread::current().id();
+        *TORN_DOWN_ON.lock().unwrap() = None;
+        let request = CpuRequest {
+            duration: Duration::from_secs(10),
+            frequency: 99,
+            blocklist: &[],
+            force: false,
+        };
+        // The client hangs up 300 ms into its 10 s window: the request's future is dropped.
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(300),
+            profile(request, |profile| Ok(profile)),
+        )
+        .await;
+        assert!(cancelled.is_err(), "the profile was still running");
+        // The profiler is free once the sampler is gone.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while CpuSlot::try_acquire(Duration::from_secs(1)).is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the profiler was freed"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let torn_down_on = TORN_DOWN_ON
+            .lock()
+            .unwrap()
+            .expect("the session was torn down");
+        assert_ne!(
+            torn_down_on, worker,
+            "stopping the sampler (timers, dlclose, freeing) ran on the async worker"
+        );
+    }
+}

@@ -256,19 +256,27 @@ mod linux {
         R: Send + 'static,
     {
         let window = request.window;
-        let slot = match blocking(move || plan(window)).await? {
-            Plan::DumpNow => return blocking(move || render(dump(Duration::ZERO)?)).await,
-            Plan::Window(slot) => slot,
-        };
-        blocking(|| {
-            let ctl = jemalloc_pprof::PROF_CTL
-                .as_ref()
-                .ok_or(HeapError::ProfilingOff)?;
-            ctl.blocking_lock()
-                .activate()
-                .map_err(|e| HeapError::Failed(format!("activating heap sampling failed: {e}")))
+        // Deciding, taking the window and switching sampling on happen in one blocking
+        // call, and the slot exists only once sampling is on: if the client hangs up at
+        // any point, dropping the slot (here, or with the call's unread result) switches
+        // sampling off after it was switched on, never before.
+        let slot = match blocking(move || match plan(window)? {
+            Plan::DumpNow => Ok(None),
+            Plan::Window(slot) => {
+                let ctl = jemalloc_pprof::PROF_CTL
+                    .as_ref()
+                    .ok_or(HeapError::ProfilingOff)?;
+                ctl.blocking_lock().activate().map_err(|e| {
+                    HeapError::Failed(format!("activating heap sampling failed: {e}"))
+                })?;
+                Ok(Some(slot))
+            }
         })
-        .await?;
+        .await?
+        {
+            None => return blocking(move || render(dump(Duration::ZERO)?)).await,
+            Some(slot) => slot,
+        };
         tokio::time::sleep(window).await;
         blocking(move || {
             let profile = dump(window);

@@ -652,7 +652,11 @@ impl Drop for Sampler {
     fn drop(&mut self) {
         // A request that was cancelled: stop and free everything; the handler never sees
         // the session again.
-        drop(self.take_session());
+        if let Some(session) = self.take_session() {
+            #[cfg(test)]
+            tests::note_teardown();
+            drop(session);
+        }
     }
 }
 
@@ -1186,9 +1190,19 @@ fn install_handler() -> Result<(), StartError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// One sampler per process: the tests that start one take this first.
+    pub(crate) static ONE_SAMPLER: Mutex<()> = Mutex::new(());
+
+    /// The thread that last tore a cancelled session down.
+    pub(crate) static TORN_DOWN_ON: Mutex<Option<std::thread::ThreadId>> = Mutex::new(None);
+
+    pub(super) fn note_teardown() {
+        *TORN_DOWN_ON.lock().unwrap() = Some(std::thread::current().id());
+    }
 
     #[test]
     fn eh_frame_pointer_encodings() {
@@ -1457,6 +1471,7 @@ mod tests {
             sp - lowest
         }
 
+        let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
         let stop = Arc::new(AtomicBool::new(false));
         let spins = Arc::new(AtomicU64::new(0));
         let thread = {

@@ -135,3 +135,39 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
         .unwrap();
     assert_eq!(again.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_client_that_hangs_up_during_a_window_leaves_sampling_off() {
+    use tokio::io::AsyncWriteExt as _;
+    let child = serve("prof_active:false");
+    let request = "GET /debug/pprof/heap?seconds=1 HTTP/1.1\r\nHost: x\r\n\r\n";
+    // Hang up at different moments: before the handler starts, while it takes the window
+    // and switches sampling on, and during the window.
+    for delay_ms in [0u64, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144] {
+        let mut stream = tokio::net::TcpStream::connect(child.addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        drop(stream);
+    }
+    // Once the last window is let go, a request finds sampling off again: it gets a window
+    // of its own (a profile of its 1 s), not an immediate dump of sampling left on.
+    let http = client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let response = loop {
+        let response = http
+            .get(child.url("/debug/pprof/heap?seconds=1"))
+            .send()
+            .await
+            .unwrap();
+        if response.status() != StatusCode::CONFLICT || Instant::now() > deadline {
+            break response;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    assert_eq!(
+        profile.duration_nanos, 1_000_000_000,
+        "sampling was left on by a client that hung up"
+    );
+}
