@@ -481,6 +481,10 @@ mod tests {
     use super::{CpuRequest, CpuSlot, profile};
 
     #[tokio::test]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "serialises with the synchronous sampler tests; this runtime has one task"
+    )]
     async fn a_cancelled_profile_is_torn_down_off_the_async_worker() {
         let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
         let worker = std::thread::current().id();
@@ -494,7 +498,7 @@ mod tests {
         // The client hangs up 300 ms into its 10 s window: the request's future is dropped.
         let cancelled = tokio::time::timeout(
             Duration::from_millis(300),
-            profile(request, |profile| Ok(profile)),
+            profile(request, Ok),
         )
         .await;
         assert!(cancelled.is_err(), "the profile was still running");
