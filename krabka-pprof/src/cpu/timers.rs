@@ -332,7 +332,7 @@ fn delete(timer: libc::c_int) {
 
 fn timespec(nanos: u64) -> libc::timespec {
     libc::timespec {
-        tv_sec: (nanos / 1_000_000_000) as libc::time_t,
+        tv_sec: (nanos / 1_000_000_000) as _,
         tv_nsec: (nanos % 1_000_000_000) as libc::c_long,
     }
 }
