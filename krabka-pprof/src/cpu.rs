@@ -17,6 +17,11 @@ mod sampler;
     target_os = "linux",
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
+mod threads;
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod timers;
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -496,11 +501,8 @@ mod tests {
             force: false,
         };
         // The client hangs up 300 ms into its 10 s window: the request's future is dropped.
-        let cancelled = tokio::time::timeout(
-            Duration::from_millis(300),
-            profile(request, Ok),
-        )
-        .await;
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(300), profile(request, Ok)).await;
         assert!(cancelled.is_err(), "the profile was still running");
         // The profiler is free once the sampler is gone.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);

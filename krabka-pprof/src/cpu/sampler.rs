@@ -62,8 +62,9 @@ use framehop::{
     Unwinder as _, UnwinderNative,
 };
 
-use super::memory::{KnownStacks, MAX_PAGES, Memory, PAGE};
-use super::timers::{KIND_BACKSTOP, KIND_THREAD, ThreadCpu, ThreadSet, Timers, signal_kind};
+use super::memory::{MAX_PAGES, Memory, PAGE};
+use super::threads::{Thread, Threads};
+use super::timers::{KIND_BACKSTOP, KIND_THREAD, ThreadCpu, Timers, signal_kind};
 use crate::objects::{LoadedObject, Objects};
 
 /// Deepest stack recorded, in frames; a deeper one ends in a `[truncated]` frame.
@@ -325,11 +326,10 @@ struct Session {
     lost: AtomicU64,
     lost_periods: AtomicU64,
     foreign: AtomicU64,
-    /// Threads with a timer of their own: the backstop's signals on them are dropped.
-    timed: ThreadSet,
+    /// Per thread: whether it has a timer of its own (the backstop's signals on it are
+    /// dropped), and the range of its stack proven readable (read without system calls).
+    threads: Threads,
     memory: Memory,
-    /// Per thread, stack memory proven readable: read directly, without a system call.
-    known: KnownStacks,
     /// Bits of a return address that are address (the rest may hold a pointer
     /// authentication code on aarch64).
     code_mask: u64,
@@ -502,9 +502,8 @@ impl Sampler {
             lost: AtomicU64::new(0),
             lost_periods: AtomicU64::new(0),
             foreign: AtomicU64::new(0),
-            timed: ThreadSet::new(MAX_THREADS),
+            threads: Threads::new(MAX_THREADS),
             memory: reader.memory,
-            known: KnownStacks::new(MAX_THREADS),
             code_mask: code_address_mask(&objects),
             costs: Costs::new(),
             drained: Mutex::new(Drained::default()),
@@ -529,8 +528,8 @@ impl Sampler {
         let started_at = Instant::now();
         let cpu_at_start = process_cpu_time();
         // SAFETY: the session lives until `retire` below or the sampler's `take_session`.
-        let timed = unsafe { &(*pointer).timed };
-        let timers = match Timers::start(id, frequency, timed) {
+        let threads = unsafe { &(*pointer).threads };
+        let timers = match Timers::start(id, frequency, threads) {
             Ok(timers) => timers,
             Err(err) => {
                 drop(retire(pointer));
@@ -566,8 +565,7 @@ impl Sampler {
             self.handler_replaced.store(true, Ordering::Relaxed);
             drop(timers.take());
         } else if let Some(timers) = timers.as_mut() {
-            let alive = timers.refresh(&session.timed);
-            session.known.retain(&alive);
+            timers.refresh(&session.threads);
         }
     }
 
@@ -727,13 +725,14 @@ impl Session {
         };
         // A thread's own timer names it: no system call needed to learn which it is.
         let tid = match kind {
-            Some(KIND_THREAD) => self.timed.owner(info.timer).unwrap_or_else(current_tid),
+            Some(KIND_THREAD) => self.threads.owner(info.timer).unwrap_or_else(current_tid),
             _ => current_tid(),
         };
+        let thread = self.threads.find(tid);
         let periods = match kind {
             Some(KIND_THREAD) => 1 + info.overrun.max(0) as u64,
             // A thread with its own timer is sampled by it; the backstop is for the others.
-            Some(KIND_BACKSTOP) if self.timed.contains(tid) => return,
+            Some(KIND_BACKSTOP) if thread.is_some_and(Thread::is_timed) => return,
             Some(KIND_BACKSTOP) => 1,
             _ => {
                 self.foreign.fetch_add(1, Ordering::Relaxed);
@@ -741,7 +740,7 @@ impl Session {
             }
         };
         // SAFETY: forwarded from the caller.
-        unsafe { self.sample(tid, periods, context) };
+        unsafe { self.sample(tid, thread, periods, context) };
         self.costs.record(monotonic_nanos().saturating_sub(entered));
     }
 
@@ -782,7 +781,13 @@ impl Session {
     ///
     /// # Safety
     /// `context` must be the `ucontext_t` the kernel passed to the handler.
-    unsafe fn sample(&self, tid: u32, periods: u64, context: *mut libc::c_void) {
+    unsafe fn sample(
+        &self,
+        tid: u32,
+        thread: Option<&Thread>,
+        periods: u64,
+        context: *mut libc::c_void,
+    ) {
         // SAFETY: forwarded from the caller.
         let Some((pc, regs)) = (unsafe { registers(context, self.code_mask) }) else {
             return;
@@ -800,7 +805,7 @@ impl Session {
                 frames,
             } = scratch;
             let sp = regs.sp();
-            let direct_high = match self.known.get(tid) {
+            let direct_high = match thread.and_then(Thread::known_stack) {
                 Some((low, high)) if low <= sp && sp < high => high,
                 _ => 0,
             };
@@ -843,8 +848,8 @@ impl Session {
             };
             // An unwind that reached the outermost frame read only this thread's stack:
             // what it copied is known readable for the thread's later samples.
-            if complete && reader.copied > 0 {
-                self.known.prove(tid, sp, sp + reader.copied as u64);
+            if let Some(thread) = thread.filter(|_| complete && reader.copied > 0) {
+                thread.prove_stack(sp, sp + reader.copied as u64);
             }
             if reader.copied == 0 {
                 self.costs.direct.fetch_add(1, Ordering::Relaxed);
@@ -939,7 +944,7 @@ fn fold(buffer: &Buffer, from: usize, to: usize, stacks: &mut HashMap<StackKey, 
 }
 
 /// Reads the interrupted thread's stack: directly below `direct_high` (memory proven
-/// readable, see [`KnownStacks`]), else through a lazily grown copy made by system calls.
+/// readable, see [`Threads`]), else through a lazily grown copy made by system calls.
 struct StackReader<'a> {
     memory: &'a Memory,
     sp: u64,
@@ -957,7 +962,7 @@ impl StackReader<'_> {
                 .is_some_and(|end| end <= self.direct_high)
         {
             // SAFETY: `[sp, direct_high)` is this thread's live stack, proven readable
-            // (see `KnownStacks`): mapped while the thread runs, so the load cannot fault.
+            // (see `threads`): mapped while the thread runs, so the load cannot fault.
             return Ok(unsafe { (address as *const u64).read_unaligned() });
         }
         let offset = usize::try_from(address.checked_sub(self.sp).ok_or(())?).map_err(|_| ())?;
@@ -1306,9 +1311,8 @@ pub(crate) mod tests {
             lost: AtomicU64::new(0),
             lost_periods: AtomicU64::new(0),
             foreign: AtomicU64::new(0),
-            timed: ThreadSet::new(4),
+            threads: Threads::new(4),
             memory: Memory::Unreadable,
-            known: KnownStacks::new(4),
             code_mask: u64::MAX,
             costs: Costs::new(),
             drained: Mutex::new(Drained::default()),

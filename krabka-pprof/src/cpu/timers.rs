@@ -13,15 +13,18 @@
 //! Threads are found by listing `/proc/self/task` at the start and at every drain; a thread
 //! that lives and dies between two listings is covered by the backstop, a
 //! `CLOCK_PROCESS_CPUTIME_ID` timer whose signals the handler keeps only on threads that
-//! have no timer of their own ([`ThreadSet`]).
+//! have no timer of their own ([`Threads`]). A thread that exited loses its timer at the
+//! next listing, so that timers (each holds a queued signal of the user's
+//! `RLIMIT_SIGPENDING`) never outnumber the threads alive.
 //!
-//! Everything here runs off the signal path; only [`ThreadSet::contains`] and the signal
-//! values are read by the handler.
+//! Everything here runs off the signal path; the handler reads only [`Threads`] and the
+//! signal values.
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+use super::threads::Threads;
 
 /// What a timer's signal value says, besides the session it belongs to.
 pub(crate) const KIND_THREAD: u64 = 1;
@@ -37,75 +40,6 @@ pub(crate) fn signal_value(session: u32, kind: u64) -> u64 {
 /// The timer kind of `value` if it belongs to the session numbered `session`.
 pub(crate) fn signal_kind(value: u64, session: u32) -> Option<u64> {
     (value & !0xff == signal_value(session, 0)).then_some(value & 0xff)
-}
-
-/// Thread ids that have a timer of their own, and which thread each timer id belongs to:
-/// written by the drain, read by the handler. Open addressing over atomics; never shrinks
-/// during a session.
-pub(crate) struct ThreadSet {
-    slots: Box<[AtomicU32]>,
-    /// Indexed by kernel timer id (small integers, allocated from 0 per process).
-    owners: Box<[AtomicU32]>,
-}
-
-impl ThreadSet {
-    /// Room for `capacity` threads (a power of two is used, twice as large).
-    pub(crate) fn new(capacity: usize) -> ThreadSet {
-        let size = (capacity * 2).next_power_of_two();
-        ThreadSet {
-            slots: (0..size).map(|_| AtomicU32::new(0)).collect(),
-            owners: (0..size).map(|_| AtomicU32::new(0)).collect(),
-        }
-    }
-
-    /// Records that `timer` signals thread `tid`.
-    fn set_owner(&self, timer: libc::c_int, tid: u32) {
-        if let Some(owner) = usize::try_from(timer).ok().and_then(|t| self.owners.get(t)) {
-            owner.store(tid, Ordering::Release);
-        }
-    }
-
-    /// The thread `timer` signals, if known. Async-signal-safe: one load.
-    pub(crate) fn owner(&self, timer: libc::c_int) -> Option<u32> {
-        let owner = usize::try_from(timer)
-            .ok()
-            .and_then(|t| self.owners.get(t))?;
-        Some(owner.load(Ordering::Acquire)).filter(|&tid| tid != 0)
-    }
-
-    fn start(&self, tid: u32) -> usize {
-        (tid as usize).wrapping_mul(0x9e37_79b9) & (self.slots.len() - 1)
-    }
-
-    /// Adds `tid`; false if the set is full (half the slots in use).
-    pub(crate) fn insert(&self, tid: u32, len: usize) -> bool {
-        if tid == 0 || len >= self.slots.len() / 2 {
-            return false;
-        }
-        let mask = self.slots.len() - 1;
-        let mut at = self.start(tid);
-        loop {
-            match self.slots[at].compare_exchange(0, tid, Ordering::Release, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(existing) if existing == tid => return true,
-                Err(_) => at = (at + 1) & mask,
-            }
-        }
-    }
-
-    /// Whether `tid` has its own timer. Async-signal-safe: loads only.
-    pub(crate) fn contains(&self, tid: u32) -> bool {
-        let mask = self.slots.len() - 1;
-        let mut at = self.start(tid);
-        for _ in 0..self.slots.len() {
-            match self.slots[at].load(Ordering::Acquire) {
-                0 => return false,
-                found if found == tid => return true,
-                _ => at = (at + 1) & mask,
-            }
-        }
-        false
-    }
 }
 
 /// One thread's timer and its CPU clock at the moment the timer was armed.
@@ -133,8 +67,9 @@ pub(crate) struct Timers {
 }
 
 impl Timers {
-    /// Arms the backstop and one timer per current thread, registering each in `set`.
-    pub(crate) fn start(session: u32, frequency: u32, set: &ThreadSet) -> io::Result<Timers> {
+    /// Arms one timer per current thread, registering each in `threads`, then the
+    /// backstop (after them, so that it never samples a thread that has its own).
+    pub(crate) fn start(session: u32, frequency: u32, threads: &Threads) -> io::Result<Timers> {
         let period = Duration::from_nanos(1_000_000_000 / u64::from(frequency.max(1)));
         let mut timers = Timers {
             session,
@@ -144,6 +79,7 @@ impl Timers {
             shortfall: None,
             seed: seed(),
         };
+        timers.refresh(threads);
         let backstop = create(
             libc::CLOCK_PROCESS_CPUTIME_ID,
             libc::SIGEV_SIGNAL,
@@ -152,44 +88,58 @@ impl Timers {
         )?;
         timers.backstop = Some(backstop);
         timers.arm(backstop)?;
-        timers.refresh(set);
         Ok(timers)
     }
 
-    /// Gives a timer to every thread that started since the last call; returns the ids of
-    /// the threads alive now, sorted (empty if they cannot be listed).
-    pub(crate) fn refresh(&mut self, set: &ThreadSet) -> Vec<u32> {
+    /// Gives a timer to every thread that started since the last call, and forgets the
+    /// threads that exited (deleting their timers).
+    pub(crate) fn refresh(&mut self, threads: &Threads) {
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-            return Vec::new();
+            return;
         };
         let mut alive: Vec<u32> = tasks
             .flatten()
             .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
             .collect();
         alive.sort_unstable();
+        let exited: Vec<u32> = threads
+            .known()
+            .filter(|tid| alive.binary_search(tid).is_err())
+            .collect();
+        for tid in exited {
+            let timer = self.threads.remove(&tid).map(|tracked| {
+                delete(tracked.timer);
+                tracked.timer
+            });
+            threads.forget(tid, timer);
+        }
         for &tid in &alive {
+            if threads.add(tid).is_none() {
+                self.shortfall.get_or_insert_with(|| {
+                    "more threads than the sampler tracks: the newest are sampled by the \
+                     process-wide timer"
+                        .to_owned()
+                });
+                continue;
+            }
             if self.threads.contains_key(&tid) || self.shortfall.is_some() {
                 continue;
             }
-            match self.track(tid, set) {
+            match self.track(tid, threads) {
                 Ok(()) => {}
                 // The thread exited between the listing and now.
                 Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {}
                 Err(err) => {
                     self.shortfall = Some(format!(
                         "thread {tid} and later threads have no CPU timer of their own \
-                         ({err}); their samples come from the process-wide timer"
+                         ({err}); the process-wide timer samples them"
                     ));
                 }
             }
         }
-        alive
     }
 
-    fn track(&mut self, tid: u32, set: &ThreadSet) -> io::Result<()> {
-        if !set.insert(tid, self.threads.len()) {
-            return Err(io::Error::other("more threads than the sampler tracks"));
-        }
+    fn track(&mut self, tid: u32, threads: &Threads) -> io::Result<()> {
         let clock = thread_cpu_clock(tid);
         let cpu_at_start = clock_time(clock)?;
         let timer = create(
@@ -198,7 +148,7 @@ impl Timers {
             tid as libc::c_int,
             signal_value(self.session, KIND_THREAD),
         )?;
-        set.set_owner(timer, tid);
+        threads.set_timed(tid, timer);
         self.threads.insert(
             tid,
             Tracked {
@@ -371,22 +321,6 @@ mod tests {
         assert_eq!(signal_kind(value, 8), None, "another session's timer");
         assert_eq!(signal_kind(0, 7), None, "kill(2) carries no value");
         assert_eq!(signal_kind(value & 0xffff_ffff, 7), None, "no tag");
-    }
-
-    #[test]
-    fn thread_set_finds_what_was_inserted_and_nothing_else() {
-        let set = ThreadSet::new(8);
-        for (n, tid) in [5u32, 21, 37, 1_000_003].into_iter().enumerate() {
-            assert!(set.insert(tid, n));
-        }
-        assert!(set.contains(21) && set.contains(1_000_003));
-        assert!(!set.contains(6) && !set.contains(0));
-        assert!(!set.insert(9, 8), "full at half the slots");
-        set.set_owner(3, 21);
-        assert_eq!(set.owner(3), Some(21));
-        assert_eq!(set.owner(4), None);
-        assert_eq!(set.owner(-1), None);
-        assert_eq!(set.owner(1 << 20), None);
     }
 
     #[test]
