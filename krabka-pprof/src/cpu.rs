@@ -3,33 +3,41 @@
 //! building the pprof `Profile`. Everything that can take more than microseconds runs on
 //! the blocking pool.
 
-#[cfg(all(
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-mod memory;
-#[cfg(all(
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-mod sampler;
-#[cfg(all(
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-mod threads;
-#[cfg(all(
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-mod timers;
+// Off the sampler's targets every request is a 503: the busy state goes unused there.
+#![cfg_attr(
+    not(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )),
+    allow(dead_code)
+)]
+
+cfg_sampler! {
+    mod memory;
+    mod sampler;
+    mod threads;
+    mod timers;
+}
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-pub(crate) use pprof::protos::Profile;
+pub(crate) use crate::proto::Profile;
+
+cfg_sampler! {
+    /// Why CPU profiles cannot be taken on this target, if they cannot: the 503's sentence
+    /// and the index page's note.
+    pub(crate) const UNAVAILABLE: Option<&str> = None;
+}
+cfg_no_sampler! {
+    /// Why CPU profiles cannot be taken on this target: the 503's sentence and the index
+    /// page's note.
+    pub(crate) const UNAVAILABLE: Option<&str> = Some(
+        "CPU profiling is not available on this platform: it needs Linux on x86_64 or aarch64",
+    );
+}
 
 /// What one request asks of the CPU profiler, after defaults and clamping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,23 +54,8 @@ pub(crate) struct CpuRequest {
 pub(crate) enum CpuError {
     /// Another profile is running; it ends in `retry_after`.
     Busy { retry_after: Duration },
-    /// This target has no sampler.
-    #[cfg_attr(
-        all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        ),
-        expect(dead_code, reason = "constructed on other targets")
-    )]
-    Unsupported,
-    /// Profiling cannot run in this process as it is now; the sentence says why.
-    #[cfg_attr(
-        not(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        )),
-        expect(dead_code, reason = "constructed by the Linux sampler")
-    )]
+    /// Profiling cannot run here (this target, or this process as it is now); the
+    /// sentence says why.
     Unavailable(&'static str),
     /// The profiler itself failed.
     Failed(String),
@@ -145,17 +138,12 @@ impl Drop for CpuSlot {
     }
 }
 
-#[cfg(all(
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-pub(crate) use sampling::profile;
+cfg_sampler! {
+    pub(crate) use sampling::profile;
+}
 
+cfg_sampler! {
 /// The sampler's side of a request: everything here needs the Linux sampler.
-#[cfg(all(
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
 mod sampling {
     use std::collections::HashMap;
     use std::sync::Arc;
@@ -186,6 +174,10 @@ mod sampling {
     impl Drop for Running {
         fn drop(&mut self) {
             let (sampler, slot) = (self.sampler.take(), self.slot.take());
+            if sampler.is_none() && slot.is_none() {
+                // The request finished: both were handed on.
+                return;
+            }
             let stop = move || {
                 drop(sampler);
                 drop(slot);
@@ -460,24 +452,23 @@ mod sampling {
     }
 }
 
-#[cfg(not(all(
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-)))]
-/// Without a sampler for this target, every request is a 503.
-pub(crate) async fn profile<R, F>(_request: CpuRequest, _render: F) -> Result<R, CpuError>
-where
-    F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
-    R: Send + 'static,
-{
-    Err(CpuError::Unsupported)
 }
 
-#[cfg(all(
-    test,
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
+cfg_no_sampler! {
+    /// Without a sampler for this target, every request is a 503.
+    pub(crate) async fn profile<R, F>(_request: CpuRequest, _render: F) -> Result<R, CpuError>
+    where
+        F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
+        R: Send + 'static,
+    {
+        Err(CpuError::Unavailable(UNAVAILABLE.unwrap_or(
+            "CPU profiling is not available on this platform",
+        )))
+    }
+}
+
+cfg_sampler! {
+#[cfg(test)]
 mod tests {
     use std::sync::PoisonError;
     use std::time::Duration;
@@ -522,4 +513,5 @@ mod tests {
             "stopping the sampler (timers, dlclose, freeing) ran on the async worker"
         );
     }
+}
 }

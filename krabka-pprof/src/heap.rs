@@ -7,7 +7,17 @@
 use std::time::Duration;
 
 #[cfg(not(all(feature = "heap-profiling", target_os = "linux")))]
-use pprof::protos::Profile;
+use crate::proto::Profile;
+
+/// Why heap profiles cannot be taken in this build, if they cannot: the 503's sentence and
+/// the index page's note.
+pub(crate) const UNAVAILABLE: Option<&str> = if !cfg!(target_os = "linux") {
+    Some("heap profiling needs Linux: jemalloc_pprof reads the process's mappings from /proc")
+} else if !cfg!(feature = "heap-profiling") {
+    Some("heap profiling is compiled out: enable krabka-pprof's `heap-profiling` feature")
+} else {
+    None
+};
 
 /// What a heap request asks for, after defaults and clamping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,11 +146,7 @@ where
     R: Send + 'static,
 {
     Err(HeapError::Unsupported(
-        if cfg!(feature = "heap-profiling") {
-            "heap profiling needs Linux"
-        } else {
-            "heap profiling is compiled out: enable krabka-pprof's `heap-profiling` feature"
-        },
+        UNAVAILABLE.unwrap_or("heap profiling is not available"),
     ))
 }
 
@@ -154,7 +160,7 @@ mod linux {
     use std::sync::{Mutex, PoisonError};
     use std::time::{Duration, Instant, SystemTime};
 
-    use pprof::protos::Profile;
+    use crate::proto::Profile;
     use tikv_jemalloc_ctl::raw;
 
     use super::{HeapError, HeapRequest};

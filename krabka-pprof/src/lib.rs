@@ -32,12 +32,36 @@
 //! tokio's blocking pool, so the async workers keep serving the app, also on a
 //! `current_thread` runtime.
 
+/// Compiles the items only where this crate's own CPU sampler runs: Linux on x86_64 or
+/// aarch64. With [`cfg_no_sampler!`], the one place that condition is written, in the
+/// style of tokio's `cfg_rt!`.
+macro_rules! cfg_sampler {
+    ($($item:item)*) => {$(
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        $item
+    )*};
+}
+
+/// Compiles the items everywhere the CPU sampler does not run (see [`cfg_sampler!`]).
+macro_rules! cfg_no_sampler {
+    ($($item:item)*) => {$(
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        $item
+    )*};
+}
+
 mod config;
 mod cpu;
 mod heap;
+// Loaded objects, their symbols and the profiles built from their addresses exist for the
+// Linux sampler and heap dumps; elsewhere every profile route answers 503.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 mod objects;
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 mod profile;
+mod proto;
 mod routes;
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 mod symbols;
 mod views;
 

@@ -3,6 +3,7 @@
 //! are. Taken once per profile, off the signal path; the sampler and the symbolizer both
 //! use it.
 
+#[cfg(target_os = "linux")]
 use std::ffi::{CStr, c_int, c_void};
 use std::ops::Range;
 use std::path::PathBuf;

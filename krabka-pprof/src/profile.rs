@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use pprof::protos::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 
 use crate::objects::Objects;
 use crate::symbols::{self, Symbol};
@@ -182,6 +182,7 @@ impl<'o> ProfileBuilder<'o> {
                         line: vec![Line {
                             function_id,
                             line: 0,
+                            column: 0,
                         }],
                         is_folded: false,
                     });

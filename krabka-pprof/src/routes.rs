@@ -5,6 +5,7 @@ use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::proto::Profile;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
@@ -12,7 +13,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use pprof::protos::Profile;
 use tracing::{Instrument as _, field};
 
 use crate::config::{ConfigError, Guard, MAX_FREQUENCY, MIN_FREQUENCY, ProfilingConfig};
@@ -284,9 +284,6 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
                  or add force=true to stop it early",
             )
         }
-        Err(CpuError::Unsupported) => unavailable(
-            "CPU profiling is not available on this platform: it needs Linux on x86_64 or aarch64",
-        ),
         Err(CpuError::Unavailable(reason)) => unavailable(reason),
         Err(CpuError::Failed(reason)) => failed(&format!(
             "CPU profiling failed: {reason}; the profiler is free again, retry the request"
@@ -610,7 +607,7 @@ impl View {
 /// Encodes and gzips a profile the way Go serves it (fastest level: the payload is small
 /// and the time is better spent elsewhere).
 fn gzip_profile(profile: &Profile) -> Result<Vec<u8>, String> {
-    use pprof::protos::Message as _;
+    use crate::proto::Message as _;
     let encoded = profile.encode_to_vec();
     let mut gz = flate2::write::GzEncoder::new(
         Vec::with_capacity(encoded.len() / 2 + 64),

@@ -5,7 +5,10 @@
 //! for the life of the process).
 
 use std::fs::File;
+#[cfg(unix)]
 use std::os::unix::fs::FileExt as _;
+#[cfg(windows)]
+use std::os::windows::fs::FileExt as _;
 
 use crate::objects::LoadedObject;
 
@@ -27,7 +30,12 @@ enum Source<'a> {
 impl Source<'_> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Option<usize> {
         match self {
+            #[cfg(unix)]
             Source::File(file) => file.read_at(buf, offset).ok(),
+            // Never reached in practice (no objects are listed off Linux), but positional
+            // reads exist there too, so the crate builds everywhere.
+            #[cfg(windows)]
+            Source::File(file) => file.seek_read(buf, offset).ok(),
             Source::Memory(bytes) => {
                 let start = usize::try_from(offset).ok()?;
                 let available = bytes.get(start..)?;

@@ -1,12 +1,12 @@
 //! Human views of a decoded profile: the text top table (`go tool pprof -top`'s columns)
 //! and the flamegraph SVG (inferno, the engine behind the `pprof` crate's and
-//! jemalloc_pprof's flamegraphs). Pure functions over `pprof::protos::Profile`, shared
+//! jemalloc_pprof's flamegraphs). Pure functions over `crate::proto::Profile`, shared
 //! by the CPU and heap routes.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use pprof::protos::Profile;
+use crate::proto::Profile;
 
 /// How many functions the text view lists.
 pub(crate) const TOP_ROWS: usize = 30;
@@ -282,14 +282,21 @@ pub(crate) fn index_html(config: &crate::ProfilingConfig, host: &str) -> String 
         ));
         links
     };
+    // Where a route cannot work on this target or build, its row says so (it answers 503).
+    let note = |unavailable: Option<&str>| {
+        unavailable.map_or(String::new(), |why| {
+            format!(" <strong>Not here</strong>: {}.", escape(why))
+        })
+    };
     let mut rows = format!(
         "<tr><td><code>profile</code></td><td>CPU profile of the whole process: samples every \
          thread for <code>seconds</code> (default {}, at most {}) at <code>frequency</code> Hz \
          (default {}). One at a time: a second request gets 409, unless it adds \
-         <code>force=true</code>.</td><td>5 s: {}</td></tr>\n",
+         <code>force=true</code>.{}</td><td>5 s: {}</td></tr>\n",
         secs(config.cpu_default()),
         secs(config.cpu_max()),
         config.frequency(),
+        note(crate::cpu::UNAVAILABLE),
         views("profile", "?seconds=5"),
     );
     if config.heap() {
@@ -305,9 +312,10 @@ pub(crate) fn index_html(config: &crate::ProfilingConfig, host: &str) -> String 
         ] {
             rows.push_str(&format!(
                 "<tr><td><code>{route}</code></td><td>{what} If sampling is off, it samples for \
-                 <code>seconds</code> (default {}, at most {}) first.</td><td>{}</td></tr>\n",
+                 <code>seconds</code> (default {}, at most {}) first.{}</td><td>{}</td></tr>\n",
                 secs(config.heap_default()),
                 secs(config.heap_max()),
+                note(crate::heap::UNAVAILABLE),
                 views(route, ""),
             ));
         }
@@ -406,7 +414,7 @@ pub(crate) fn format_value(value: i64, unit: &str) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use pprof::protos::{Function, Line, Location, Sample, ValueType};
+    use crate::proto::{Function, Line, Location, Sample, ValueType};
 
     /// A CPU-like profile: `stacks` are leaf-first function names with a sample count.
     pub(crate) fn profile_of(stacks: &[(&[&str], i64)]) -> Profile {
@@ -447,6 +455,7 @@ pub(crate) mod tests {
                         line: vec![Line {
                             function_id: next,
                             line: 0,
+                            column: 0,
                         }],
                         ..Default::default()
                     });
@@ -519,6 +528,31 @@ pub(crate) mod tests {
                 .unwrap()
                 .contains("no samples")
         );
+    }
+
+    #[test]
+    fn index_says_which_routes_cannot_work_here() {
+        let html = index_html(&crate::ProfilingConfig::new().with_heap(true), "host");
+        assert_eq!(
+            html.matches("<strong>Not here</strong>").count(),
+            usize::from(crate::cpu::UNAVAILABLE.is_some())
+                + 2 * usize::from(crate::heap::UNAVAILABLE.is_some()),
+            "{html}"
+        );
+        for why in [crate::cpu::UNAVAILABLE, crate::heap::UNAVAILABLE]
+            .into_iter()
+            .flatten()
+        {
+            assert!(html.contains(&escape(why)), "{why}: {html}");
+        }
+        // On the crate's own targets and features (this test runs with and without
+        // `heap-profiling`), the heap note follows the feature.
+        if cfg!(target_os = "linux") {
+            assert_eq!(
+                crate::heap::UNAVAILABLE.is_some(),
+                !cfg!(feature = "heap-profiling")
+            );
+        }
     }
 
     #[test]

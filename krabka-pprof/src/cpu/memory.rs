@@ -174,12 +174,12 @@ pub(crate) fn seccomp_mode() -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A readable page, then an unmapped one (`/proc/self/mem` reads through protections,
     /// as debuggers need, so only a hole stops it), if the hole is still free.
-    fn page_before_a_hole() -> u64 {
+    pub(in crate::cpu) fn page_before_a_hole() -> u64 {
         // SAFETY: an anonymous mapping of two pages; the second is unmapped again.
         unsafe {
             let p = libc::mmap(
@@ -198,7 +198,7 @@ mod tests {
     }
 
     /// Whether nothing was mapped into the hole meanwhile (by another test's thread).
-    fn hole_still_free(base: u64) -> bool {
+    pub(in crate::cpu) fn hole_still_free(base: u64) -> bool {
         let hole = (base + PAGE) as *mut libc::c_void;
         // SAFETY: MAP_FIXED_NOREPLACE maps the hole only if it is free, and we unmap it.
         unsafe {

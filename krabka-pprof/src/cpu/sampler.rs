@@ -1234,48 +1234,39 @@ pub(crate) mod tests {
 
     #[test]
     fn stack_reader_stops_at_unreadable_memory() {
-        // A page we can read, followed by one we cannot: reads stop at the boundary.
-        // SAFETY: mmap of two anonymous pages, the second then made unreadable.
-        let base = unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                2 * PAGE as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            // Unreadable rather than unmapped: another test thread could map something in
-            // a hole.
-            libc::mprotect(
-                p.cast::<u8>().add(PAGE as usize).cast(),
-                PAGE as usize,
-                libc::PROT_NONE,
-            );
-            (p as *mut u64).write(0x1122_3344_5566_7788);
-            p as u64
-        };
+        use crate::cpu::memory::tests::{hole_still_free, page_before_a_hole};
+        // A page we can read, then a hole: reads stop at the boundary.
         let memory = this_process();
-        let mut copy = vec![0u8; MAX_STACK_COPY];
-        let mut reader = StackReader {
-            memory: &memory,
-            sp: base,
-            direct_high: 0,
-            copy: &mut copy,
-            copied: 0,
-        };
-        assert_eq!(reader.read(base), Ok(0x1122_3344_5566_7788));
-        assert_eq!(reader.read(base + PAGE - 8), Ok(0));
-        assert_eq!(
-            reader.read(base + PAGE),
-            Err(()),
-            "the unmapped page is not read"
-        );
-        assert_eq!(reader.read(base - 8), Err(()), "below the stack pointer");
-        assert_eq!(reader.read(base + MAX_STACK_COPY as u64), Err(()));
-        // SAFETY: unmapping the two pages mapped above.
-        unsafe { libc::munmap(base as *mut libc::c_void, 2 * PAGE as usize) };
+        for _attempt in 0..5 {
+            let base = page_before_a_hole();
+            let mut copy = vec![0u8; MAX_STACK_COPY];
+            let mut reader = StackReader {
+                memory: &memory,
+                sp: base,
+                direct_high: 0,
+                copy: &mut copy,
+                copied: 0,
+            };
+            let reads = [
+                reader.read(base),
+                reader.read(base + PAGE - 8),
+                reader.read(base + PAGE),
+                reader.read(base - 8),
+                reader.read(base + MAX_STACK_COPY as u64),
+            ];
+            let valid = hole_still_free(base);
+            // SAFETY: unmapping the page mapped above.
+            unsafe { libc::munmap(base as *mut libc::c_void, PAGE as usize) };
+            if valid {
+                assert_eq!(reads[0], Ok(0x1122_3344_5566_7788));
+                assert_eq!(reads[1], Ok(0));
+                assert_eq!(reads[2], Err(()), "the hole is not read");
+                assert_eq!(reads[3], Err(()), "below the stack pointer");
+                assert_eq!(reads[4], Err(()), "beyond the copy");
+                return;
+            }
+        }
+        panic!("the hole was taken five times in a row");
     }
 
     #[test]
