@@ -365,6 +365,40 @@ pub fn total_in(profile: &Profile, column: usize, name: &str) -> i64 {
         .sum()
 }
 
+/// Checks that a profile splits the samples of three functions as their own CPU clocks
+/// did (`measured`, nanoseconds): each share within 3 points. `nominal` is what the
+/// workload was built to give, within `workload_tolerance` points, so that a workload
+/// gone lopsided fails as such. Returns the samples of each function.
+pub fn assert_split(
+    profile: &Profile,
+    functions: [&str; 3],
+    measured: [f64; 3],
+    nominal: [f64; 3],
+    workload_tolerance: f64,
+) -> [i64; 3] {
+    let parts = functions.map(|f| total_in(profile, 0, f));
+    let sum: i64 = parts.iter().sum();
+    assert!(
+        sum > 2000,
+        "{sum} samples in the workload: too few to judge a split"
+    );
+    eprintln!("split of {functions:?}: {parts:?} of {sum} samples; measured CPU {measured:?} ns");
+    let measured_sum: f64 = measured.iter().sum();
+    for ((part, truth), nominal) in parts.iter().zip(measured).zip(nominal) {
+        let share = *part as f64 * 100.0 / sum as f64;
+        let expected = truth * 100.0 / measured_sum;
+        assert!(
+            (expected - nominal).abs() <= workload_tolerance,
+            "the workload itself is off: {expected:.1}% where about {nominal}% was meant"
+        );
+        assert!(
+            (share - expected).abs() <= 3.0,
+            "the profile says {share:.1}%, the CPU clock {expected:.1}% ({parts:?} of {sum} samples)"
+        );
+    }
+    parts
+}
+
 /// Runs `go tool pprof -top` on a profile body and returns its output.
 pub fn go_pprof_top(body: &[u8]) -> String {
     let path = temp_path("profile.pb.gz");
@@ -571,15 +605,9 @@ pub mod hot {
     /// 50/30/20 of the CPU. The exact split (code alignment can make one copy of the loop
     /// a little faster) is measured per call in [`SPLIT_CPU_NANOS`].
     pub fn split_round() {
-        timed(0, || split_fifty(black_box(5_000)));
-        timed(1, || split_thirty(black_box(3_000)));
-        timed(2, || split_twenty(black_box(2_000)));
-    }
-
-    fn timed(index: usize, work: impl FnOnce() -> u64) {
-        let before = thread_cpu_nanos();
-        black_box(work());
-        SPLIT_CPU_NANOS[index].fetch_add(thread_cpu_nanos() - before, Ordering::Relaxed);
+        timed_into(&SPLIT_CPU_NANOS, 0, || split_fifty(black_box(5_000)));
+        timed_into(&SPLIT_CPU_NANOS, 1, || split_thirty(black_box(3_000)));
+        timed_into(&SPLIT_CPU_NANOS, 2, || split_twenty(black_box(2_000)));
     }
 
     fn thread_cpu_nanos() -> u64 {
@@ -642,6 +670,7 @@ pub mod hot {
         copied
     }
 
+    /// Runs `work`, adding the CPU time it took on this thread to `counters[index]`.
     fn timed_into(counters: &[AtomicU64; 3], index: usize, work: impl FnOnce() -> u64) {
         let before = thread_cpu_nanos();
         black_box(work());

@@ -9,8 +9,8 @@ use std::time::Duration;
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, Profile, TestServer, client, decode, hot, process_cpu_time, profile_window, serial,
-    stacks, total, total_in,
+    Burner, Profile, TestServer, assert_split, client, decode, hot, process_cpu_time,
+    profile_window, serial, stacks, total, total_in,
 };
 use reqwest::StatusCode;
 
@@ -60,26 +60,14 @@ async fn a_known_split_is_attributed_within_three_points() {
     let measured = hot::SPLIT_CPU_NANOS
         .each_ref()
         .map(|c| c.load(Ordering::Relaxed) as f64);
-    let measured_sum: f64 = measured.iter().sum();
-    let parts = ["split_fifty", "split_thirty", "split_twenty"].map(|f| total_in(&profile, 0, f));
-    let sum: i64 = parts.iter().sum();
-    assert!(
-        sum > 2000,
-        "{sum} samples in the workload for {cpu_used:?} of CPU: too few to judge a split"
+    eprintln!("{cpu_used:?} of CPU in the window");
+    assert_split(
+        &profile,
+        ["split_fifty", "split_thirty", "split_twenty"],
+        measured,
+        [50.0, 30.0, 20.0],
+        6.0,
     );
-    eprintln!("split: {parts:?} of {sum} samples; measured CPU {measured:?} ns");
-    for ((part, truth), nominal) in parts.iter().zip(measured).zip([50.0, 30.0, 20.0]) {
-        let share = *part as f64 * 100.0 / sum as f64;
-        let expected = truth * 100.0 / measured_sum;
-        assert!(
-            (expected - nominal).abs() <= 6.0,
-            "the workload itself is off: {expected:.1}% where about {nominal}% was meant"
-        );
-        assert!(
-            (share - expected).abs() <= 3.0,
-            "the profile says {share:.1}%, the CPU clock {expected:.1}% ({parts:?} of {sum} samples)"
-        );
-    }
 }
 
 #[tokio::test]

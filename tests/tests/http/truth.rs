@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, Profile, TestServer, client, comments, decode, hot, process_cpu_time, profile_window,
-    serial, stacks, thread_cpu_time, total, total_in, wait_for_timers,
+    Burner, Profile, TestServer, assert_split, client, comments, decode, hot, process_cpu_time,
+    profile_window, serial, stacks, thread_cpu_time, total, total_in, wait_for_timers,
 };
 use reqwest::StatusCode;
 
@@ -60,26 +60,13 @@ async fn memcpy_time_is_under_its_rust_caller_by_default() {
     let measured = hot::COPY_CPU_NANOS
         .each_ref()
         .map(|c| c.load(Ordering::Relaxed) as f64);
-    let measured_sum: f64 = measured.iter().sum();
-    let parts = ["split_fifty", "copy_forty", "split_twenty"].map(|f| total_in(&profile, 0, f));
-    let sum: i64 = parts.iter().sum();
-    assert!(
-        sum > 2000,
-        "{sum} samples in the workload: too few to judge"
+    let parts = assert_split(
+        &profile,
+        ["split_fifty", "copy_forty", "split_twenty"],
+        measured,
+        [40.0, 40.0, 20.0],
+        10.0,
     );
-    eprintln!("copy split: {parts:?} of {sum} samples; measured CPU {measured:?} ns");
-    for ((part, truth), nominal) in parts.iter().zip(measured).zip([40.0, 40.0, 20.0]) {
-        let share = *part as f64 * 100.0 / sum as f64;
-        let expected = truth * 100.0 / measured_sum;
-        assert!(
-            (expected - nominal).abs() <= 10.0,
-            "the workload itself is off: {expected:.1}% where about {nominal}% was meant"
-        );
-        assert!(
-            (share - expected).abs() <= 3.0,
-            "the profile says {share:.1}%, the CPU clock {expected:.1}% ({parts:?} of {sum})"
-        );
-    }
     // The copy's samples are memcpy in libc (named `[libc.so.6]` where libc's symbol table
     // is stripped), unwound to the Rust function that called it.
     let copy_stacks: Vec<_> = stacks(&profile)
