@@ -56,12 +56,17 @@ extern "C" fn foreign_handler(_: libc::c_int) {
     FOREIGN_SEEN.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Installs a `SIGPROF` handler of "another profiler".
+/// Installs a `SIGPROF` handler of "another profiler", with `SA_RESTART` as profilers
+/// install theirs (Go's runtime, the `pprof` crate): the sampler's timers still signal for
+/// up to a drain period after the replacement, and without it those signals would fail
+/// this process's socket calls with `EINTR`, a fault of the other handler, not the
+/// sampler's.
 fn install_foreign_handler() {
     // SAFETY: a fully initialised sigaction whose handler only touches an atomic.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = foreign_handler as *const () as usize;
+        action.sa_flags = libc::SA_RESTART;
         libc::sigemptyset(&mut action.sa_mask);
         assert_eq!(
             libc::sigaction(libc::SIGPROF, &action, std::ptr::null_mut()),

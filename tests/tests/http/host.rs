@@ -130,9 +130,9 @@ async fn another_sigprof_handler_is_not_replaced() {
 
 #[tokio::test]
 async fn a_handler_replaced_during_the_window_is_reported() {
-    let child = ChildServer::start_logged(CHILD, "serve-cpu", &[]);
+    let mut child = ChildServer::start_logged(CHILD, "serve-cpu", &[]);
     let url = child.url("/debug/pprof/profile?seconds=3");
-    let running = tokio::spawn(async move { client().get(url).send().await.unwrap() });
+    let running = tokio::spawn(async move { client().get(url).send().await });
     let pid = child.pid();
     assert!(
         tokio::task::spawn_blocking(move || wait_for_timers(pid))
@@ -146,7 +146,17 @@ async fn a_handler_replaced_during_the_window_is_reported() {
         .await
         .unwrap();
     assert_eq!(replaced.status(), StatusCode::OK);
-    let response = running.await.unwrap();
+    let response = running.await.unwrap().unwrap_or_else(|err| {
+        panic!(
+            "the profile request failed ({err}); the child is {}; its log:\n{}",
+            if child.is_running() {
+                "running"
+            } else {
+                "gone"
+            },
+            child.log()
+        )
+    });
     assert_eq!(response.status(), StatusCode::OK);
     let profile = decode(&response.bytes().await.unwrap());
     assert!(total(&profile, 0) > 0, "what was sampled before is kept");
