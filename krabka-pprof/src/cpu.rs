@@ -164,6 +164,7 @@ mod sampling {
     /// hung up), the sampler is stopped and freed on the blocking pool: stopping deletes
     /// timers, waits for handlers and calls `dlclose`, none of which belongs on an async
     /// worker.
+    ///
     /// The profiler's slot is released only after the sampler is gone, so the next request
     /// never finds the sampler still stopping.
     struct Running {

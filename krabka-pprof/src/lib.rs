@@ -33,7 +33,7 @@
 //! `current_thread` runtime.
 
 /// Compiles the items only where this crate's own CPU sampler runs: Linux on x86_64 or
-/// aarch64. With [`cfg_no_sampler!`], the one place that condition is written, in the
+/// aarch64. With `cfg_no_sampler!` below, the one place that condition is written, in the
 /// style of tokio's `cfg_rt!`.
 macro_rules! cfg_sampler {
     ($($item:item)*) => {$(

@@ -22,11 +22,14 @@
 //! 7. unwinds with [framehop](https://docs.rs/framehop) with fixed storage (no allocation),
 //!    from unwind tables (`.eh_frame_hdr`/`.eh_frame`) located in memory before the timers
 //!    started, of objects that cannot be unmapped while the session lives (the executable,
-//!    the vDSO, and libraries pinned with `dlopen(RTLD_NOLOAD)`); framehop takes no locks
-//!    and does not allocate in this mode;
-//! 8. reads the stack only through a copy made by a system call
+//!    the vDSO, and libraries pinned with `dlopen(RTLD_NOLOAD)` and confirmed by `dlinfo`
+//!    to be the copy listed); framehop takes no locks and does not allocate in this mode;
+//! 8. reads the stack in one of two ways that cannot fault: with plain loads, only from
+//!    the thread's current stack pointer up to the end of a range of its stack already
+//!    proven readable ([`Threads`]: memory between a live thread's stack pointer and its
+//!    stack's top stays mapped); anywhere else, only through a copy made by a system call
 //!    ([`Memory`]: `process_vm_readv`, or `pread` of `/proc/self/mem` where a seccomp
-//!    filter is installed) that fails instead of faulting, so a wrong unwind rule can at
+//!    filter is installed) that fails instead of faulting. A wrong unwind rule can at
 //!    worst end the stack early, never crash the process;
 //! 9. reserves space in the active buffer with one `fetch_add` and writes the record with
 //!    plain atomic stores; if the buffer is full, it counts a lost sample;
@@ -34,8 +37,10 @@
 //!
 //! Nothing in the handler allocates, locks, formats, logs or can block: it uses atomics,
 //! memory owned by the session, and the async-signal-safe `process_vm_readv`, `pread`,
-//! `gettid` and `clock_gettime` calls. Its frames and stack copy live in the slot, so its
-//! own stack use is a few hundred bytes (measured by a test), whatever the stack depth.
+//! `gettid` and `clock_gettime` calls. Its frames and stack copy live in the slot, and
+//! framehop's unwind storage is sized to real tables ([`FixedStorage`]), so it uses about
+//! 3 KiB of the interrupted thread's stack besides the kernel's signal frame, whatever the
+//! stack's depth (measured by a test).
 //!
 //! Off the signal path, a drain (called about every 100 ms while the window runs, and at
 //! the end) gives new threads their timers, swaps the two buffers, waits for handlers still
