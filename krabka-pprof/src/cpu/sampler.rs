@@ -1001,7 +1001,7 @@ fn framehop_module(object: &LoadedObject) -> Option<Module<MemorySlice>> {
         ptr: hdr.start as *const u8,
         len: (hdr.end - hdr.start) as usize,
     };
-    let eh_frame_start = eh_frame_address(&hdr_bytes, hdr.start)?;
+    let eh_frame_start = crate::objects::eh_frame_address(&hdr_bytes, hdr.start)?;
     let segment = object
         .segments
         .iter()
@@ -1027,39 +1027,6 @@ fn framehop_module(object: &LoadedObject) -> Option<Module<MemorySlice>> {
         object.bias,
         info,
     ))
-}
-
-/// Where `.eh_frame` starts, from the `eh_frame_ptr` field of `.eh_frame_hdr`.
-fn eh_frame_address(hdr: &[u8], hdr_address: u64) -> Option<u64> {
-    const DW_EH_PE_PCREL: u8 = 0x10;
-    const DW_EH_PE_DATAREL: u8 = 0x30;
-    if hdr.first() != Some(&1) {
-        return None;
-    }
-    let encoding = *hdr.get(1)?;
-    let field = hdr_address + 4;
-    let (value, _) = read_encoded(hdr.get(4..)?, encoding & 0x0f)?;
-    let base = match encoding & 0x70 {
-        0 => 0,
-        DW_EH_PE_PCREL => field,
-        DW_EH_PE_DATAREL => hdr_address,
-        _ => return None,
-    };
-    Some(base.wrapping_add(value as u64))
-}
-
-/// A DWARF pointer-encoded value of the given format.
-fn read_encoded(bytes: &[u8], format: u8) -> Option<(i64, usize)> {
-    let take = |n: usize| bytes.get(..n);
-    Some(match format {
-        0x00 | 0x04 => (u64::from_le_bytes(take(8)?.try_into().ok()?) as i64, 8),
-        0x02 => (i64::from(u16::from_le_bytes(take(2)?.try_into().ok()?)), 2),
-        0x03 => (i64::from(u32::from_le_bytes(take(4)?.try_into().ok()?)), 4),
-        0x0a => (i64::from(i16::from_le_bytes(take(2)?.try_into().ok()?)), 2),
-        0x0b => (i64::from(i32::from_le_bytes(take(4)?.try_into().ok()?)), 4),
-        0x0c => (i64::from_le_bytes(take(8)?.try_into().ok()?), 8),
-        _ => return None,
-    })
 }
 
 /// The interrupted PC and unwind registers.
@@ -1212,22 +1179,6 @@ pub(crate) mod tests {
 
     pub(super) fn note_teardown() {
         *TORN_DOWN_ON.lock().unwrap() = Some(std::thread::current().id());
-    }
-
-    #[test]
-    fn eh_frame_pointer_encodings() {
-        // version 1, pcrel|sdata4, then -16 relative to the field at hdr+4.
-        let mut hdr = vec![1u8, 0x1b, 0x03, 0x3b];
-        hdr.extend((-16i32).to_le_bytes());
-        assert_eq!(eh_frame_address(&hdr, 0x1000), Some(0x1000 + 4 - 16));
-        let mut abs = vec![1u8, 0x04, 0x03, 0x3b];
-        abs.extend(0x4242u64.to_le_bytes());
-        assert_eq!(eh_frame_address(&abs, 0x1000), Some(0x4242));
-        assert_eq!(
-            eh_frame_address(&[2, 0x1b, 0, 0, 0, 0, 0, 0], 0),
-            None,
-            "unknown version"
-        );
     }
 
     fn this_process() -> Memory {
