@@ -1,0 +1,312 @@
+//! The request side of this crate's own sampler (Linux on x86_64 and aarch64): starts a
+//! [`Sampler`](sampler::Sampler) session for one request, drains it while the window
+//! runs, stops it on the blocking pool (also when the client hangs up), and turns what it
+//! collected into the pprof `Profile`, with the markers and comments that say what the
+//! profile cannot show.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{CpuError, CpuRequest, CpuSlot, Profile, sampler};
+
+/// Runs `f` on the blocking pool; a panic inside becomes a `Failed` error, never a crash.
+async fn blocking<T, F>(f: F) -> Result<T, CpuError>
+where
+    F: FnOnce() -> Result<T, CpuError> + Send + 'static,
+    T: Send + 'static,
+{
+    crate::on_blocking_pool(f, CpuError::Failed).await
+}
+
+/// Owns the running sampler for the request. If the request is dropped (the client
+/// hung up), the sampler is stopped and freed on the blocking pool: stopping deletes
+/// timers, waits for handlers and calls `dlclose`, none of which belongs on an async
+/// worker.
+///
+/// The profiler's slot is released only after the sampler is gone, so the next request
+/// never finds the sampler still stopping.
+struct Running {
+    sampler: Option<Arc<sampler::Sampler>>,
+    slot: Option<CpuSlot>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let (sampler, slot) = (self.sampler.take(), self.slot.take());
+        if sampler.is_none() && slot.is_none() {
+            // The request finished: both were handed on.
+            return;
+        }
+        let stop = move || {
+            drop(sampler);
+            drop(slot);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(stop)),
+            Err(_) => stop(),
+        }
+    }
+}
+
+/// Takes one CPU profile and hands it to `render` on the blocking pool.
+pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
+where
+    F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
+    R: Send + 'static,
+{
+    use sampler::{DRAIN_EVERY, Sampler, StartError};
+
+    let slot = CpuSlot::acquire(request.duration, request.force).await?;
+    let stop_early = slot.stop_early.clone();
+    let sampler = blocking(move || {
+        Sampler::start(request.frequency, request.blocklist).map_err(|err| match err {
+            // A cancelled request's sampler may still be stopping on the blocking pool.
+            StartError::Running => CpuError::Busy {
+                retry_after: Duration::from_secs(1),
+            },
+            StartError::ForeignHandler => CpuError::Unavailable(
+                "another SIGPROF handler is installed in this process (another profiler?); \
+                 stop it, or remove it, to take CPU profiles here",
+            ),
+            StartError::System(call, error) => {
+                CpuError::Failed(format!("{call} failed: {error}"))
+            }
+        })
+    })
+    .await?;
+    // Shared with the drains, which run on the blocking pool like the rest of the work.
+    let mut running = Running {
+        sampler: Some(Arc::new(sampler)),
+        slot: Some(slot),
+    };
+    let deadline = tokio::time::Instant::now() + request.duration;
+    let mut drain =
+        tokio::time::interval_at(deadline - request.duration + DRAIN_EVERY, DRAIN_EVERY);
+    let mut draining: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => break,
+            () = stop_early.notified() => break,
+            _ = drain.tick() => {
+                // One drain at a time; a slow one just makes the next fold more.
+                if draining.as_ref().is_none_or(|d| d.is_finished()) {
+                    let sampler = running.sampler.clone();
+                    draining = Some(tokio::task::spawn_blocking(move || {
+                        if let Some(sampler) = sampler {
+                            sampler.drain();
+                        }
+                    }));
+                }
+            }
+        }
+    }
+    if let Some(draining) = draining {
+        let _ = draining.await;
+    }
+    let Some(Ok(sampler)) = running.sampler.take().map(Arc::try_unwrap) else {
+        return Err(CpuError::Failed(
+            "a drain of the sampler did not finish".into(),
+        ));
+    };
+    let slot = running.slot.take();
+    let (rendered, report) = blocking(move || {
+        let collected = sampler.stop();
+        drop(slot);
+        let report = collected.report.clone();
+        let (profile, capped) = report_profile(collected);
+        Ok((render(profile), (report, capped)))
+    })
+    .await?;
+    log_report(&report.0, report.1);
+    rendered
+}
+
+/// Puts what the sampler noticed into the request's span, and says what a reader of
+/// the profile must know (a reader other than the usual one, a capped rate, a handler
+/// replaced) at `warn` or `info`.
+fn log_report(report: &sampler::Report, capped: bool) {
+    let span = tracing::Span::current();
+    span.record("stack_reader", report.reader);
+    span.record("threads_timed", report.threads_timed);
+    span.record("foreign_signals", report.foreign_signals);
+    span.record("handler_p50_ns", report.handler_nanos.0);
+    span.record("handler_p99_ns", report.handler_nanos.1);
+    span.record("rate_capped", capped);
+    span.record("handler_replaced", report.handler_replaced);
+    if report.reader == "process_vm_readv" {
+        tracing::debug!(why = %report.reader_why, "stack reader: {}", report.reader);
+    } else {
+        tracing::info!(why = %report.reader_why, "stack reader: {}", report.reader);
+    }
+    if capped {
+        tracing::info!(
+            "the sampling rate was capped by the kernel tick: each sample carries the CPU \
+             time of the periods it stands for"
+        );
+    }
+    if report.handler_replaced {
+        tracing::warn!(
+            "another SIGPROF handler replaced this profiler's during the window; \
+             counting stopped there, the profile covers only the time before"
+        );
+    }
+    if let Some(shortfall) = &report.timer_shortfall {
+        tracing::warn!("{shortfall}");
+    }
+}
+
+/// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
+/// sample per distinct (thread, stack); and whether the kernel capped the rate (the
+/// samples stand for more periods than there were signals).
+fn report_profile(collected: sampler::Collected) -> (Profile, bool) {
+    use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
+    use sampler::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
+
+    let period = 1_000_000_000 / i64::from(collected.frequency);
+    let mut builder = ProfileBuilder::new(&collected.objects);
+    let mut thread_names: HashMap<u32, String> = HashMap::new();
+    let mut name_of = |tid: u32| {
+        thread_names
+            .entry(tid)
+            .or_insert_with(|| thread_name(tid))
+            .clone()
+    };
+    let mut signals = collected.lost.samples;
+    let mut periods = collected.lost.periods;
+    let mut periods_by_thread: HashMap<u32, u64> = HashMap::new();
+    for (stack, tally) in &collected.stacks {
+        signals += tally.samples;
+        periods += tally.periods;
+        *periods_by_thread.entry(stack.tid).or_default() += tally.periods;
+        let mut frames: Vec<Frame> = stack
+            .frames
+            .iter()
+            .enumerate()
+            // Return addresses point after the call; minus one lands inside it.
+            .map(|(i, &address)| Frame::Code(if i == 0 { address } else { address - 1 }))
+            .collect();
+        if stack.flags & FLAG_BLOCKLISTED != 0 {
+            let library = stack
+                .frames
+                .first()
+                .and_then(|pc| collected.objects.find(*pc))
+                .map_or("a blocklisted library", |(_, o)| o.short_name());
+            frames.push(Frame::Marker(format!(
+                "[{library}: blocklisted, not unwound]"
+            )));
+        }
+        if stack.flags & FLAG_NO_SCRATCH != 0 {
+            frames.push(Frame::Marker(
+                "[not unwound: sampler busy on other threads]".into(),
+            ));
+        }
+        if stack.flags & FLAG_NO_STACK_READ != 0 {
+            frames.push(Frame::Marker(
+                "[not unwound: the stack cannot be read here]".into(),
+            ));
+        }
+        if stack.flags & FLAG_TRUNCATED != 0 {
+            frames.push(Frame::Marker("[truncated]".into()));
+        }
+        builder.add(
+            frames,
+            vec![tally.samples as i64, tally.periods as i64 * period],
+            vec![
+                ("thread", LabelValue::Str(name_of(stack.tid))),
+                ("thread_id", LabelValue::Num(i64::from(stack.tid))),
+            ],
+        );
+    }
+    if collected.lost.samples > 0 {
+        builder.add(
+            vec![Frame::Marker("[lost: sample buffer full]".into())],
+            vec![
+                collected.lost.samples as i64,
+                collected.lost.periods as i64 * period,
+            ],
+            Vec::new(),
+        );
+    }
+    // A thread that blocks SIGPROF keeps its timer's signal pending: its CPU is never
+    // charged to another thread, and is shown here from its own clock so that the
+    // total still matches the process's CPU time.
+    for thread in &collected.threads {
+        let sampled = periods_by_thread.get(&thread.tid).copied().unwrap_or(0) as i64 * period;
+        let unsampled = thread.cpu.as_nanos() as i64 - sampled;
+        if unsampled > 2 * period && super::timers::blocks_sigprof(thread.tid) {
+            let name = name_of(thread.tid);
+            builder.add(
+                vec![Frame::Marker(format!(
+                    "[thread {name}: blocks SIGPROF, not sampled]"
+                ))],
+                vec![(unsampled + period / 2) / period, unsampled],
+                vec![
+                    ("thread", LabelValue::Str(name)),
+                    ("thread_id", LabelValue::Num(i64::from(thread.tid))),
+                ],
+            );
+        }
+    }
+    let capped = periods > signals + signals / 8;
+    let report = &collected.report;
+    let mut comments = vec![
+        format!(
+            "krabka-pprof: {} Hz per-thread CPU timers on {} threads; stacks read with {}",
+            collected.frequency, report.threads_timed, report.reader
+        ),
+        format!(
+            "process CPU time over the window: {} ms",
+            collected.cpu_time.as_millis()
+        ),
+    ];
+    if capped {
+        comments.push(format!(
+            "{signals} signals stood for {periods} periods: the kernel tick capped the \
+             rate, and each sample carries the CPU time it stands for"
+        ));
+    }
+    if report.handler_replaced {
+        comments.push(
+            "another SIGPROF handler replaced this profiler's during the window".to_owned(),
+        );
+    }
+    comments.push(format!(
+        "signal handler: median {} ns, p99 {} ns per sample, {:.1} frames on average",
+        report.handler_nanos.0, report.handler_nanos.1, report.mean_depth
+    ));
+    comments.push(format!(
+        "{} stacks unwound: {} to their outermost frame, {} read without a system call",
+        report.unwound, report.complete, report.direct
+    ));
+    if report.foreign_signals > 0 {
+        comments.push(format!(
+            "{} foreign SIGPROF signals ignored (kill, raise, or another timer)",
+            report.foreign_signals
+        ));
+    }
+    let time_nanos = collected
+        .started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let profile = builder.finish(
+        &Meta {
+            sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
+            period_type: ("cpu", "nanoseconds"),
+            period,
+            time_nanos,
+            duration_nanos: collected.duration.as_nanos() as i64,
+            default_sample_type: None,
+            comments,
+        },
+        &|_| false,
+    );
+    (profile, capped)
+}
+
+/// A thread's name while it lives; its id once it has exited.
+fn thread_name(tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+        .map(|name| name.trim_end().to_owned())
+        .unwrap_or_else(|_| format!("thread {tid}"))
+}
