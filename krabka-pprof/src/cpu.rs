@@ -3,14 +3,8 @@
 //! building the pprof `Profile`. Everything that can take more than microseconds runs on
 //! the blocking pool.
 
-// Off the sampler's targets every request is a 503: the busy state goes unused there.
-#![cfg_attr(
-    not(all(
-        target_os = "linux",
-        any(target_arch = "x86_64", target_arch = "aarch64")
-    )),
-    allow(dead_code)
-)]
+// Off Unix every request is a 503: the busy state goes unused there.
+#![cfg_attr(not(unix), allow(dead_code))]
 
 cfg_sampler! {
     mod memory;
@@ -26,18 +20,13 @@ use tokio::sync::Notify;
 
 pub(crate) use crate::proto::Profile;
 
-cfg_sampler! {
-    /// Why CPU profiles cannot be taken on this target, if they cannot: the 503's sentence
-    /// and the index page's note.
-    pub(crate) const UNAVAILABLE: Option<&str> = None;
-}
-cfg_no_sampler! {
-    /// Why CPU profiles cannot be taken on this target: the 503's sentence and the index
-    /// page's note.
-    pub(crate) const UNAVAILABLE: Option<&str> = Some(
-        "CPU profiling is not available on this platform: it needs Linux on x86_64 or aarch64",
-    );
-}
+/// Why CPU profiles cannot be taken on this target, if they cannot: the 503's sentence
+/// and the index page's note.
+pub(crate) const UNAVAILABLE: Option<&str> = if cfg!(unix) {
+    None
+} else {
+    Some("CPU profiling is not available on this platform: it needs Linux, macOS or another Unix")
+};
 
 /// What one request asks of the CPU profiler, after defaults and clamping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,11 +129,34 @@ impl Drop for CpuSlot {
 
 cfg_sampler! {
     mod linux;
-    pub(crate) use linux::profile;
+
+    /// Takes one CPU profile with this crate's sampler (or the `pprof` crate's, when the
+    /// tests chose it) and hands it to `render` on the blocking pool.
+    pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
+    where
+        F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
+        R: Send + 'static,
+    {
+        #[cfg(feature = "__pprof-rs-sampler")]
+        if pprof_rs::chosen() {
+            return pprof_rs::profile(request, render).await;
+        }
+        linux::profile(request, render).await
+    }
+}
+
+cfg_pprof_rs! {
+    pub(crate) mod pprof_rs;
+}
+
+cfg_no_sampler! {
+    #[cfg(unix)]
+    pub(crate) use pprof_rs::profile;
 }
 
 cfg_no_sampler! {
     /// Without a sampler for this target, every request is a 503.
+    #[cfg(not(unix))]
     pub(crate) async fn profile<R, F>(_request: CpuRequest, _render: F) -> Result<R, CpuError>
     where
         F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,

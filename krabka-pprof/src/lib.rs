@@ -50,6 +50,22 @@ macro_rules! cfg_no_sampler {
     )*};
 }
 
+/// Compiles the items where CPU profiles come from the `pprof` crate's sampler: every Unix
+/// system without this crate's own, and Linux with the hidden `__pprof-rs-sampler` feature
+/// (the tests prove that backend there, choosing it at run time).
+macro_rules! cfg_pprof_rs {
+    ($($item:item)*) => {$(
+        #[cfg(any(
+            all(unix, not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))),
+            all(
+                feature = "__pprof-rs-sampler",
+                all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")),
+            ),
+        ))]
+        $item
+    )*};
+}
+
 mod config;
 mod cpu;
 mod heap;
@@ -118,6 +134,18 @@ pub mod __private {
     /// Merges the profiling routes into the router the annotated function built.
     pub fn merge<R: Routes>(router: R, config: &'static ProfilingConfig) -> R {
         router.with_profiling_routes(config)
+    }
+
+    /// Makes this process take CPU profiles with the `pprof` crate's sampler instead of
+    /// this crate's own, for the tests that prove that backend on Linux. Call it before
+    /// the first profile.
+    #[cfg(all(
+        feature = "__pprof-rs-sampler",
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
+    pub fn use_pprof_rs_sampler() {
+        crate::cpu::pprof_rs::choose();
     }
 
     /// Gives a `guard = path` its type, so a wrong signature is reported at the path.

@@ -19,6 +19,35 @@ pub(crate) enum Frame {
     /// A frame the profiler adds to say something about the stack, such as
     /// `[lost samples]`; it has no address.
     Marker(String),
+    /// A frame another sampler (the `pprof` crate's) already symbolized: its functions,
+    /// innermost inlined first, as pprof orders a location's lines. That sampler keeps no
+    /// code address (only symbols' link-time addresses), so such a frame has neither an
+    /// address nor a mapping.
+    #[cfg_attr(
+        not(unix),
+        expect(dead_code, reason = "the pprof crate's sampler is Unix-only")
+    )]
+    #[cfg_attr(
+        unix,
+        allow(
+            dead_code,
+            reason = "built where cpu/pprof_rs.rs is, not on every Linux build"
+        )
+    )]
+    Symbolized(Vec<Named>),
+}
+
+/// One function of a frame: one line of its location.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Named {
+    /// Demangled, as people read it.
+    pub(crate) name: String,
+    /// As in the symbol table.
+    pub(crate) system_name: String,
+    /// Empty when unknown.
+    pub(crate) filename: String,
+    /// 0 when unknown.
+    pub(crate) line: i64,
 }
 
 /// A label value.
@@ -126,6 +155,21 @@ impl<'o> ProfileBuilder<'o> {
 
         let mut mapping_ids: HashMap<usize, u64> = HashMap::new();
         let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
+        let mut function_id = |profile: &mut Profile, strings: &mut Strings, named: Named| {
+            *function_ids
+                .entry((named.name, named.system_name))
+                .or_insert_with_key(|(name, raw)| {
+                    let id = profile.function.len() as u64 + 1;
+                    profile.function.push(Function {
+                        id,
+                        name: strings.get(name),
+                        system_name: strings.get(raw),
+                        filename: strings.get(&named.filename),
+                        ..Function::default()
+                    });
+                    id
+                })
+        };
         // Per distinct frame, once: its location, and whether it is hidden at the leaf.
         let mut known: HashMap<Frame, (u64, bool)> = HashMap::new();
 
@@ -135,7 +179,7 @@ impl<'o> ProfileBuilder<'o> {
             let mut leaf_side = true;
             for (i, frame) in sample.frames.iter().enumerate() {
                 let (id, hidden) = *known.entry(frame.clone()).or_insert_with(|| {
-                    let (name, raw, object) = describe(objects, frame, &resolved);
+                    let (functions, object) = describe(objects, frame, &resolved);
                     let mapping_id = object.map_or(0, |index| {
                         *mapping_ids.entry(index).or_insert_with(|| {
                             let object = objects.get(index).expect("a known object");
@@ -157,33 +201,26 @@ impl<'o> ProfileBuilder<'o> {
                             id
                         })
                     });
-                    let hidden = hide_leaf(&name);
-                    let function_id =
-                        *function_ids
-                            .entry((name, raw))
-                            .or_insert_with_key(|(name, raw)| {
-                                let id = profile.function.len() as u64 + 1;
-                                profile.function.push(Function {
-                                    id,
-                                    name: strings.get(name),
-                                    system_name: strings.get(raw),
-                                    ..Function::default()
-                                });
-                                id
-                            });
+                    // The outermost function is the frame's own; the others were inlined
+                    // into it.
+                    let hidden = functions.last().is_some_and(|f| hide_leaf(&f.name));
+                    let line = functions
+                        .into_iter()
+                        .map(|named| Line {
+                            line: named.line,
+                            function_id: function_id(&mut profile, &mut strings, named),
+                            column: 0,
+                        })
+                        .collect();
                     let id = profile.location.len() as u64 + 1;
                     profile.location.push(Location {
                         id,
                         mapping_id,
                         address: match frame {
                             Frame::Code(address) => *address,
-                            Frame::Marker(_) => 0,
+                            Frame::Marker(_) | Frame::Symbolized(_) => 0,
                         },
-                        line: vec![Line {
-                            function_id,
-                            line: 0,
-                            column: 0,
-                        }],
+                        line,
                         is_folded: false,
                     });
                     (id, hidden)
@@ -252,27 +289,33 @@ impl<'o> ProfileBuilder<'o> {
     }
 }
 
-/// `(name, system name, object index)` of a frame.
+/// A frame's functions (innermost first) and the index of the object it lies in.
 fn describe(
     objects: &Objects,
     frame: &Frame,
     resolved: &HashMap<u64, Symbol>,
-) -> (String, String, Option<usize>) {
+) -> (Vec<Named>, Option<usize>) {
+    let named = |name: &str, system_name: &str| Named {
+        name: name.to_owned(),
+        system_name: system_name.to_owned(),
+        filename: String::new(),
+        line: 0,
+    };
     match frame {
-        Frame::Marker(text) => (text.clone(), text.clone(), None),
+        Frame::Marker(text) => (vec![named(text, text)], None),
+        Frame::Symbolized(functions) => (functions.clone(), None),
         Frame::Code(address) => {
             let object = objects.find(*address);
             match (resolved.get(address), object) {
                 (Some(symbol), object) => (
-                    symbol.name.clone(),
-                    symbol.raw.clone(),
+                    vec![named(&symbol.name, &symbol.raw)],
                     object.map(|(i, _)| i),
                 ),
                 (None, Some((index, object))) => {
                     let name = format!("[{}]", object.short_name());
-                    (name.clone(), name, Some(index))
+                    (vec![named(&name, &name)], Some(index))
                 }
-                (None, None) => ("[unknown]".to_owned(), "[unknown]".to_owned(), None),
+                (None, None) => (vec![named("[unknown]", "[unknown]")], None),
             }
         }
     }
@@ -284,4 +327,96 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
         s
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Frame, LabelValue, Meta, Named, ProfileBuilder};
+    use crate::objects::Objects;
+
+    fn named(name: &str, filename: &str, line: i64) -> Named {
+        Named {
+            name: name.to_owned(),
+            system_name: format!("_ZN{name}E"),
+            filename: filename.to_owned(),
+            line,
+        }
+    }
+
+    fn meta() -> Meta {
+        Meta {
+            sample_types: &[("samples", "count")],
+            period_type: ("cpu", "nanoseconds"),
+            period: 1,
+            time_nanos: 0,
+            duration_nanos: 0,
+            default_sample_type: None,
+            comments: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_symbolized_frame_is_one_location_with_a_line_per_inlined_function() {
+        let objects = Objects::current();
+        let mut builder = ProfileBuilder::new(&objects);
+        let leaf = Frame::Symbolized(vec![
+            named("inner", "src/a.rs", 7),
+            named("outer", "src/b.rs", 42),
+        ]);
+        let caller = Frame::Symbolized(vec![named("main", "src/main.rs", 3)]);
+        for _ in 0..2 {
+            builder.add(
+                vec![leaf.clone(), caller.clone()],
+                vec![5],
+                vec![("thread", LabelValue::Str("worker".into()))],
+            );
+        }
+        let profile = builder.finish(&meta(), &|_| false);
+        let string = |i: i64| profile.string_table[i as usize].as_str();
+
+        assert_eq!(profile.location.len(), 2, "one location per distinct frame");
+        assert_eq!(profile.sample.len(), 2);
+        assert_eq!(profile.sample[0].location_id, profile.sample[1].location_id);
+        let location = &profile.location[0];
+        let lines: Vec<(&str, &str, &str, i64)> = location
+            .line
+            .iter()
+            .map(|line| {
+                let function = &profile.function[line.function_id as usize - 1];
+                (
+                    string(function.name),
+                    string(function.system_name),
+                    string(function.filename),
+                    line.line,
+                )
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("inner", "_ZNinnerE", "src/a.rs", 7),
+                ("outer", "_ZNouterE", "src/b.rs", 42)
+            ],
+            "innermost first, the caller it was inlined into last"
+        );
+        assert_eq!(profile.function.len(), 3);
+    }
+
+    #[test]
+    fn hiding_a_leaf_looks_at_the_frames_own_function_not_what_was_inlined_into_it() {
+        let objects = Objects::current();
+        let mut builder = ProfileBuilder::new(&objects);
+        let allocator = Frame::Symbolized(vec![named("helper", "", 0), named("malloc", "", 0)]);
+        let site = Frame::Symbolized(vec![named("site", "", 0)]);
+        builder.add(vec![allocator, site], vec![1], Vec::new());
+        let profile = builder.finish(&meta(), &|name| name == "malloc");
+        assert_eq!(
+            profile.sample[0].location_id.len(),
+            1,
+            "malloc's frame hidden"
+        );
+        let kept = &profile.location[profile.sample[0].location_id[0] as usize - 1];
+        let function = &profile.function[kept.line[0].function_id as usize - 1];
+        assert_eq!(profile.string_table[function.name as usize], "site");
+    }
 }

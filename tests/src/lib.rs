@@ -24,6 +24,27 @@ pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
 
 /// A server on its own thread and runtime, so the test's runtime cannot help it along.
 /// Shut down and joined on drop.
+/// The environment variable that makes the servers of this process take CPU profiles with
+/// the `pprof` crate's sampler instead of krabka-pprof's own: `KRABKA_TEST_SAMPLER=pprof-rs`.
+/// `scripts/test` runs the CPU HTTP tests again with it, so both backends pass them.
+pub const SAMPLER_VAR: &str = "KRABKA_TEST_SAMPLER";
+
+/// Whether this process's CPU profiles come from the `pprof` crate's sampler.
+pub fn pprof_rs_sampler() -> bool {
+    match std::env::var(SAMPLER_VAR).as_deref() {
+        Ok("pprof-rs") => true,
+        Ok("" | "krabka") | Err(_) => false,
+        Ok(other) => panic!("{SAMPLER_VAR}={other}: write pprof-rs or krabka"),
+    }
+}
+
+/// Applies [`SAMPLER_VAR`] to this process, before its first profile.
+pub fn choose_sampler() {
+    if pprof_rs_sampler() {
+        krabka_pprof::__private::use_pprof_rs_sampler();
+    }
+}
+
 pub struct TestServer {
     pub addr: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -48,6 +69,7 @@ impl TestServer {
         flavor: Flavor,
         make_router: impl FnOnce() -> Router + Send + 'static,
     ) -> TestServer {
+        choose_sampler();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()

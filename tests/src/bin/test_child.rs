@@ -194,6 +194,7 @@ fn serve(router: Router) {
 }
 
 fn main() {
+    krabka_pprof_tests::choose_sampler();
     match std::env::args().nth(1).as_deref() {
         Some("config") => {
             // One allocation so that jemalloc has initialised and read its configuration.

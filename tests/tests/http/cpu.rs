@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, TestServer, client, decode, go_pprof_top, profile_window, sample_types, serial, total,
-    total_in,
+    Burner, SAMPLER_VAR, TestServer, client, comments, decode, go_pprof_top, pprof_rs_sampler,
+    profile_window, sample_types, serial, string, total, total_in,
 };
 use reqwest::StatusCode;
 use tokio::io::AsyncWriteExt as _;
@@ -56,11 +56,8 @@ async fn profile_is_gzipped_pprof_with_the_hot_function() {
         ]
     );
     let period_type = profile.period_type.as_ref().expect("a period type");
-    assert_eq!(krabka_pprof_tests::string(&profile, period_type.ty), "cpu");
-    assert_eq!(
-        krabka_pprof_tests::string(&profile, period_type.unit),
-        "nanoseconds"
-    );
+    assert_eq!(string(&profile, period_type.ty), "cpu");
+    assert_eq!(string(&profile, period_type.unit), "nanoseconds");
     assert_eq!(profile.period, 1_000_000_000 / 99);
     assert!(
         profile.duration_nanos >= 2_900_000_000,
@@ -262,4 +259,114 @@ async fn go_tool_pprof_shows_the_409_sentence() {
         stderr.contains("409 Conflict") && stderr.contains("a CPU profile is already running"),
         "go tool pprof should print our sentence:\n{stderr}"
     );
+}
+
+/// What Parca and `go tool pprof` read beyond the stacks, from whichever sampler this run
+/// chose ([`SAMPLER_VAR`]): the comment naming it, a `thread` label on every sample, and
+/// the hot function's mapping (the test binary's file, its addresses) from krabka-pprof's
+/// sampler, or its file and line (from the debug info) from the `pprof` crate's.
+#[tokio::test]
+async fn the_profile_names_its_sampler_threads_and_mappings() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(1, Duration::from_secs(20));
+    let response = client()
+        .get(server.url("/debug/pprof/profile?seconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    drop(burner);
+
+    let pprof_rs = pprof_rs_sampler();
+    let notes = comments(&profile);
+    let named = notes
+        .iter()
+        .any(|c| c.contains("through the pprof crate's sampler"));
+    assert_eq!(
+        named, pprof_rs,
+        "{SAMPLER_VAR} chose the pprof crate's sampler: {pprof_rs}; comments: {notes:?}"
+    );
+
+    for sample in &profile.sample {
+        let thread = sample
+            .label
+            .iter()
+            .find(|l| string(&profile, l.key) == "thread")
+            .map(|l| string(&profile, l.str));
+        assert!(
+            thread.is_some_and(|t| !t.is_empty()),
+            "a sample without a thread label: {sample:?}"
+        );
+    }
+    let burner_samples = profile
+        .sample
+        .iter()
+        .filter(|s| {
+            s.label.iter().any(|l| {
+                string(&profile, l.key) == "thread" && string(&profile, l.str) == "burner-0"
+            })
+        })
+        .count();
+    assert!(
+        burner_samples > 0,
+        "no sample labelled with the burner's thread name"
+    );
+
+    // The hot function's location: its function by name, its mapping by file.
+    let hot_function = profile
+        .function
+        .iter()
+        .find(|f| string(&profile, f.name).contains("krabka_hot_spin"))
+        .expect("krabka_hot_spin is in the profile");
+    let location = profile
+        .location
+        .iter()
+        .find(|l| {
+            l.line
+                .iter()
+                .any(|line| line.function_id == hot_function.id)
+        })
+        .expect("a location in krabka_hot_spin");
+    if pprof_rs {
+        // That sampler's report keeps symbols, not code addresses: no mapping to give.
+        assert_eq!(
+            (location.mapping_id, location.address),
+            (0, 0),
+            "a frame of the pprof crate's sampler has no address"
+        );
+    } else {
+        let mapping = profile
+            .mapping
+            .iter()
+            .find(|m| m.id == location.mapping_id)
+            .unwrap_or_else(|| panic!("the hot location has a mapping: {location:?}"));
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(
+            std::path::Path::new(string(&profile, mapping.filename)).file_name(),
+            exe.file_name(),
+            "the hot function lies in this test binary"
+        );
+        assert!(
+            (mapping.memory_start..mapping.memory_limit).contains(&location.address),
+            "{:#x} outside its mapping {:#x}..{:#x}",
+            location.address,
+            mapping.memory_start,
+            mapping.memory_limit
+        );
+    }
+    if pprof_rs {
+        let line = location
+            .line
+            .iter()
+            .find(|line| line.function_id == hot_function.id)
+            .unwrap();
+        assert!(
+            string(&profile, hot_function.filename).ends_with("tests/src/lib.rs"),
+            "the hot function's file: {:?}",
+            string(&profile, hot_function.filename)
+        );
+        assert!(line.line > 0, "the hot loop's line number");
+    }
 }

@@ -1,0 +1,205 @@
+//! The request side of the `pprof` crate's sampler, where this crate's own does not run
+//! (macOS, the BSDs, Linux on other architectures), and on Linux when the tests choose it
+//! (the hidden `__pprof-rs-sampler` feature), so that this file is proven without a Mac.
+//!
+//! Every HTTP rule is the same as with the Linux sampler, because the request's shape is:
+//! the busy token first ([`CpuSlot`]: 409, `force=true`), start and stop on the blocking
+//! pool, a client that hangs up stops the sampler there and then frees the token. What
+//! differs is what the `pprof` crate measures: `setitimer(ITIMER_PROF)`, one timer for
+//! the process's CPU time whose signal the kernel hands to a running thread, and stacks
+//! it has already symbolized (names, files, lines and inlined functions, from the
+//! binary's debug info where it has some) but without their code addresses, so its
+//! profiles have no mappings. The profile names the sampler in its comments.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use pprof::{ProfilerGuard, ProfilerGuardBuilder, Report};
+
+use super::{CpuError, CpuRequest, CpuSlot, Profile};
+use crate::objects::Objects;
+use crate::profile::{Frame, LabelValue, Meta, Named, ProfileBuilder};
+
+cfg_sampler! {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Whether this process takes CPU profiles with the `pprof` crate's sampler instead of
+    /// this crate's own. Set by the tests only, before the first profile.
+    static CHOSEN: AtomicBool = AtomicBool::new(false);
+
+    /// From now on, CPU profiles in this process use the `pprof` crate's sampler.
+    pub(crate) fn choose() {
+        CHOSEN.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`choose`] was called.
+    pub(crate) fn chosen() -> bool {
+        CHOSEN.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs `f` on the blocking pool; a panic inside becomes a `Failed` error, never a crash.
+async fn blocking<T, F>(f: F) -> Result<T, CpuError>
+where
+    F: FnOnce() -> Result<T, CpuError> + Send + 'static,
+    T: Send + 'static,
+{
+    crate::on_blocking_pool(f, CpuError::Failed).await
+}
+
+/// Owns the running sampler for the request. If the request is dropped (the client hung
+/// up), the sampler is stopped on the blocking pool (restoring the signal disposition and
+/// freeing its buffers is no work for an async worker), and only then is the busy token
+/// freed, so the next request never finds the `pprof` crate's profiler still running.
+struct Running {
+    guard: Option<ProfilerGuard<'static>>,
+    slot: Option<CpuSlot>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let (guard, slot) = (self.guard.take(), self.slot.take());
+        if guard.is_none() && slot.is_none() {
+            // The request finished: both were handed on.
+            return;
+        }
+        let stop = move || {
+            drop(guard);
+            drop(slot);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(stop)),
+            Err(_) => stop(),
+        }
+    }
+}
+
+/// Takes one CPU profile and hands it to `render` on the blocking pool.
+pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
+where
+    F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
+    R: Send + 'static,
+{
+    let slot = CpuSlot::acquire(request.duration, request.force).await?;
+    let stop_early = slot.stop_early.clone();
+    let CpuRequest {
+        frequency,
+        blocklist,
+        ..
+    } = request;
+    let guard = blocking(move || start(frequency, blocklist)).await?;
+    tracing::Span::current().record("stack_reader", "the pprof crate's sampler");
+    let mut running = Running {
+        guard: Some(guard),
+        slot: Some(slot),
+    };
+    tokio::select! {
+        () = tokio::time::sleep(request.duration) => {}
+        () = stop_early.notified() => {}
+    }
+    let (guard, slot) = (running.guard.take(), running.slot.take());
+    blocking(move || {
+        let Some(guard) = guard else {
+            return Err(CpuError::Failed("the sampler was gone".into()));
+        };
+        // The report is read while the timer still runs: the crate clears it on stop.
+        let report = guard.report().build();
+        drop(guard);
+        drop(slot);
+        let report = report
+            .map_err(|err| CpuError::Failed(format!("the pprof crate's report failed: {err}")))?;
+        render(report_profile(&report, frequency))
+    })
+    .await
+}
+
+/// Starts the `pprof` crate's sampler.
+fn start(frequency: u32, blocklist: &[&str]) -> Result<ProfilerGuard<'static>, CpuError> {
+    let frequency = i32::try_from(frequency)
+        .map_err(|_| CpuError::Failed(format!("{frequency} Hz is out of range")))?;
+    ProfilerGuardBuilder::default()
+        .frequency(frequency)
+        .blocklist(blocklist)
+        .build()
+        .map_err(|err| match err {
+            // Someone else in the process (the app itself?) runs the crate's profiler.
+            pprof::Error::Running => CpuError::Unavailable(
+                "the pprof crate's CPU profiler is already running in this process (started \
+                 by the application?); stop it to take CPU profiles here",
+            ),
+            err => CpuError::Failed(format!("the pprof crate's profiler did not start: {err}")),
+        })
+}
+
+/// The pprof profile of a finished report: `samples/count` and `cpu/nanoseconds`, one
+/// sample per distinct (thread, stack), and a `thread` label.
+fn report_profile(report: &Report, frequency: u32) -> Profile {
+    let period = 1_000_000_000 / i64::from(frequency);
+    // Symbolized frames need no object table, and get no mappings: the crate's report
+    // keeps names, files and lines, not the code addresses a mapping would place.
+    let objects = Objects::default();
+    let mut builder = ProfileBuilder::new(&objects);
+    let mut samples = 0i64;
+    for (frames, &count) in &report.data {
+        let count = count as i64;
+        if count <= 0 {
+            continue;
+        }
+        samples += count;
+        let mut stack: Vec<Frame> = frames
+            .frames
+            .iter()
+            .map(|symbols| {
+                Frame::Symbolized(
+                    symbols
+                        .iter()
+                        .map(|symbol| Named {
+                            name: symbol.name(),
+                            system_name: symbol.sys_name().into_owned(),
+                            filename: symbol
+                                .filename
+                                .as_ref()
+                                .map(|file| file.to_string_lossy().into_owned())
+                                .unwrap_or_default(),
+                            line: i64::from(symbol.lineno.unwrap_or(0)),
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        if stack.is_empty() {
+            stack.push(Frame::Marker("[no frames: not unwound]".into()));
+        }
+        builder.add(
+            stack,
+            vec![count, count * period],
+            vec![("thread", LabelValue::Str(frames.thread_name_or_id()))],
+        );
+    }
+    let timing = &report.timing;
+    let comments = vec![
+        format!(
+            "krabka-pprof: {frequency} Hz through the pprof crate's sampler \
+             (setitimer ITIMER_PROF on the process's CPU time)"
+        ),
+        format!("{samples} samples"),
+    ];
+    builder.finish(
+        &Meta {
+            sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
+            period_type: ("cpu", "nanoseconds"),
+            period,
+            time_nanos: timing
+                .start_time
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64),
+            duration_nanos: duration_nanos(timing.duration),
+            default_sample_type: None,
+            comments,
+        },
+        &|_| false,
+    )
+}
+
+fn duration_nanos(duration: Duration) -> i64 {
+    i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
+}
