@@ -6,13 +6,25 @@
 
 use std::time::Duration;
 
-#[cfg(not(all(feature = "heap-profiling", target_os = "linux")))]
+#[cfg(not(all(
+    feature = "heap-profiling",
+    target_os = "linux",
+    not(target_env = "musl")
+)))]
 use crate::proto::Profile;
 
 /// Why heap profiles cannot be taken in this build, if they cannot: the 503's sentence and
 /// the index page's note.
 pub(crate) const UNAVAILABLE: Option<&str> = if !cfg!(target_os = "linux") {
     Some("heap profiling needs Linux: jemalloc_pprof reads the process's mappings from /proc")
+} else if cfg!(target_env = "musl") {
+    // jemalloc's configure finds no unwinder in musl and falls back to walking frame
+    // pointers, which Rust code and musl do not keep: the first sampled allocation
+    // would crash the process. So sampling stays off there.
+    Some(
+        "heap profiling needs a glibc build (…-linux-gnu): with musl, jemalloc can only \
+         walk stacks by frame pointers, which would crash the process",
+    )
 } else if !cfg!(feature = "heap-profiling") {
     Some("heap profiling is compiled out: enable krabka-pprof's `heap-profiling` feature")
 } else {
@@ -118,7 +130,11 @@ mod allocator {
 /// defined, so either build reads this setting. `#[used]` plus the export makes rustc's
 /// synthetic object reference them, so the linker keeps them even though nothing in Rust
 /// does (jemalloc's own weak definition would otherwise win silently).
-#[cfg(all(feature = "heap-profiling", target_os = "linux"))]
+#[cfg(all(
+    feature = "heap-profiling",
+    target_os = "linux",
+    not(target_env = "musl")
+))]
 mod conf {
     /// A C string pointer that may live in a `static`.
     #[repr(transparent)]
@@ -139,7 +155,11 @@ mod conf {
 }
 
 /// Takes one heap profile and hands it to `render` on the blocking pool.
-#[cfg(not(all(feature = "heap-profiling", target_os = "linux")))]
+#[cfg(not(all(
+    feature = "heap-profiling",
+    target_os = "linux",
+    not(target_env = "musl")
+)))]
 pub(crate) async fn profile<R, F>(_request: HeapRequest, _render: F) -> Result<R, HeapError>
 where
     F: FnOnce(Profile) -> Result<R, HeapError> + Send + 'static,
@@ -150,10 +170,18 @@ where
     ))
 }
 
-#[cfg(all(feature = "heap-profiling", target_os = "linux"))]
+#[cfg(all(
+    feature = "heap-profiling",
+    target_os = "linux",
+    not(target_env = "musl")
+))]
 pub(crate) use linux::profile;
 
-#[cfg(all(feature = "heap-profiling", target_os = "linux"))]
+#[cfg(all(
+    feature = "heap-profiling",
+    target_os = "linux",
+    not(target_env = "musl")
+))]
 mod linux {
     use std::io::BufReader;
     use std::sync::atomic::Ordering;

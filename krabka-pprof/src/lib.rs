@@ -69,15 +69,33 @@ macro_rules! cfg_pprof_rs {
 mod config;
 mod cpu;
 mod heap;
-// Loaded objects, their symbols and the profiles built from their addresses exist for the
-// Linux sampler and heap dumps; elsewhere every profile route answers 503.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+// Loaded objects and their symbols exist for the Linux sampler and heap dumps; profiles
+// are built everywhere a profile route works. Each is partly unused elsewhere.
+#[cfg_attr(
+    not(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )),
+    allow(dead_code)
+)]
 mod objects;
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+#[cfg_attr(
+    not(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )),
+    allow(dead_code)
+)]
 mod profile;
 mod proto;
 mod routes;
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+#[cfg_attr(
+    not(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )),
+    allow(dead_code)
+)]
 mod symbols;
 mod views;
 

@@ -114,8 +114,9 @@ impl Objects {
                 if object.name.is_empty() {
                     object.name = "[vdso]".to_owned();
                 }
-            } else if i == 0 && object.name.is_empty() {
-                // The first object, unnamed, is the executable.
+            } else if i == 0 && (object.name.is_empty() || object.name == "/proc/self/exe") {
+                // The first object, unnamed, is the executable (a static musl binary names
+                // it by the link, which profiles should not show).
                 object.file = Some(PathBuf::from("/proc/self/exe"));
                 object.name = executable
                     .clone()

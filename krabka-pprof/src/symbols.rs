@@ -62,6 +62,8 @@ impl Source<'_> {
 #[derive(Clone, Copy, Debug)]
 struct Section {
     kind: u32,
+    /// Where it is loaded, as the file states it (0 if it is not).
+    addr: u64,
     offset: u64,
     size: u64,
     link: u32,
@@ -108,6 +110,7 @@ fn sections(source: &Source<'_>) -> Option<Vec<Section>> {
             source.read_exact_at(&mut raw, shoff + (i * shentsize) as u64)?;
             Some(Section {
                 kind: u32_at(&raw, 4),
+                addr: u64_at(&raw, 16),
                 offset: u64_at(&raw, 24),
                 size: u64_at(&raw, 32),
                 link: u32_at(&raw, 40),
@@ -121,6 +124,18 @@ fn sections(source: &Source<'_>) -> Option<Vec<Section>> {
 #[derive(Clone, Copy)]
 struct Candidate {
     size: u64,
+    name_offset: u32,
+}
+
+/// The function symbol starting highest in a gap between two wanted addresses: what a
+/// symbol without a size (assembly written without `.size`, such as musl's `memcpy`)
+/// is measured by. Such a symbol covers what follows it up to the next function's start
+/// and the end of its section, as `perf` and `addr2line` read it.
+#[derive(Clone, Copy)]
+struct Start {
+    start: u64,
+    sized: bool,
+    section: u16,
     name_offset: u32,
 }
 
@@ -151,7 +166,29 @@ pub(crate) fn resolve(object: &LoadedObject, addresses: &[u64]) -> Vec<Option<Sy
         return vec![None; addresses.len()];
     };
     let mut best: Vec<Option<Candidate>> = vec![None; addresses.len()];
-    scan(&source, table, addresses, &mut best);
+    let mut highest: Vec<Option<Start>> = vec![None; addresses.len()];
+    scan(&source, table, addresses, &mut best, &mut highest);
+    // The nearest function start at or below each address, by a running maximum over
+    // the gaps; where it has no size and no sized function contains the address, the
+    // address is that function's.
+    let mut nearest: Option<Start> = None;
+    for (i, address) in addresses.iter().enumerate() {
+        if let Some(start) = highest[i]
+            && nearest.is_none_or(|n| start.start > n.start)
+        {
+            nearest = Some(start);
+        }
+        if best[i].is_none()
+            && let Some(start) = nearest.filter(|n| !n.sized)
+            && let Some(section) = sections.get(usize::from(start.section))
+            && (section.addr..section.addr.saturating_add(section.size)).contains(address)
+        {
+            best[i] = Some(Candidate {
+                size: 0,
+                name_offset: start.name_offset,
+            });
+        }
+    }
     best.iter()
         .map(|candidate| {
             let candidate = (*candidate)?;
@@ -164,8 +201,16 @@ pub(crate) fn resolve(object: &LoadedObject, addresses: &[u64]) -> Vec<Option<Sy
         .collect()
 }
 
-/// Streams the symbol table, keeping for each address the smallest function containing it.
-fn scan(source: &Source<'_>, table: &Section, addresses: &[u64], best: &mut [Option<Candidate>]) {
+/// Streams the symbol table, keeping for each address the smallest function containing it,
+/// and for each gap below an address (`highest[i]`: starts above `addresses[i - 1]`, at
+/// or below `addresses[i]`) the function starting highest in it.
+fn scan(
+    source: &Source<'_>,
+    table: &Section,
+    addresses: &[u64],
+    best: &mut [Option<Candidate>],
+    highest: &mut [Option<Start>],
+) {
     let entsize = (table.entsize as usize).max(SYMBOL_SIZE);
     let count = (table.size / entsize as u64) as usize;
     const CHUNK: usize = 2048;
@@ -185,11 +230,22 @@ fn scan(source: &Source<'_>, table: &Section, addresses: &[u64], best: &mut [Opt
             let section_index = u16_at(entry, 6);
             let start = u64_at(entry, 8);
             let size = u64_at(entry, 16);
-            if !(kind == STT_FUNC || kind == STT_GNU_IFUNC) || section_index == 0 || size == 0 {
+            if !(kind == STT_FUNC || kind == STT_GNU_IFUNC) || section_index == 0 {
                 continue;
             }
-            let end = start.saturating_add(size);
             let mut i = addresses.partition_point(|a| *a < start);
+            if let Some(gap) = highest.get_mut(i)
+                // At one start, a sized symbol wins over an alias without a size.
+                && gap.is_none_or(|g| start > g.start || (start == g.start && size > 0))
+            {
+                *gap = Some(Start {
+                    start,
+                    sized: size > 0,
+                    section: section_index,
+                    name_offset: u32_at(entry, 0),
+                });
+            }
+            let end = start.saturating_add(size);
             while i < addresses.len() && addresses[i] < end {
                 if best[i].is_none_or(|b| size < b.size) {
                     best[i] = Some(Candidate {
@@ -287,6 +343,58 @@ mod tests {
             .collect();
         assert!(
             names.iter().any(|n| n.contains("clock_gettime")),
+            "{names:?}"
+        );
+    }
+
+    // A function as assembly writes it without `.size`: its symbol's size is 0, as for
+    // musl's `memcpy` in a static binary.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    std::arch::global_asm!(
+        ".text",
+        ".globl krabka_sizeless_function",
+        ".type krabka_sizeless_function, @function",
+        "krabka_sizeless_function:",
+        "nop",
+        "nop",
+        "nop",
+        "ret",
+    );
+
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    fn a_function_symbol_without_a_size_covers_up_to_the_next_function() {
+        unsafe extern "C" {
+            safe fn krabka_sizeless_function();
+        }
+        let objects = Objects::current();
+        let start = krabka_sizeless_function as *const () as u64;
+        let (_, object) = objects.find(start).unwrap();
+        let here = a_function_with_a_findable_name as *const () as u64;
+        let mut probe = vec![
+            start - object.bias,
+            start - object.bias + 2,
+            here - object.bias,
+        ];
+        probe.sort_unstable();
+        let names: Vec<Option<String>> = resolve(object, &probe)
+            .into_iter()
+            .map(|s| s.map(|s| s.name))
+            .collect();
+        let sizeless = probe
+            .iter()
+            .position(|a| *a == start - object.bias)
+            .unwrap();
+        assert_eq!(names[sizeless].as_deref(), Some("krabka_sizeless_function"));
+        assert_eq!(
+            names[sizeless + 1].as_deref(),
+            Some("krabka_sizeless_function")
+        );
+        let sized = probe.iter().position(|a| *a == here - object.bias).unwrap();
+        assert!(
+            names[sized]
+                .as_deref()
+                .is_some_and(|n| n.ends_with("a_function_with_a_findable_name")),
             "{names:?}"
         );
     }

@@ -116,9 +116,23 @@ where
 fn start(frequency: u32, blocklist: &[&str]) -> Result<ProfilerGuard<'static>, CpuError> {
     let frequency = i32::try_from(frequency)
         .map_err(|_| CpuError::Failed(format!("{frequency} Hz is out of range")))?;
-    ProfilerGuardBuilder::default()
-        .frequency(frequency)
-        .blocklist(blocklist)
+    let builder = ProfilerGuardBuilder::default().frequency(frequency);
+    // The crate reads library ranges for its blocklist on these architectures only.
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "loongarch64"
+    ))]
+    let builder = builder.blocklist(blocklist);
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "loongarch64"
+    )))]
+    let _ = blocklist;
+    builder
         .build()
         .map_err(|err| match err {
             // Someone else in the process (the app itself?) runs the crate's profiler.

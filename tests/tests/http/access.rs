@@ -66,6 +66,12 @@ async fn parca_and_alloy_bearer_headers_are_accepted() {
             child.addr
         );
         let (status, headers, body) = raw_request(child.addr, &request).await;
+        if cfg!(target_env = "musl") {
+            // Heap profiles need glibc: past the token, the route's own 503, not a 401.
+            assert_eq!(status, 503, "{agent}: {}", String::from_utf8_lossy(&body));
+            assert!(String::from_utf8_lossy(&body).contains("glibc"));
+            continue;
+        }
         assert_eq!(status, 200, "{agent}: {}", String::from_utf8_lossy(&body));
         assert!(
             headers
