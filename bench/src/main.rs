@@ -37,6 +37,9 @@ mod duration;
 #[path = "../../krabka-pprof-macros/src/expand.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod expand;
+#[path = "../../krabka-pprof-macros/src/rules.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod rules;
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};

@@ -1,6 +1,6 @@
 //! The attribute's `key = value` list: parsing with `syn::meta`, one set-once rule for
-//! repeated keys, and every value rule from DESIGN.md checked with the value's span.
-//! All value errors of one attribute are collected and reported together.
+//! repeated keys, and every value checked with the value's span against the rules in
+//! `rules.rs`. All value errors of one attribute are collected and reported together.
 
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use syn::spanned::Spanned as _;
 use syn::{Expr, ExprLit, Lit, LitStr};
 
 use crate::duration;
+use crate::rules;
 
 /// Every key the attribute accepts, in the order the docs list them.
 pub(crate) const KEYS: &[&str] = &[
@@ -24,17 +25,6 @@ pub(crate) const KEYS: &[&str] = &[
     "token_env",
     "crate",
 ];
-
-// The limits below are the runtime crate's rules (`ProfilingConfig::validate`), repeated
-// here only to point at the offending token; the expansion's `const` config makes the
-// runtime's own checks run at compile time too, so a drift fails the build rather than
-// slipping through. ui-tests pin both sides of every bound.
-const MIN_DURATION: Duration = Duration::from_secs(1);
-const MAX_DURATION: Duration = Duration::from_secs(3600);
-const MIN_FREQUENCY: u32 = 1;
-const MAX_FREQUENCY: u32 = 1000;
-const DEFAULT_CPU_MAX: Duration = Duration::from_secs(60);
-const DEFAULT_HEAP_MAX: Duration = Duration::from_secs(30);
 
 /// A value together with the span of the tokens it came from.
 #[derive(Clone, Debug)]
@@ -131,12 +121,10 @@ pub(crate) fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
 impl Args {
     fn set(&mut self, key: &str, value: Expr) -> syn::Result<()> {
         match key {
-            "cpu_default" => self.cpu_default = Some(duration_value(key, &value, MAX_DURATION)?),
-            "cpu_max" => self.cpu_max = Some(duration_value(key, &value, MAX_DURATION)?),
-            "heap_default" => {
-                self.heap_default = Some(duration_value(key, &value, MAX_DURATION)?);
-            }
-            "heap_max" => self.heap_max = Some(duration_value(key, &value, MAX_DURATION)?),
+            "cpu_default" => self.cpu_default = Some(duration_value(key, &value)?),
+            "cpu_max" => self.cpu_max = Some(duration_value(key, &value)?),
+            "heap_default" => self.heap_default = Some(duration_value(key, &value)?),
+            "heap_max" => self.heap_max = Some(duration_value(key, &value)?),
             "frequency" => self.frequency = Some(frequency_value(&value)?),
             "blocklist" => self.blocklist = Some(blocklist_value(&value)?),
             "heap" => self.heap = Some(bool_value(key, &value)?),
@@ -151,11 +139,12 @@ impl Args {
 
     /// Rules between keys: defaults within their maximum, heap settings only with `heap`.
     fn check_relations(&self, errors: &mut Errors) {
-        check_default_within_max(
-            errors,
+        if let Err(error) = rules::check_default_within_max(
             ("cpu_default", self.cpu_default.as_ref()),
-            ("cpu_max", self.cpu_max.as_ref(), DEFAULT_CPU_MAX),
-        );
+            ("cpu_max", self.cpu_max.as_ref(), rules::DEFAULT_CPU_MAX),
+        ) {
+            errors.push(error);
+        }
 
         let heap_on = self.heap.as_ref().is_some_and(|heap| heap.value);
         for (key, value) in [
@@ -169,45 +158,14 @@ impl Args {
                 );
             }
         }
-        if heap_on {
-            check_default_within_max(
-                errors,
+        if heap_on
+            && let Err(error) = rules::check_default_within_max(
                 ("heap_default", self.heap_default.as_ref()),
-                ("heap_max", self.heap_max.as_ref(), DEFAULT_HEAP_MAX),
-            );
+                ("heap_max", self.heap_max.as_ref(), rules::DEFAULT_HEAP_MAX),
+            )
+        {
+            errors.push(error);
         }
-    }
-}
-
-fn check_default_within_max(
-    errors: &mut Errors,
-    (default_key, default): (&str, Option<&Spanned<Duration>>),
-    (max_key, max, builtin_max): (&str, Option<&Spanned<Duration>>, Duration),
-) {
-    let Some(max) = max else {
-        if let Some(default) = default.filter(|d| d.value > builtin_max) {
-            errors.at(
-                default.span,
-                format!(
-                    "`{default_key}` must not exceed `{max_key}` (default {}), found {}; raise `{max_key}` too",
-                    duration::format(builtin_max),
-                    duration::format(default.value),
-                ),
-            );
-        }
-        return;
-    };
-    match default {
-        Some(default) if default.value > max.value => errors.at(
-            default.span,
-            format!(
-                "`{default_key}` must not exceed `{max_key}` ({}), found {}",
-                duration::format(max.value),
-                duration::format(default.value),
-            ),
-        ),
-        // Unset, the default is the built-in one or the maximum, whichever is shorter.
-        _ => {}
     }
 }
 
@@ -308,21 +266,11 @@ fn string_lit<'a>(key: &str, expr: &'a Expr, what: &str) -> syn::Result<&'a LitS
     }
 }
 
-fn duration_value(key: &str, expr: &Expr, ceiling: Duration) -> syn::Result<Spanned<Duration>> {
+fn duration_value(key: &str, expr: &Expr) -> syn::Result<Spanned<Duration>> {
     let lit = string_lit(key, expr, "duration")?;
     let value = duration::parse(&lit.value())
         .map_err(|reason| syn::Error::new(lit.span(), format!("`{key}` {reason}")))?;
-    if value < MIN_DURATION || value > ceiling {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!(
-                "`{key}` must be between {} and {}, found {}",
-                duration::format(MIN_DURATION),
-                duration::format(ceiling),
-                duration::format(value),
-            ),
-        ));
-    }
+    rules::check_duration(key, value).map_err(|message| syn::Error::new(lit.span(), message))?;
     Ok(Spanned {
         value,
         span: lit.span(),
@@ -330,13 +278,8 @@ fn duration_value(key: &str, expr: &Expr, ceiling: Duration) -> syn::Result<Span
 }
 
 fn frequency_value(expr: &Expr) -> syn::Result<Spanned<u32>> {
-    let range_error = |found: &str| {
-        syn::Error::new(
-            expr.span(),
-            format!(
-                "`frequency` must be between {MIN_FREQUENCY} and {MAX_FREQUENCY} Hz, found {found}"
-            ),
-        )
+    let in_range = |found: &str| {
+        rules::check_frequency(found).map_err(|message| syn::Error::new(expr.span(), message))
     };
     match expr {
         Expr::Lit(ExprLit {
@@ -351,14 +294,8 @@ fn frequency_value(expr: &Expr) -> syn::Result<Spanned<u32>> {
                     ),
                 ));
             }
-            let value: u64 = int
-                .base10_parse()
-                .map_err(|_| range_error(int.base10_digits()))?;
-            if !(u64::from(MIN_FREQUENCY)..=u64::from(MAX_FREQUENCY)).contains(&value) {
-                return Err(range_error(int.base10_digits()));
-            }
             Ok(Spanned {
-                value: value as u32,
+                value: in_range(int.base10_digits())?,
                 span: int.span(),
             })
         }
@@ -380,7 +317,11 @@ fn frequency_value(expr: &Expr) -> syn::Result<Spanned<u32>> {
             else {
                 unreachable!()
             };
-            Err(range_error(&format!("-{}", int.base10_digits())))
+            // Checked as written, so the message shows the sign; it never passes.
+            Ok(Spanned {
+                value: in_range(&format!("-{}", int.base10_digits()))?,
+                span: expr.span(),
+            })
         }
         Expr::Lit(ExprLit {
             lit: Lit::Str(text),
@@ -422,7 +363,7 @@ fn blocklist_value(expr: &Expr) -> syn::Result<Spanned<Vec<String>>> {
         match element {
             Expr::Lit(ExprLit {
                 lit: Lit::Str(lit), ..
-            }) if lit.value().trim().is_empty() => errors.at(
+            }) if rules::is_blank(&lit.value()) => errors.at(
                 lit.span(),
                 "`blocklist` entries must be non-empty library names such as \"libc\"",
             ),
@@ -471,50 +412,10 @@ fn bool_value(key: &str, expr: &Expr) -> syn::Result<Spanned<bool>> {
     }
 }
 
-/// The reason a prefix is not a plain axum path, or `None` if it is one.
-pub(crate) fn prefix_problem(prefix: &str) -> Option<String> {
-    if !prefix.starts_with('/') {
-        return Some(format!(
-            "`prefix` must start with `/`, found {prefix:?}; write \"/{prefix}\""
-        ));
-    }
-    if prefix.len() > 1 && prefix.ends_with('/') {
-        return Some(format!(
-            "`prefix` must not end with `/`, found {prefix:?}; write {:?}",
-            prefix.trim_end_matches('/')
-        ));
-    }
-    if prefix == "/" {
-        return Some(
-            "`prefix` must name a path below the root such as \"/debug/pprof\", found \"/\""
-                .to_owned(),
-        );
-    }
-    if let Some(bad) = prefix
-        .chars()
-        .find(|c| matches!(c, '{' | '}' | '*' | '?' | '#') || c.is_whitespace() || c.is_control())
-    {
-        return Some(format!(
-            "`prefix` must be a plain path without {bad:?} (no captures, wildcards, queries or spaces), found {prefix:?}"
-        ));
-    }
-    if prefix.contains("//") {
-        return Some(format!(
-            "`prefix` must not contain empty segments (`//`), found {prefix:?}"
-        ));
-    }
-    if prefix.split('/').any(|segment| segment.starts_with(':')) {
-        return Some(format!(
-            "`prefix` segments must not start with `:` (axum 0.8 reserves it), found {prefix:?}"
-        ));
-    }
-    None
-}
-
 fn prefix_value(expr: &Expr) -> syn::Result<Spanned<String>> {
     let lit = string_lit("prefix", expr, "path")?;
     let value = lit.value();
-    if let Some(problem) = prefix_problem(&value) {
+    if let Some(problem) = rules::prefix_problem(&value) {
         return Err(syn::Error::new(lit.span(), problem));
     }
     Ok(Spanned {
@@ -550,26 +451,18 @@ fn guard_value(expr: &Expr) -> syn::Result<Spanned<syn::Path>> {
     }
 }
 
-/// The reason `name` is not a portable environment variable name, or `None`.
-pub(crate) fn env_name_problem(name: &str) -> Option<String> {
-    let mut chars = name.chars();
-    match chars.next() {
-        None => Some("`token_env` must name an environment variable, found \"\"".to_owned()),
-        Some(first) if !(first.is_ascii_alphabetic() || first == '_') => Some(format!(
-            "`token_env` must be an environment variable name (letters, digits, `_`, not starting with a digit), found {name:?}"
-        )),
-        Some(_) if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') => Some(format!(
-            "`token_env` must be an environment variable name (letters, digits, `_`, not starting with a digit), found {name:?}"
-        )),
-        Some(_) => None,
-    }
-}
-
 fn token_env_value(expr: &Expr) -> syn::Result<Spanned<String>> {
     let lit = string_lit("token_env", expr, "variable name")?;
     let value = lit.value();
-    if let Some(problem) = env_name_problem(&value) {
-        return Err(syn::Error::new(lit.span(), problem));
+    if !rules::is_env_name(&value) {
+        let message = if value.is_empty() {
+            "`token_env` must name an environment variable, found \"\"".to_owned()
+        } else {
+            format!(
+                "`token_env` must be an environment variable name (letters, digits, `_`, not starting with a digit), found {value:?}"
+            )
+        };
+        return Err(syn::Error::new(lit.span(), message));
     }
     Ok(Spanned {
         value,
@@ -744,31 +637,11 @@ mod tests {
     }
 
     #[test]
-    fn prefix_rules() {
-        assert_eq!(prefix_problem("/debug/pprof"), None);
-        assert_eq!(prefix_problem("/x"), None);
-        for bad in [
-            "debug", "/debug/", "/", "/{id}", "/a/*rest", "/a b", "/a//b", "/:id", "/a?b",
-        ] {
-            assert!(prefix_problem(bad).is_some(), "{bad} should be rejected");
-        }
-    }
-
-    #[test]
     fn blocklist_rules() {
         parse_ok(quote!(blocklist = []));
         assert!(messages(quote!(blocklist = ["libc", ""]))[0].contains("non-empty"));
         assert!(messages(quote!(blocklist = [libc]))[0].contains("must be strings"));
         assert!(messages(quote!(blocklist = "libc"))[0].contains("array"));
-    }
-
-    #[test]
-    fn token_env_rules() {
-        assert_eq!(env_name_problem("PPROF_TOKEN"), None);
-        assert_eq!(env_name_problem("_x1"), None);
-        for bad in ["", "1TOKEN", "MY-TOKEN", "A B", "TÖKEN"] {
-            assert!(env_name_problem(bad).is_some(), "{bad} should be rejected");
-        }
     }
 
     #[test]

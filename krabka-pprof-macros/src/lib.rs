@@ -6,6 +6,7 @@
 mod args;
 mod duration;
 mod expand;
+mod rules;
 
 use proc_macro::TokenStream;
 

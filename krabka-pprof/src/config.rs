@@ -1,7 +1,8 @@
 //! [`ProfilingConfig`]: the settings the routes run with, their defaults, and the rules
-//! they must obey. The rules live here once; `#[pprof_routes]` repeats them only to point
-//! at the offending token, and its expansion runs [`ProfilingConfig::checked`] in a
-//! `static` initializer so these checks also run at compile time.
+//! they must obey. `#[pprof_routes]` repeats the rules, under the same names, in
+//! `krabka-pprof-macros/src/rules.rs` only to point at the offending token; the two files
+//! change together. Its expansion runs [`ProfilingConfig::checked`] in an inline `const`,
+//! so these checks also run at compile time.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,0 +1,180 @@
+//! The attribute's value rules: the macro-side twin of `ProfilingConfig::validate` in
+//! `krabka-pprof/src/config.rs`, with the same bounds under the same names, here with a
+//! message for the offending token. The two files change together.
+//!
+//! The expansion builds its config in an inline `const` through `ProfilingConfig::checked`,
+//! so a value this file lets through that config.rs refuses still stops the build, only
+//! with the runtime's plainer message. These cases under `ui-tests/tests/ui/` pin the
+//! rules, and the pass cases their bounds:
+//! `fail/cpu_max_below_one_second`, `fail/cpu_max_above_one_hour`,
+//! `fail/cpu_default_above_cpu_max`, `fail/frequency_zero`, `fail/frequency_above_1000`,
+//! `fail/blocklist_empty_name`, `fail/prefix_without_leading_slash`,
+//! `fail/prefix_with_trailing_slash`, `fail/prefix_with_capture`,
+//! `fail/token_env_not_a_variable_name`, `fail/all_value_errors_at_once`,
+//! `pass/every_key_at_its_bounds` and `pass/cpu_max_below_builtin_default`.
+//!
+//! Rules the runtime has no twin for (value types, keys, heap keys only with `heap = true`)
+//! stay in `args.rs`.
+
+use std::time::Duration;
+
+use crate::args::Spanned;
+use crate::duration;
+
+/// `MIN_DURATION` in config.rs.
+pub(crate) const MIN_DURATION: Duration = Duration::from_secs(1);
+/// `MAX_DURATION` in config.rs.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(3600);
+/// `MIN_FREQUENCY` in config.rs.
+pub(crate) const MIN_FREQUENCY: u32 = 1;
+/// `MAX_FREQUENCY` in config.rs.
+pub(crate) const MAX_FREQUENCY: u32 = 1000;
+/// `cpu_max` in `ProfilingConfig::new()`.
+pub(crate) const DEFAULT_CPU_MAX: Duration = Duration::from_secs(60);
+/// `heap_max` in `ProfilingConfig::new()`.
+pub(crate) const DEFAULT_HEAP_MAX: Duration = Duration::from_secs(30);
+
+/// Every `*_default`/`*_max` lies within `MIN_DURATION ..= MAX_DURATION`
+/// (`check_duration` in config.rs). The error is the whole message.
+pub(crate) fn check_duration(key: &str, value: Duration) -> Result<(), String> {
+    if value < MIN_DURATION || value > MAX_DURATION {
+        return Err(format!(
+            "`{key}` must be between {} and {}, found {}",
+            duration::format(MIN_DURATION),
+            duration::format(MAX_DURATION),
+            duration::format(value),
+        ));
+    }
+    Ok(())
+}
+
+/// A `*_default` does not exceed its `*_max`, written or built in (the `DefaultAboveMax`
+/// checks in `ProfilingConfig::validate`). Unset, the default is the built-in one or the
+/// maximum, whichever is shorter, so it can only break the rule when written.
+pub(crate) fn check_default_within_max(
+    (default_key, default): (&str, Option<&Spanned<Duration>>),
+    (max_key, max, builtin_max): (&str, Option<&Spanned<Duration>>, Duration),
+) -> syn::Result<()> {
+    let Some(max) = max else {
+        if let Some(default) = default.filter(|d| d.value > builtin_max) {
+            return Err(syn::Error::new(
+                default.span,
+                format!(
+                    "`{default_key}` must not exceed `{max_key}` (default {}), found {}; raise `{max_key}` too",
+                    duration::format(builtin_max),
+                    duration::format(default.value),
+                ),
+            ));
+        }
+        return Ok(());
+    };
+    match default {
+        Some(default) if default.value > max.value => Err(syn::Error::new(
+            default.span,
+            format!(
+                "`{default_key}` must not exceed `{max_key}` ({}), found {}",
+                duration::format(max.value),
+                duration::format(default.value),
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The frequency lies within `MIN_FREQUENCY ..= MAX_FREQUENCY` Hz (the
+/// `FrequencyOutOfRange` check in `ProfilingConfig::validate`). `found` is the integer as
+/// written, in decimal digits, with a leading `-` if negated; the error is the whole
+/// message.
+pub(crate) fn check_frequency(found: &str) -> Result<u32, String> {
+    match found.parse::<u64>() {
+        Ok(hz) if (u64::from(MIN_FREQUENCY)..=u64::from(MAX_FREQUENCY)).contains(&hz) => {
+            Ok(hz as u32)
+        }
+        _ => Err(format!(
+            "`frequency` must be between {MIN_FREQUENCY} and {MAX_FREQUENCY} Hz, found {found}"
+        )),
+    }
+}
+
+/// A blocklist entry that names no library (`is_blank` in config.rs).
+pub(crate) fn is_blank(text: &str) -> bool {
+    text.trim().is_empty()
+}
+
+/// The reason a prefix is not a plain axum path, or `None` if it is one (`prefix_problem`
+/// in config.rs).
+pub(crate) fn prefix_problem(prefix: &str) -> Option<String> {
+    if !prefix.starts_with('/') {
+        return Some(format!(
+            "`prefix` must start with `/`, found {prefix:?}; write \"/{prefix}\""
+        ));
+    }
+    if prefix.len() > 1 && prefix.ends_with('/') {
+        return Some(format!(
+            "`prefix` must not end with `/`, found {prefix:?}; write {:?}",
+            prefix.trim_end_matches('/')
+        ));
+    }
+    if prefix == "/" {
+        return Some(
+            "`prefix` must name a path below the root such as \"/debug/pprof\", found \"/\""
+                .to_owned(),
+        );
+    }
+    if let Some(bad) = prefix
+        .chars()
+        .find(|c| matches!(c, '{' | '}' | '*' | '?' | '#') || c.is_whitespace() || c.is_control())
+    {
+        return Some(format!(
+            "`prefix` must be a plain path without {bad:?} (no captures, wildcards, queries or spaces), found {prefix:?}"
+        ));
+    }
+    if prefix.contains("//") {
+        return Some(format!(
+            "`prefix` must not contain empty segments (`//`), found {prefix:?}"
+        ));
+    }
+    if prefix.split('/').any(|segment| segment.starts_with(':')) {
+        return Some(format!(
+            "`prefix` segments must not start with `:` (axum 0.8 reserves it), found {prefix:?}"
+        ));
+    }
+    None
+}
+
+/// A portable environment variable name: letters, digits and `_`, not starting with a
+/// digit (`is_env_name` in config.rs).
+pub(crate) fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    match chars.next() {
+        Some(first) if first.is_ascii_alphabetic() || first == '_' => {
+            chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_rules() {
+        assert_eq!(prefix_problem("/debug/pprof"), None);
+        assert_eq!(prefix_problem("/x"), None);
+        for bad in [
+            "debug", "/debug/", "/", "/{id}", "/a/*rest", "/a b", "/a//b", "/:id", "/a?b",
+        ] {
+            assert!(prefix_problem(bad).is_some(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn token_env_rules() {
+        assert!(is_env_name("PPROF_TOKEN"));
+        assert!(is_env_name("_x1"));
+        for bad in ["", "1TOKEN", "MY-TOKEN", "A B", "TÖKEN"] {
+            assert!(!is_env_name(bad), "{bad} should be rejected");
+        }
+    }
+}
