@@ -56,14 +56,11 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     match (parsed_args, parsed_item) {
         (Ok(args), Ok(function)) => generate(&args, function),
         (args, function) => {
-            let mut error: Option<syn::Error> = None;
-            for e in [args.err(), function.err()].into_iter().flatten() {
-                match &mut error {
-                    Some(first) => first.combine(e),
-                    None => error = Some(e),
-                }
+            let mut errors = args::Errors::default();
+            for error in [args.err(), function.err()].into_iter().flatten() {
+                errors.push(error);
             }
-            let error = error.map(|e| e.into_compile_error());
+            let error = errors.finish().err().map(|e| e.into_compile_error());
             quote!(#item #error)
         }
     }

@@ -201,17 +201,17 @@ impl ProfilingConfig {
 
     /// Checks every rule; the first broken one is returned.
     pub const fn validate(&self) -> Result<(), ConfigError> {
-        if let Err(e) = check_duration(Field::CpuDefault, self.cpu_default()) {
+        if let Err(e) = check_duration(DurationField::CpuDefault, self.cpu_default()) {
             return Err(e);
         }
-        if let Err(e) = check_duration(Field::CpuMax, self.cpu_max) {
+        if let Err(e) = check_duration(DurationField::CpuMax, self.cpu_max) {
             return Err(e);
         }
         if self.cpu_default().as_nanos() > self.cpu_max.as_nanos() {
             return Err(ConfigError::DefaultAboveMax {
-                default_field: Field::CpuDefault,
+                default_field: DurationField::CpuDefault,
                 default: self.cpu_default(),
-                max_field: Field::CpuMax,
+                max_field: DurationField::CpuMax,
                 max: self.cpu_max,
             });
         }
@@ -227,17 +227,17 @@ impl ProfilingConfig {
             }
             index += 1;
         }
-        if let Err(e) = check_duration(Field::HeapDefault, self.heap_default()) {
+        if let Err(e) = check_duration(DurationField::HeapDefault, self.heap_default()) {
             return Err(e);
         }
-        if let Err(e) = check_duration(Field::HeapMax, self.heap_max) {
+        if let Err(e) = check_duration(DurationField::HeapMax, self.heap_max) {
             return Err(e);
         }
         if self.heap_default().as_nanos() > self.heap_max.as_nanos() {
             return Err(ConfigError::DefaultAboveMax {
-                default_field: Field::HeapDefault,
+                default_field: DurationField::HeapDefault,
                 default: self.heap_default(),
-                max_field: Field::HeapMax,
+                max_field: DurationField::HeapMax,
                 max: self.heap_max,
             });
         }
@@ -270,7 +270,7 @@ const fn shorter(a: Duration, b: Duration) -> Duration {
     if a.as_nanos() <= b.as_nanos() { a } else { b }
 }
 
-const fn check_duration(field: Field, value: Duration) -> Result<(), ConfigError> {
+const fn check_duration(field: DurationField, value: Duration) -> Result<(), ConfigError> {
     if value.as_nanos() < MIN_DURATION.as_nanos() || value.as_nanos() > MAX_DURATION.as_nanos() {
         Err(ConfigError::DurationOutOfRange {
             field,
@@ -341,10 +341,10 @@ const fn is_env_name(name: &str) -> bool {
     true
 }
 
-/// A [`ProfilingConfig`] setting, as it is spelled in `#[pprof_routes(...)]`.
+/// A [`ProfilingConfig`] duration setting, as it is spelled in `#[pprof_routes(...)]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Field {
+pub enum DurationField {
     /// `cpu_default`
     CpuDefault,
     /// `cpu_max`
@@ -355,14 +355,14 @@ pub enum Field {
     HeapMax,
 }
 
-impl Field {
+impl DurationField {
     /// The key's name in the attribute.
     pub const fn name(self) -> &'static str {
         match self {
-            Field::CpuDefault => "cpu_default",
-            Field::CpuMax => "cpu_max",
-            Field::HeapDefault => "heap_default",
-            Field::HeapMax => "heap_max",
+            DurationField::CpuDefault => "cpu_default",
+            DurationField::CpuMax => "cpu_max",
+            DurationField::HeapDefault => "heap_default",
+            DurationField::HeapMax => "heap_max",
         }
     }
 }
@@ -375,18 +375,18 @@ pub enum ConfigError {
     /// A duration outside 1 s ..= 1 h.
     DurationOutOfRange {
         /// The setting.
-        field: Field,
+        field: DurationField,
         /// Its value.
         found: Duration,
     },
     /// A `*_default` longer than its `*_max`.
     DefaultAboveMax {
         /// `cpu_default` or `heap_default`.
-        default_field: Field,
+        default_field: DurationField,
         /// Its value.
         default: Duration,
         /// `cpu_max` or `heap_max`.
-        max_field: Field,
+        max_field: DurationField,
         /// Its value.
         max: Duration,
     },
@@ -419,16 +419,20 @@ impl ConfigError {
     pub const fn rule(&self) -> &'static str {
         match self {
             ConfigError::DurationOutOfRange { field, .. } => match field {
-                Field::CpuDefault => "krabka-pprof: `cpu_default` must be between 1s and 1h",
-                Field::CpuMax => "krabka-pprof: `cpu_max` must be between 1s and 1h",
-                Field::HeapDefault => "krabka-pprof: `heap_default` must be between 1s and 1h",
-                Field::HeapMax => "krabka-pprof: `heap_max` must be between 1s and 1h",
+                DurationField::CpuDefault => {
+                    "krabka-pprof: `cpu_default` must be between 1s and 1h"
+                }
+                DurationField::CpuMax => "krabka-pprof: `cpu_max` must be between 1s and 1h",
+                DurationField::HeapDefault => {
+                    "krabka-pprof: `heap_default` must be between 1s and 1h"
+                }
+                DurationField::HeapMax => "krabka-pprof: `heap_max` must be between 1s and 1h",
             },
             ConfigError::DefaultAboveMax { default_field, .. } => match default_field {
-                Field::HeapDefault | Field::HeapMax => {
+                DurationField::HeapDefault | DurationField::HeapMax => {
                     "krabka-pprof: `heap_default` must not exceed `heap_max`"
                 }
-                Field::CpuDefault | Field::CpuMax => {
+                DurationField::CpuDefault | DurationField::CpuMax => {
                     "krabka-pprof: `cpu_default` must not exceed `cpu_max`"
                 }
             },
@@ -546,7 +550,7 @@ mod tests {
         assert!(matches!(
             low,
             ConfigError::DurationOutOfRange {
-                field: Field::CpuDefault,
+                field: DurationField::CpuDefault,
                 ..
             }
         ));

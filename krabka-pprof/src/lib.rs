@@ -100,7 +100,7 @@ mod symbols;
 mod views;
 
 pub use config::{
-    ConfigError, Field, Guard, MAX_DURATION, MAX_FREQUENCY, MIN_DURATION, MIN_FREQUENCY,
+    ConfigError, DurationField, Guard, MAX_DURATION, MAX_FREQUENCY, MIN_DURATION, MIN_FREQUENCY,
     ProfilingConfig,
 };
 #[cfg(all(feature = "heap-profiling", not(target_env = "msvc")))]
