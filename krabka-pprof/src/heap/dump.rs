@@ -1,0 +1,249 @@
+//! The pure half of heap profiles: jemalloc's `heap_v2` dump parsed into unbiased stacks,
+//! and the allocator frames hidden from their leaf end. No jemalloc and no `cfg` here, so
+//! both are compiled and unit-tested on every target and without features; `heap.rs`
+//! calls them where dumps exist.
+
+/// One stack of a jemalloc `heap_v2` dump, its sampled counts unbiased.
+#[derive(Debug, PartialEq)]
+pub(super) struct HeapStack {
+    /// Return addresses, allocator first.
+    pub(super) addresses: Vec<u64>,
+    pub(super) objects: f64,
+    pub(super) bytes: f64,
+}
+
+#[derive(Debug, PartialEq)]
+pub(super) struct Parsed {
+    pub(super) period: u64,
+    pub(super) stacks: Vec<HeapStack>,
+}
+
+/// Parses a `heap_v2/<period>` dump. jemalloc samples an allocation of `size` bytes
+/// with probability `1 - exp(-size / period)`; like jeprof, each stack's counts are
+/// divided by that probability (with its average object size), which estimates what is
+/// really live: both `inuse_space` and `inuse_objects` are derived this way.
+pub(super) fn parse(reader: impl std::io::BufRead) -> Result<Parsed, String> {
+    let mut lines = reader.lines();
+    let first = lines
+        .next()
+        .ok_or("the dump is empty")?
+        .map_err(|e| e.to_string())?;
+    let period: u64 = first
+        .trim()
+        .strip_prefix("heap_v2/")
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("unexpected first line {first:?}"))?;
+    let mut stacks = Vec::new();
+    let mut pending: Option<Vec<u64>> = None;
+    for line in lines {
+        let line = line.map_err(|e| e.to_string())?;
+        let line = line.trim();
+        if line == "MAPPED_LIBRARIES:" {
+            break;
+        }
+        if let Some(rest) = line.strip_prefix('@') {
+            let addresses = rest
+                .split_whitespace()
+                .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("bad address in {line:?}: {e}"))?;
+            pending = Some(addresses);
+        } else if let Some(rest) = line.strip_prefix("t*:") {
+            let Some(addresses) = pending.take() else {
+                continue; // the process-wide total before the first stack
+            };
+            let mut numbers = rest
+                .split(|c: char| c == ':' || c == '[' || c == ']' || c.is_whitespace())
+                .filter(|s| !s.is_empty());
+            let objects: f64 = numbers
+                .next()
+                .and_then(|n| n.parse().ok())
+                .ok_or("objects")?;
+            let bytes: f64 = numbers.next().and_then(|n| n.parse().ok()).ok_or("bytes")?;
+            if objects <= 0.0 || bytes <= 0.0 {
+                continue;
+            }
+            let ratio = (bytes / objects) / period as f64;
+            let scale = 1.0 / (1.0 - (-ratio).exp());
+            stacks.push(HeapStack {
+                addresses,
+                objects: objects * scale,
+                bytes: bytes * scale,
+            });
+        }
+    }
+    Ok(Parsed { period, stacks })
+}
+
+/// Frames of the allocator and of Rust's allocation plumbing, hidden from the leaf end
+/// of every stack so that it starts where the program allocated: jemalloc, the
+/// allocator shims, and generic code of `alloc` and `core` (`core` has no allocator:
+/// a `core` frame above an allocation is plumbing between `alloc` and the caller).
+/// The program's own impls of core traits (`<my::Type as core::fmt::Display>::fmt`)
+/// are kept: they are where the program allocated.
+pub(super) fn is_allocator_frame(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        // jemalloc, static functions and prefixed exports.
+        "prof_",
+        "_rjem_",
+        "je_",
+        "imalloc",
+        "ialloc",
+        "irealloc",
+        "iralloc",
+        "arena_",
+        "tcache_",
+        // Rust's allocator shims (`__rustc::` in v0 mangling).
+        "__rust_",
+        "__rg_",
+        "__rdl_",
+        "__rustc::",
+        // The global allocators.
+        "tikv_jemallocator::",
+        "<tikv_jemallocator::",
+        "std::alloc::",
+        "<std::alloc::",
+        "krabka_pprof::heap::allocator::",
+        "<krabka_pprof::heap::allocator::",
+    ];
+    const NAMES: &[&str] = &[
+        "malloc",
+        "calloc",
+        "realloc",
+        "free",
+        "mallocx",
+        "rallocx",
+        "xallocx",
+        "posix_memalign",
+        "aligned_alloc",
+        "memalign",
+        "valloc",
+        "do_rallocx",
+        "[unknown]",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name) || is_core_or_alloc(name)
+}
+
+/// `core::…`, `alloc::…`, `<core or alloc type>::…`, and `<T as Trait>::…` where both
+/// the type and the trait are core's or alloc's (a primitive or a type parameter
+/// counts as core's).
+fn is_core_or_alloc(name: &str) -> bool {
+    let library = |path: &str| path.starts_with("core::") || path.starts_with("alloc::");
+    let Some(qualified) = name.strip_prefix('<') else {
+        return library(name);
+    };
+    // Split `Type as Trait>::method` at the ` as ` and `>` of the outer brackets.
+    let mut depth = 0usize;
+    let mut split = None;
+    let mut end = None;
+    for (i, c) in qualified.char_indices() {
+        match c {
+            '<' | '[' | '(' => depth += 1,
+            ']' | ')' => depth = depth.saturating_sub(1),
+            '>' if depth == 0 => {
+                end = Some(i);
+                break;
+            }
+            '>' => depth -= 1,
+            ' ' if depth == 0 && split.is_none() && qualified[i..].starts_with(" as ") => {
+                split = Some(i);
+            }
+            _ => {}
+        }
+    }
+    let Some(end) = end else {
+        return false;
+    };
+    let library_type = |ty: &str| {
+        let ty = ty
+            .trim_start_matches(['&', '*'])
+            .trim_start_matches("mut ")
+            .trim();
+        library(ty) || !ty.contains("::")
+    };
+    match split {
+        Some(at) => library_type(&qualified[..at]) && library(&qualified[at + 4..end]),
+        None => library(&qualified[..end]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DUMP: &str = "heap_v2/524288
+  t*: 30: 67108864 [0: 0]
+  t0: 30: 67108864 [0: 0]
+@ 0x10 0x20 0x30
+  t*: 1: 1048576 [0: 0]
+  t0: 1: 1048576 [0: 0]
+@ 0x11 0x21
+  t*: 4: 1024 [0: 0]
+@ 0x12
+  t*: 0: 0 [0: 0]
+
+MAPPED_LIBRARIES:
+55d5b4e4b000-55d5b4e9a000 r--p 00000000 08:01 1234 /bin/app
+";
+
+    #[test]
+    fn parses_and_unbiases_like_jeprof() {
+        let parsed = parse(DUMP.as_bytes()).unwrap();
+        assert_eq!(parsed.period, 524_288);
+        assert_eq!(parsed.stacks.len(), 2, "empty stacks are skipped");
+        let big = &parsed.stacks[0];
+        assert_eq!(big.addresses, [0x10, 0x20, 0x30]);
+        // 1 MiB objects are sampled with probability 1 - e^-2.
+        let p = 1.0 - (-2.0f64).exp();
+        assert!((big.bytes - 1_048_576.0 / p).abs() < 1.0);
+        assert!((big.objects - 1.0 / p).abs() < 1e-9);
+        // 256-byte objects are rarely sampled: each sample stands for ~2048 of them.
+        let small = &parsed.stacks[1];
+        let p = 1.0 - (-(256.0f64 / 524_288.0)).exp();
+        assert!((small.objects - 4.0 / p).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bad_dumps_are_errors() {
+        assert!(parse("".as_bytes()).is_err());
+        assert!(parse("heap_v1/x\n".as_bytes()).is_err());
+        assert!(parse("heap_v2/524288\n@ 0xzz\n".as_bytes()).is_err());
+    }
+
+    #[test]
+    fn allocator_frames() {
+        for hidden in [
+            "prof_backtrace_impl",
+            "_rjem_je_prof_backtrace",
+            "_rjem_malloc",
+            "malloc",
+            "__rust_alloc",
+            "alloc::raw_vec::RawVecInner<A>::try_allocate_in",
+            "<alloc::alloc::Global as core::alloc::Allocator>::allocate",
+            "<tikv_jemallocator::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
+            "<krabka_pprof::heap::allocator::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
+            "__rustc::__rust_alloc",
+            "<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
+            "core::option::Option<T>::map_or_else",
+            "core::iter::traits::iterator::Iterator::collect",
+            "<core::iter::adapters::map::Map<I,F> as core::iter::traits::iterator::Iterator>::fold",
+            "<alloc::vec::Vec<T> as alloc::vec::spec_from_iter::SpecFromIter<T,I>>::from_iter",
+            "<[T] as alloc::slice::hack::ConvertVec>::to_vec",
+            "<&str as alloc::string::ToString>::to_string",
+        ] {
+            assert!(is_allocator_frame(hidden), "{hidden}");
+        }
+        for kept in [
+            "my_app::cache::fill",
+            "mallocation_site",
+            "std::io::read_to_end",
+            "<my_app::Cache as my_app::Fill>::fill",
+            "<my_app::Report as core::fmt::Display>::fmt",
+            "<core::option::Option<my_app::X> as my_app::Load>::load",
+            "<my_app::Name as alloc::borrow::ToOwned>::to_owned",
+            "my_app::fill_name_index::{{closure}}",
+        ] {
+            assert!(!is_allocator_frame(kept), "{kept}");
+        }
+    }
+}
