@@ -1,17 +1,26 @@
-//! One CPU profiling session at a time: the busy slot (an RAII guard owned by the
-//! request), starting the sampler, draining it while the window runs, stopping it, and
-//! building the pprof `Profile`. Everything that can take more than microseconds runs on
-//! the blocking pool.
+//! One CPU profile at a time in a process, whichever sampler takes it: the lease (an
+//! RAII guard the request owns: 409, `force=true`, freed when the client hangs up), what
+//! a request asks for and how it fails, and the choice of sampler. The request side of
+//! each sampler is its own file: `linux.rs` for this crate's (signal path in `sampler.rs`,
+//! thread table in `threads.rs`, timers in `timers.rs`, stack reads in `memory.rs`),
+//! `pprof_rs.rs` for the `pprof` crate's. Everything that can take more than microseconds
+//! runs on the blocking pool.
+//!
+//! Names: a *lease* is a request's hold on the profiler; a *slot* is the sampler's
+//! scratch memory for one signal handler; a *session* is one start-to-stop run of the
+//! sampler.
 
-// Off Unix every request is a 503: the busy state goes unused there.
-#![cfg_attr(not(unix), allow(dead_code))]
+// Without a sampler every request is a 503: the busy state goes unused there.
+#![cfg_attr(not(any(sampler, pprof_rs)), allow(dead_code))]
 
-cfg_sampler! {
-    mod memory;
-    mod sampler;
-    mod threads;
-    mod timers;
-}
+#[cfg(sampler)]
+mod memory;
+#[cfg(sampler)]
+mod sampler;
+#[cfg(sampler)]
+mod threads;
+#[cfg(sampler)]
+mod timers;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -22,7 +31,7 @@ pub(crate) use crate::proto::Profile;
 
 /// Why CPU profiles cannot be taken on this target, if they cannot: the 503's sentence
 /// and the index page's note.
-pub(crate) const UNAVAILABLE: Option<&str> = if cfg!(unix) {
+pub(crate) const UNAVAILABLE: Option<&str> = if cfg!(any(sampler, pprof_rs)) {
     None
 } else {
     Some("CPU profiling is not available on this platform: it needs Linux, macOS or another Unix")
@@ -67,12 +76,12 @@ static RELEASED: Notify = Notify::const_new();
 
 /// Holds the process's CPU profiler for one request; dropping it frees the profiler, so
 /// a client that hangs up (axum drops the handler future) frees it at once.
-pub(crate) struct CpuSlot {
+pub(crate) struct CpuLease {
     stop_early: Arc<Notify>,
 }
 
-impl CpuSlot {
-    fn try_acquire(duration: Duration) -> Result<CpuSlot, (CpuError, Arc<Notify>)> {
+impl CpuLease {
+    fn try_acquire(duration: Duration) -> Result<CpuLease, (CpuError, Arc<Notify>)> {
         let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let pid = std::process::id();
@@ -88,20 +97,20 @@ impl CpuSlot {
             ends_at: now + duration,
             stop_early: stop_early.clone(),
         });
-        Ok(CpuSlot { stop_early })
+        Ok(CpuLease { stop_early })
     }
 
     /// Takes the profiler. With `force`, a running profile is asked to stop early (its
     /// caller still gets what it sampled) and this request waits for it to let go.
-    pub(crate) async fn acquire(duration: Duration, force: bool) -> Result<CpuSlot, CpuError> {
+    pub(crate) async fn acquire(duration: Duration, force: bool) -> Result<CpuLease, CpuError> {
         let deadline = tokio::time::Instant::now() + FORCE_WAIT;
         loop {
             let released = RELEASED.notified();
             tokio::pin!(released);
             // Registered before looking, so a release in between is not missed.
             released.as_mut().enable();
-            match CpuSlot::try_acquire(duration) {
-                Ok(slot) => return Ok(slot),
+            match CpuLease::try_acquire(duration) {
+                Ok(lease) => return Ok(lease),
                 Err((busy, _)) if !force => return Err(busy),
                 Err((_, stop_early)) => {
                     stop_early.notify_one();
@@ -120,62 +129,55 @@ impl CpuSlot {
 /// its next scheduling point, then needs the blocking pool to stop the sampler.
 const FORCE_WAIT: Duration = Duration::from_secs(10);
 
-impl Drop for CpuSlot {
+impl Drop for CpuLease {
     fn drop(&mut self) {
         *RUNNING.lock().unwrap_or_else(PoisonError::into_inner) = None;
         RELEASED.notify_waiters();
     }
 }
 
-cfg_sampler! {
-    mod linux;
+#[cfg(sampler)]
+mod linux;
+#[cfg(pprof_rs)]
+pub(crate) mod pprof_rs;
 
-    /// Takes one CPU profile with this crate's sampler (or the `pprof` crate's, when the
-    /// tests chose it) and hands it to `render` on the blocking pool.
-    pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
-    where
-        F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
-        R: Send + 'static,
-    {
-        #[cfg(feature = "__pprof-rs-sampler")]
-        if pprof_rs::chosen() {
-            return pprof_rs::profile(request, render).await;
-        }
-        linux::profile(request, render).await
+/// Takes one CPU profile with this crate's sampler (or the `pprof` crate's, when the tests
+/// chose it) and hands it to `render` on the blocking pool.
+#[cfg(sampler)]
+pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
+where
+    F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
+    R: Send + 'static,
+{
+    #[cfg(pprof_rs)]
+    if pprof_rs::chosen() {
+        return pprof_rs::profile(request, render).await;
     }
+    linux::profile(request, render).await
 }
 
-cfg_pprof_rs! {
-    pub(crate) mod pprof_rs;
+#[cfg(all(pprof_rs, not(sampler)))]
+pub(crate) use pprof_rs::profile;
+
+/// Without a sampler for this target, every request is a 503.
+#[cfg(not(any(sampler, pprof_rs)))]
+pub(crate) async fn profile<R, F>(_request: CpuRequest, _render: F) -> Result<R, CpuError>
+where
+    F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
+    R: Send + 'static,
+{
+    Err(CpuError::Unavailable(UNAVAILABLE.unwrap_or(
+        "CPU profiling is not available on this platform",
+    )))
 }
 
-cfg_no_sampler! {
-    #[cfg(unix)]
-    pub(crate) use pprof_rs::profile;
-}
-
-cfg_no_sampler! {
-    /// Without a sampler for this target, every request is a 503.
-    #[cfg(not(unix))]
-    pub(crate) async fn profile<R, F>(_request: CpuRequest, _render: F) -> Result<R, CpuError>
-    where
-        F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
-        R: Send + 'static,
-    {
-        Err(CpuError::Unavailable(UNAVAILABLE.unwrap_or(
-            "CPU profiling is not available on this platform",
-        )))
-    }
-}
-
-cfg_sampler! {
-#[cfg(test)]
+#[cfg(all(test, sampler))]
 mod tests {
     use std::sync::PoisonError;
     use std::time::Duration;
 
     use super::sampler::tests::{ONE_SAMPLER, TORN_DOWN_ON};
-    use super::{CpuRequest, CpuSlot, profile};
+    use super::{CpuLease, CpuRequest, profile};
 
     #[tokio::test]
     #[expect(
@@ -198,7 +200,7 @@ mod tests {
         assert!(cancelled.is_err(), "the profile was still running");
         // The profiler is free once the sampler is gone.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while CpuSlot::try_acquire(Duration::from_secs(1)).is_err() {
+        while CpuLease::try_acquire(Duration::from_secs(1)).is_err() {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the profiler was freed"
@@ -214,5 +216,4 @@ mod tests {
             "stopping the sampler (timers, dlclose, freeing) ran on the async worker"
         );
     }
-}
 }

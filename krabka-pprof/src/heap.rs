@@ -7,11 +7,7 @@
 
 use std::time::Duration;
 
-#[cfg(not(all(
-    feature = "heap-profiling",
-    target_os = "linux",
-    not(target_env = "musl")
-)))]
+#[cfg(not(heap_dumps))]
 use crate::proto::Profile;
 
 /// Why heap profiles cannot be taken in this build, if they cannot: the 503's sentence and
@@ -62,10 +58,7 @@ pub(crate) enum HeapError {
 
 // Used only where dumps exist (the `linux` module below); compiled everywhere so that
 // its tests run on every target and without features.
-#[cfg_attr(
-    not(all(feature = "heap-profiling", target_os = "linux")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(heap_dumps), allow(dead_code))]
 mod dump;
 
 #[cfg(all(feature = "heap-profiling", not(target_env = "msvc")))]
@@ -139,11 +132,7 @@ mod allocator {
 /// defined, so either build reads this setting. `#[used]` plus the export makes rustc's
 /// synthetic object reference them, so the linker keeps them even though nothing in Rust
 /// does (jemalloc's own weak definition would otherwise win silently).
-#[cfg(all(
-    feature = "heap-profiling",
-    target_os = "linux",
-    not(target_env = "musl")
-))]
+#[cfg(heap_dumps)]
 mod conf {
     /// A C string pointer that may live in a `static`.
     #[repr(transparent)]
@@ -164,11 +153,7 @@ mod conf {
 }
 
 /// Takes one heap profile and hands it to `render` on the blocking pool.
-#[cfg(not(all(
-    feature = "heap-profiling",
-    target_os = "linux",
-    not(target_env = "musl")
-)))]
+#[cfg(not(heap_dumps))]
 pub(crate) async fn profile<R, F>(_request: HeapRequest, _render: F) -> Result<R, HeapError>
 where
     F: FnOnce(Profile) -> Result<R, HeapError> + Send + 'static,
@@ -179,18 +164,10 @@ where
     ))
 }
 
-#[cfg(all(
-    feature = "heap-profiling",
-    target_os = "linux",
-    not(target_env = "musl")
-))]
+#[cfg(heap_dumps)]
 pub(crate) use linux::profile;
 
-#[cfg(all(
-    feature = "heap-profiling",
-    target_os = "linux",
-    not(target_env = "musl")
-))]
+#[cfg(heap_dumps)]
 mod linux {
     use std::io::BufReader;
     use std::sync::atomic::Ordering;
@@ -211,7 +188,7 @@ mod linux {
     /// Holds the timed window for one request. [`finish`](Self::finish) switches sampling
     /// back off and frees the window before the response leaves; dropping it unfinished
     /// (the client hung up) does the same on the blocking pool.
-    struct WindowSlot {
+    struct WindowLease {
         finished: bool,
     }
 
@@ -221,7 +198,7 @@ mod linux {
         /// Sampling is active on its own: dump at once.
         DumpNow,
         /// Sampling is off: this request runs a window.
-        Window(WindowSlot),
+        Window(WindowLease),
     }
 
     fn plan(window: Duration) -> Result<Plan, HeapError> {
@@ -235,7 +212,7 @@ mod linux {
             return Ok(Plan::DumpNow);
         }
         *running = Some(Instant::now() + window);
-        Ok(Plan::Window(WindowSlot { finished: false }))
+        Ok(Plan::Window(WindowLease { finished: false }))
     }
 
     /// Switches sampling off (which also resets jemalloc's samples) and frees the window.
@@ -246,7 +223,7 @@ mod linux {
         *WINDOW.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
-    impl WindowSlot {
+    impl WindowLease {
         /// Ends the window; call on the blocking pool.
         fn finish(mut self) {
             self.finished = true;
@@ -254,7 +231,7 @@ mod linux {
         }
     }
 
-    impl Drop for WindowSlot {
+    impl Drop for WindowLease {
         fn drop(&mut self) {
             if self.finished {
                 return;
@@ -301,30 +278,30 @@ mod linux {
     {
         let window = request.window;
         // Deciding, taking the window and switching sampling on happen in one blocking
-        // call, and the slot exists only once sampling is on: if the client hangs up at
-        // any point, dropping the slot (here, or with the call's unread result) switches
+        // call, and the lease exists only once sampling is on: if the client hangs up at
+        // any point, dropping the lease (here, or with the call's unread result) switches
         // sampling off after it was switched on, never before.
-        let slot = match blocking(move || match plan(window)? {
+        let lease = match blocking(move || match plan(window)? {
             Plan::DumpNow => Ok(None),
-            Plan::Window(slot) => {
+            Plan::Window(lease) => {
                 let ctl = jemalloc_pprof::PROF_CTL
                     .as_ref()
                     .ok_or(HeapError::ProfilingOff)?;
                 ctl.blocking_lock().activate().map_err(|e| {
                     HeapError::Failed(format!("activating heap sampling failed: {e}"))
                 })?;
-                Ok(Some(slot))
+                Ok(Some(lease))
             }
         })
         .await?
         {
             None => return blocking(move || render(dump(Duration::ZERO)?)).await,
-            Some(slot) => slot,
+            Some(lease) => lease,
         };
         tokio::time::sleep(window).await;
         blocking(move || {
             let profile = dump(window);
-            slot.finish();
+            lease.finish();
             render(profile?)
         })
         .await

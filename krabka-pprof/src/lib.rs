@@ -32,70 +32,21 @@
 //! tokio's blocking pool, so the async workers keep serving the app, also on a
 //! `current_thread` runtime.
 
-/// Compiles the items only where this crate's own CPU sampler runs: Linux on x86_64 or
-/// aarch64. With `cfg_no_sampler!` below, the one place that condition is written, in the
-/// style of tokio's `cfg_rt!`.
-macro_rules! cfg_sampler {
-    ($($item:item)*) => {$(
-        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
-        $item
-    )*};
-}
-
-/// Compiles the items everywhere the CPU sampler does not run (see [`cfg_sampler!`]).
-macro_rules! cfg_no_sampler {
-    ($($item:item)*) => {$(
-        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
-        $item
-    )*};
-}
-
-/// Compiles the items where CPU profiles come from the `pprof` crate's sampler: every Unix
-/// system without this crate's own, and Linux with the hidden `__pprof-rs-sampler` feature
-/// (the tests prove that backend there, choosing it at run time).
-macro_rules! cfg_pprof_rs {
-    ($($item:item)*) => {$(
-        #[cfg(any(
-            all(unix, not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))),
-            all(
-                feature = "__pprof-rs-sampler",
-                all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")),
-            ),
-        ))]
-        $item
-    )*};
-}
+// The platform conditions (`sampler`, `pprof_rs`, `heap_dumps`) are named once, in
+// build.rs.
 
 mod config;
 mod cpu;
 mod heap;
 // Loaded objects and their symbols exist for the Linux sampler and heap dumps; profiles
 // are built everywhere a profile route works. Each is partly unused elsewhere.
-#[cfg_attr(
-    not(all(
-        target_os = "linux",
-        any(target_arch = "x86_64", target_arch = "aarch64")
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(sampler), allow(dead_code))]
 mod objects;
-#[cfg_attr(
-    not(all(
-        target_os = "linux",
-        any(target_arch = "x86_64", target_arch = "aarch64")
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(sampler), allow(dead_code))]
 mod profile;
 mod proto;
 mod routes;
-#[cfg_attr(
-    not(all(
-        target_os = "linux",
-        any(target_arch = "x86_64", target_arch = "aarch64")
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(sampler), allow(dead_code))]
 mod symbols;
 mod views;
 
@@ -157,11 +108,7 @@ pub mod __private {
     /// Makes this process take CPU profiles with the `pprof` crate's sampler instead of
     /// this crate's own, for the tests that prove that backend on Linux. Call it before
     /// the first profile.
-    #[cfg(all(
-        feature = "__pprof-rs-sampler",
-        target_os = "linux",
-        any(target_arch = "x86_64", target_arch = "aarch64")
-    ))]
+    #[cfg(all(sampler, pprof_rs))]
     pub fn use_pprof_rs_sampler() {
         crate::cpu::pprof_rs::choose();
     }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CpuError, CpuRequest, CpuSlot, Profile, sampler};
+use super::{CpuError, CpuLease, CpuRequest, Profile, sampler};
 
 /// Runs `f` on the blocking pool; a panic inside becomes a `Failed` error, never a crash.
 async fn blocking<T, F>(f: F) -> Result<T, CpuError>
@@ -24,23 +24,23 @@ where
 /// timers, waits for handlers and calls `dlclose`, none of which belongs on an async
 /// worker.
 ///
-/// The profiler's slot is released only after the sampler is gone, so the next request
+/// The profiler's lease is released only after the sampler is gone, so the next request
 /// never finds the sampler still stopping.
 struct Running {
     sampler: Option<Arc<sampler::Sampler>>,
-    slot: Option<CpuSlot>,
+    lease: Option<CpuLease>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let (sampler, slot) = (self.sampler.take(), self.slot.take());
-        if sampler.is_none() && slot.is_none() {
+        let (sampler, lease) = (self.sampler.take(), self.lease.take());
+        if sampler.is_none() && lease.is_none() {
             // The request finished: both were handed on.
             return;
         }
         let stop = move || {
             drop(sampler);
-            drop(slot);
+            drop(lease);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(stop)),
@@ -57,8 +57,8 @@ where
 {
     use sampler::{DRAIN_EVERY, Sampler, StartError};
 
-    let slot = CpuSlot::acquire(request.duration, request.force).await?;
-    let stop_early = slot.stop_early.clone();
+    let lease = CpuLease::acquire(request.duration, request.force).await?;
+    let stop_early = lease.stop_early.clone();
     let sampler = blocking(move || {
         Sampler::start(request.frequency, request.blocklist).map_err(|err| match err {
             // A cancelled request's sampler may still be stopping on the blocking pool.
@@ -69,16 +69,14 @@ where
                 "another SIGPROF handler is installed in this process (another profiler?); \
                  stop it, or remove it, to take CPU profiles here",
             ),
-            StartError::System(call, error) => {
-                CpuError::Failed(format!("{call} failed: {error}"))
-            }
+            StartError::System(call, error) => CpuError::Failed(format!("{call} failed: {error}")),
         })
     })
     .await?;
     // Shared with the drains, which run on the blocking pool like the rest of the work.
     let mut running = Running {
         sampler: Some(Arc::new(sampler)),
-        slot: Some(slot),
+        lease: Some(lease),
     };
     let deadline = tokio::time::Instant::now() + request.duration;
     let mut drain =
@@ -109,10 +107,10 @@ where
             "a drain of the sampler did not finish".into(),
         ));
     };
-    let slot = running.slot.take();
+    let lease = running.lease.take();
     let (rendered, report) = blocking(move || {
         let collected = sampler.stop();
-        drop(slot);
+        drop(lease);
         let report = collected.report.clone();
         let (profile, capped) = report_profile(collected);
         Ok((render(profile), (report, capped)))
@@ -267,9 +265,8 @@ fn report_profile(collected: sampler::Collected) -> (Profile, bool) {
         ));
     }
     if report.handler_replaced {
-        comments.push(
-            "another SIGPROF handler replaced this profiler's during the window".to_owned(),
-        );
+        comments
+            .push("another SIGPROF handler replaced this profiler's during the window".to_owned());
     }
     comments.push(format!(
         "signal handler: median {} ns, p99 {} ns per sample, {:.1} frames on average",

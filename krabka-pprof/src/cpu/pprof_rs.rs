@@ -3,7 +3,7 @@
 //! (the hidden `__pprof-rs-sampler` feature), so that this file is proven without a Mac.
 //!
 //! Every HTTP rule is the same as with the Linux sampler, because the request's shape is:
-//! the busy token first ([`CpuSlot`]: 409, `force=true`), start and stop on the blocking
+//! the busy token first ([`CpuLease`]: 409, `force=true`), start and stop on the blocking
 //! pool, a client that hangs up stops the sampler there and then frees the token. What
 //! differs is what the `pprof` crate measures: `setitimer(ITIMER_PROF)`, one timer for
 //! the process's CPU time whose signal the kernel hands to a running thread, and stacks
@@ -15,26 +15,28 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use pprof::{ProfilerGuard, ProfilerGuardBuilder, Report};
 
-use super::{CpuError, CpuRequest, CpuSlot, Profile};
+use super::{CpuError, CpuLease, CpuRequest, Profile};
 use crate::objects::Objects;
 use crate::profile::{Frame, LabelValue, Meta, Named, ProfileBuilder};
 
-cfg_sampler! {
-    use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(sampler)]
+use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// Whether this process takes CPU profiles with the `pprof` crate's sampler instead of
-    /// this crate's own. Set by the tests only, before the first profile.
-    static CHOSEN: AtomicBool = AtomicBool::new(false);
+/// Whether this process takes CPU profiles with the `pprof` crate's sampler instead of
+/// this crate's own. Set by the tests only, before the first profile.
+#[cfg(sampler)]
+static CHOSEN: AtomicBool = AtomicBool::new(false);
 
-    /// From now on, CPU profiles in this process use the `pprof` crate's sampler.
-    pub(crate) fn choose() {
-        CHOSEN.store(true, Ordering::Relaxed);
-    }
+/// From now on, CPU profiles in this process use the `pprof` crate's sampler.
+#[cfg(sampler)]
+pub(crate) fn choose() {
+    CHOSEN.store(true, Ordering::Relaxed);
+}
 
-    /// Whether [`choose`] was called.
-    pub(crate) fn chosen() -> bool {
-        CHOSEN.load(Ordering::Relaxed)
-    }
+/// Whether [`choose`] was called.
+#[cfg(sampler)]
+pub(crate) fn chosen() -> bool {
+    CHOSEN.load(Ordering::Relaxed)
 }
 
 /// Runs `f` on the blocking pool; a panic inside becomes a `Failed` error, never a crash.
@@ -52,19 +54,19 @@ where
 /// freed, so the next request never finds the `pprof` crate's profiler still running.
 struct Running {
     guard: Option<ProfilerGuard<'static>>,
-    slot: Option<CpuSlot>,
+    lease: Option<CpuLease>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let (guard, slot) = (self.guard.take(), self.slot.take());
-        if guard.is_none() && slot.is_none() {
+        let (guard, lease) = (self.guard.take(), self.lease.take());
+        if guard.is_none() && lease.is_none() {
             // The request finished: both were handed on.
             return;
         }
         let stop = move || {
             drop(guard);
-            drop(slot);
+            drop(lease);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(stop)),
@@ -79,8 +81,8 @@ where
     F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
     R: Send + 'static,
 {
-    let slot = CpuSlot::acquire(request.duration, request.force).await?;
-    let stop_early = slot.stop_early.clone();
+    let lease = CpuLease::acquire(request.duration, request.force).await?;
+    let stop_early = lease.stop_early.clone();
     let CpuRequest {
         frequency,
         blocklist,
@@ -90,13 +92,13 @@ where
     tracing::Span::current().record("stack_reader", "the pprof crate's sampler");
     let mut running = Running {
         guard: Some(guard),
-        slot: Some(slot),
+        lease: Some(lease),
     };
     tokio::select! {
         () = tokio::time::sleep(request.duration) => {}
         () = stop_early.notified() => {}
     }
-    let (guard, slot) = (running.guard.take(), running.slot.take());
+    let (guard, lease) = (running.guard.take(), running.lease.take());
     blocking(move || {
         let Some(guard) = guard else {
             return Err(CpuError::Failed("the sampler was gone".into()));
@@ -104,7 +106,7 @@ where
         // The report is read while the timer still runs: the crate clears it on stop.
         let report = guard.report().build();
         drop(guard);
-        drop(slot);
+        drop(lease);
         let report = report
             .map_err(|err| CpuError::Failed(format!("the pprof crate's report failed: {err}")))?;
         render(report_profile(&report, frequency))
@@ -132,16 +134,14 @@ fn start(frequency: u32, blocklist: &[&str]) -> Result<ProfilerGuard<'static>, C
         target_arch = "loongarch64"
     )))]
     let _ = blocklist;
-    builder
-        .build()
-        .map_err(|err| match err {
-            // Someone else in the process (the app itself?) runs the crate's profiler.
-            pprof::Error::Running => CpuError::Unavailable(
-                "the pprof crate's CPU profiler is already running in this process (started \
+    builder.build().map_err(|err| match err {
+        // Someone else in the process (the app itself?) runs the crate's profiler.
+        pprof::Error::Running => CpuError::Unavailable(
+            "the pprof crate's CPU profiler is already running in this process (started \
                  by the application?); stop it to take CPU profiles here",
-            ),
-            err => CpuError::Failed(format!("the pprof crate's profiler did not start: {err}")),
-        })
+        ),
+        err => CpuError::Failed(format!("the pprof crate's profiler did not start: {err}")),
+    })
 }
 
 /// The pprof profile of a finished report: `samples/count` and `cpu/nanoseconds`, one

@@ -1,0 +1,23 @@
+//! Names this crate's platform conditions once, so the source says `#[cfg(sampler)]`
+//! instead of repeating what it means (in the spirit of tokio's `cfg_rt!`, but usable in
+//! `cfg_attr` and `cfg!` too).
+
+fn main() {
+    cfg_aliases::cfg_aliases! {
+        // This crate's own CPU sampler (per-thread timers, framehop): Linux on x86_64 and
+        // aarch64.
+        sampler: {
+            all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))
+        },
+        // The `pprof` crate's CPU sampler: every other Unix system, and Linux with the
+        // hidden feature the tests build it with.
+        pprof_rs: {
+            any(all(unix, not(sampler)), all(sampler, feature = "__pprof-rs-sampler"))
+        },
+        // jemalloc heap dumps: Linux with glibc (musl's jemalloc would walk stacks by frame
+        // pointers and crash), with the `heap-profiling` feature.
+        heap_dumps: {
+            all(feature = "heap-profiling", target_os = "linux", not(target_env = "musl"))
+        },
+    }
+}
