@@ -1,0 +1,175 @@
+//! Reading profiles: gunzip and decode with `pprof::protos`, stacks by function name,
+//! totals, the split check, comments, the sampled window, and `go tool pprof -top`.
+
+use std::io::Read as _;
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use pprof::protos::Message as _;
+
+use crate::{Profile, temp_path};
+
+/// Gunzips and decodes a profile body, failing with a clear message if it is not one.
+pub fn decode(body: &[u8]) -> Profile {
+    assert!(
+        body.starts_with(&[0x1f, 0x8b]),
+        "the body is not gzip: {:?}",
+        String::from_utf8_lossy(&body[..body.len().min(200)])
+    );
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_end(&mut raw)
+        .expect("the gzip stream is complete");
+    Profile::decode(raw.as_slice()).expect("the body is a pprof Profile")
+}
+
+pub fn string(profile: &Profile, index: i64) -> &str {
+    &profile.string_table[usize::try_from(index).expect("a string index")]
+}
+
+/// Reads a whole document with an XML parser, failing the test on any error.
+pub fn assert_valid_xml(document: &str) {
+    let mut reader = quick_xml::Reader::from_str(document);
+    loop {
+        match reader.read_event() {
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(_) => {}
+            Err(err) => panic!("invalid XML at byte {}: {err}", reader.buffer_position()),
+        }
+    }
+}
+
+/// `(type, unit)` of each sample value.
+pub fn sample_types(profile: &Profile) -> Vec<(String, String)> {
+    profile
+        .sample_type
+        .iter()
+        .map(|t| {
+            (
+                string(profile, t.ty).to_owned(),
+                string(profile, t.unit).to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Function names of every sample's stack, leaf first, with the sample's values.
+pub fn stacks(profile: &Profile) -> Vec<(Vec<String>, Vec<i64>)> {
+    profile
+        .sample
+        .iter()
+        .map(|sample| {
+            let names = sample
+                .location_id
+                .iter()
+                .flat_map(|id| {
+                    let location = profile
+                        .location
+                        .iter()
+                        .find(|l| l.id == *id)
+                        .expect("every sample location exists");
+                    location.line.iter().map(|line| {
+                        let function = profile
+                            .function
+                            .iter()
+                            .find(|f| f.id == line.function_id)
+                            .expect("every line's function exists");
+                        string(profile, function.name).to_owned()
+                    })
+                })
+                .collect();
+            (names, sample.value.clone())
+        })
+        .collect()
+}
+
+/// The sum of one value column over all samples.
+pub fn total(profile: &Profile, column: usize) -> i64 {
+    profile.sample.iter().map(|s| s.value[column]).sum()
+}
+
+/// The sum of `column` over samples whose stack contains a function matching `name`.
+pub fn total_in(profile: &Profile, column: usize, name: &str) -> i64 {
+    stacks(profile)
+        .iter()
+        .filter(|(stack, _)| stack.iter().any(|f| f.contains(name)))
+        .map(|(_, values)| values[column])
+        .sum()
+}
+
+/// Checks that a profile splits the samples of three functions as their own CPU clocks
+/// did (`measured`, nanoseconds): each share within 3 points. `nominal` is what the
+/// workload was built to give, within `workload_tolerance` points, so that a workload
+/// gone lopsided fails as such. Returns the samples of each function.
+pub fn assert_split(
+    profile: &Profile,
+    functions: [&str; 3],
+    measured: [f64; 3],
+    nominal: [f64; 3],
+    workload_tolerance: f64,
+) -> [i64; 3] {
+    let parts = functions.map(|f| total_in(profile, 0, f));
+    let sum: i64 = parts.iter().sum();
+    assert!(
+        sum > 2000,
+        "{sum} samples in the workload: too few to judge a split"
+    );
+    eprintln!("split of {functions:?}: {parts:?} of {sum} samples; measured CPU {measured:?} ns");
+    let measured_sum: f64 = measured.iter().sum();
+    for ((part, truth), nominal) in parts.iter().zip(measured).zip(nominal) {
+        let share = *part as f64 * 100.0 / sum as f64;
+        let expected = truth * 100.0 / measured_sum;
+        assert!(
+            (expected - nominal).abs() <= workload_tolerance,
+            "the workload itself is off: {expected:.1}% where about {nominal}% was meant"
+        );
+        assert!(
+            (share - expected).abs() <= 3.0,
+            "the profile says {share:.1}%, the CPU clock {expected:.1}% ({parts:?} of {sum} samples)"
+        );
+    }
+    parts
+}
+
+/// Runs `go tool pprof -top` on a profile body and returns its output.
+pub fn go_pprof_top(body: &[u8]) -> String {
+    let path = temp_path("profile.pb.gz");
+    std::fs::write(&path, body).expect("write the profile");
+    let output = Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=1000"])
+        .arg(&path)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .unwrap_or_else(|err| {
+            panic!(
+                "cannot run `go tool pprof` ({err}); install Go (Debian: apt-get install golang-go) \
+                 or run the tests through scripts/test, which does"
+            )
+        });
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "go tool pprof failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// The profile's comments, as `go tool pprof -comments` prints them.
+pub fn comments(profile: &Profile) -> Vec<&str> {
+    profile
+        .comment
+        .iter()
+        .map(|index| string(profile, *index))
+        .collect()
+}
+
+/// The wall-clock window a profile says it sampled.
+pub fn profile_window(profile: &Profile) -> (SystemTime, SystemTime) {
+    let start = SystemTime::UNIX_EPOCH + Duration::from_nanos(profile.time_nanos as u64);
+    (
+        start,
+        start + Duration::from_nanos(profile.duration_nanos as u64),
+    )
+}

@@ -1,0 +1,297 @@
+//! Servers the tests talk to: [`TestServer`] (the app on its own thread and runtime) and
+//! [`ChildServer`] (the `test_child` binary, for what must happen in another process),
+//! loopback clients, raw HTTP for exact scraper requests, and the temp files and timers
+//! the child tests wait on.
+
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+
+use crate::choose_sampler;
+
+/// A server on its own thread and runtime, so the test's runtime cannot help it along.
+/// Shut down and joined on drop.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The runtime a [`TestServer`] runs on.
+#[derive(Clone, Copy, Debug)]
+pub enum Flavor {
+    CurrentThread,
+    MultiThread,
+}
+
+impl TestServer {
+    /// Serves `make_router()` on a multi-threaded runtime.
+    pub fn start(make_router: impl FnOnce() -> Router + Send + 'static) -> TestServer {
+        TestServer::start_on(Flavor::MultiThread, make_router)
+    }
+
+    /// Serves `make_router()` on a runtime of the given flavour.
+    pub fn start_on(
+        flavor: Flavor,
+        make_router: impl FnOnce() -> Router + Send + 'static,
+    ) -> TestServer {
+        choose_sampler();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("test-server-{flavor:?}"))
+            .spawn(move || {
+                let runtime = match flavor {
+                    Flavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+                    Flavor::MultiThread => {
+                        let mut b = tokio::runtime::Builder::new_multi_thread();
+                        b.worker_threads(2);
+                        b
+                    }
+                }
+                .enable_all()
+                .build()
+                .expect("a tokio runtime");
+                runtime.block_on(async move {
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .expect("bind 127.0.0.1:0");
+                    addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                    axum::serve(listener, make_router())
+                        .with_graceful_shutdown(async {
+                            let _ = shutdown_rx.await;
+                        })
+                        .await
+                        .expect("serve");
+                });
+            })
+            .expect("spawn the server thread");
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server reports its address");
+        TestServer {
+            addr,
+            shutdown: Some(shutdown_tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            // A profile still in flight finishes within its (bounded) window.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A `test_child serve…` process (see `src/bin/test_child.rs`), killed on drop. `exe` is
+/// `env!("CARGO_BIN_EXE_test_child")`, which only integration tests can name.
+pub struct ChildServer {
+    child: std::process::Child,
+    pub addr: SocketAddr,
+    /// Where its stderr goes, for [`ChildServer::start_logged`].
+    log: Option<PathBuf>,
+}
+
+impl ChildServer {
+    /// Starts `exe mode` with `MALLOC_CONF` and `_RJEM_MALLOC_CONF` removed, then `env`
+    /// applied (`None` removes a variable).
+    pub fn start(exe: &str, mode: &str, env: &[(&str, Option<&str>)]) -> ChildServer {
+        ChildServer::spawn(exe, mode, env, None)
+    }
+
+    /// Like [`start`](Self::start), with the child's stderr kept for [`log`](Self::log).
+    pub fn start_logged(exe: &str, mode: &str, env: &[(&str, Option<&str>)]) -> ChildServer {
+        ChildServer::spawn(exe, mode, env, Some(temp_path("child.log")))
+    }
+
+    /// What the child wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.log
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the child is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn spawn(
+        exe: &str,
+        mode: &str,
+        env: &[(&str, Option<&str>)],
+        log: Option<PathBuf>,
+    ) -> ChildServer {
+        use std::io::BufRead as _;
+        let mut command = Command::new(exe);
+        if let Some(log) = &log {
+            command.stderr(std::fs::File::create(log).expect("create the child's log"));
+        }
+        command
+            .arg(mode)
+            .env_remove("MALLOC_CONF")
+            .env_remove("_RJEM_MALLOC_CONF")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        for (key, value) in env {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        let mut child = command.spawn().expect("start test_child");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("addr=")
+            .expect("test_child prints addr=")
+            .parse()
+            .unwrap();
+        ChildServer { child, addr, log }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(log) = &self.log {
+            let _ = std::fs::remove_file(log);
+        }
+    }
+}
+
+/// Runs `exe mode` to its end (killed after `limit`), returning its exit status and stdout.
+pub fn run_child(exe: &str, mode: &str, limit: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(exe)
+        .arg(mode)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start test_child");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for test_child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, reader.join().unwrap())
+}
+
+/// Sends `request` (a full HTTP/1.1 request with `Connection: close`) on a new connection
+/// and returns the status, the headers (lowercased names) and the body. For tests that
+/// must send exactly what a scraper sends.
+pub async fn raw_request(addr: SocketAddr, request: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    parse_response(&raw)
+}
+
+/// Splits a raw `Content-Length` HTTP/1.1 response.
+pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete header");
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let mut lines = head.lines();
+    let status = lines.next().unwrap()[9..12].parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    assert!(
+        !headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")),
+        "these tests read Content-Length bodies"
+    );
+    (status, headers, raw[end + 4..].to_vec())
+}
+
+/// A client for loopback: no proxy from the environment, no transparent decompression,
+/// a timeout well above any profile the tests request.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// Like [`client`], but every request opens a new connection, so that requests reach the
+/// server in the order they were sent (a pooled connection would overtake a new one).
+pub fn unpooled_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// A fresh file path under the system temp dir.
+pub fn temp_path(name: &str) -> PathBuf {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "krabka-pprof-test-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Waits until process `pid` has a POSIX timer (the sampler has armed its timers), for at
+/// most 10 s; false if it never does. Reads `/proc/PID/timers`, which lists them.
+pub fn wait_for_timers(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
+        if timers.lines().any(|line| line.starts_with("ID:")) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
