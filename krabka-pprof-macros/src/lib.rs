@@ -8,6 +8,9 @@ mod duration;
 mod expand;
 mod rules;
 
+#[cfg(test)]
+mod properties;
+
 use proc_macro::TokenStream;
 
 /// Adds Go-compatible pprof endpoints to the `axum::Router` a function builds.

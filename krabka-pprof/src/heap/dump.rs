@@ -60,6 +60,9 @@ pub(super) fn parse(reader: impl std::io::BufRead) -> Result<Parsed, String> {
                 .and_then(|n| n.parse().ok())
                 .ok_or("objects")?;
             let bytes: f64 = numbers.next().and_then(|n| n.parse().ok()).ok_or("bytes")?;
+            if !objects.is_finite() || !bytes.is_finite() {
+                return Err(format!("counts that are not numbers in {line:?}"));
+            }
             if objects <= 0.0 || bytes <= 0.0 {
                 continue;
             }
@@ -169,6 +172,8 @@ fn is_core_or_alloc(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     const DUMP: &str = "heap_v2/524288
@@ -203,11 +208,64 @@ MAPPED_LIBRARIES:
         assert!((small.objects - 4.0 / p).abs() < 1e-6);
     }
 
+    /// A dump's lines, jemalloc's and not: headers, stacks, counts of every kind (huge,
+    /// negative, not numbers), the library section, and anything at all.
+    fn dump_lines() -> impl Strategy<Value = String> {
+        let number = prop_oneof![
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|n| n.to_string()),
+            prop::sample::select(vec!["NaN", "inf", "-inf", "-1", "0", "1e308", "", "x"])
+                .prop_map(str::to_owned),
+        ];
+        let line = prop_oneof![
+            number.clone().prop_map(|n| format!("heap_v2/{n}")),
+            prop::collection::vec(any::<u64>(), 0..4).prop_map(|addresses| {
+                let hex: Vec<String> = addresses.iter().map(|a| format!("0x{a:x}")).collect();
+                format!("@ {}", hex.join(" "))
+            }),
+            (number.clone(), number).prop_map(|(o, b)| format!("  t*: {o}: {b} [0: 0]")),
+            Just("MAPPED_LIBRARIES:".to_owned()),
+            any::<String>(),
+        ];
+        prop::collection::vec(line, 0..12).prop_map(|lines| lines.join("\n"))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn any_text_is_a_dump_or_an_error_never_a_panic(
+            text in prop_oneof![
+                dump_lines(),
+                dump_lines().prop_map(|lines| format!("heap_v2/524288\n{lines}")),
+                any::<String>(),
+            ]
+        ) {
+            if let Ok(parsed) = parse(text.as_bytes()) {
+                for stack in &parsed.stacks {
+                    prop_assert!(
+                        stack.objects.is_finite() && stack.objects > 0.0,
+                        "{stack:?} from {text:?}"
+                    );
+                    prop_assert!(
+                        stack.bytes.is_finite() && stack.bytes > 0.0,
+                        "{stack:?} from {text:?}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_dumps_are_errors() {
         assert!(parse("".as_bytes()).is_err());
         assert!(parse("heap_v1/x\n".as_bytes()).is_err());
         assert!(parse("heap_v2/524288\n@ 0xzz\n".as_bytes()).is_err());
+        assert!(parse("heap_v2/524288\n@ 0x10\nt*: NaN: 1 [0: 0]\n".as_bytes()).is_err());
     }
 
     #[test]
