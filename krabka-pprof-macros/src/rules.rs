@@ -11,7 +11,12 @@
 //! `fail/blocklist_empty_name`, `fail/prefix_without_leading_slash`,
 //! `fail/prefix_with_trailing_slash`, `fail/prefix_with_capture`,
 //! `fail/token_env_not_a_variable_name`, `fail/all_value_errors_at_once`,
-//! `pass/every_key_at_its_bounds` and `pass/cpu_max_below_builtin_default`.
+//! `fail/cpu_default_below_one_second`, `fail/heap_max_above_one_hour`,
+//! `fail/heap_default_above_heap_max`, `fail/prefix_with_empty_segment`,
+//! `fail/prefix_with_colon_segment`,
+//! `pass/every_key_at_its_bounds` and `pass/cpu_max_below_builtin_default`; and
+//! `src/properties.rs` checks, value by value, that these rules accept exactly what
+//! `validate` accepts.
 //!
 //! Rules the runtime has no twin for (value types, keys, heap keys only with `heap = true`)
 //! stay in `args.rs`.

@@ -552,16 +552,8 @@ mod tests {
         for c in (0..=0x10ffff).filter_map(char::from_u32) {
             let mut utf8 = [0u8; 4];
             let encoded = c.encode_utf8(&mut utf8).as_bytes();
-            assert_eq!(
-                char_at(encoded, 0),
-                (u32::from(c), encoded.len()),
-                "{c:?}"
-            );
-            assert_eq!(
-                is_whitespace(u32::from(c)),
-                c.is_whitespace(),
-                "{c:?}"
-            );
+            assert_eq!(char_at(encoded, 0), (u32::from(c), encoded.len()), "{c:?}");
+            assert_eq!(is_whitespace(u32::from(c)), c.is_whitespace(), "{c:?}");
             assert_eq!(is_control(u32::from(c)), c.is_control(), "{c:?}");
         }
     }

@@ -35,6 +35,23 @@ impl Captured {
     }
 }
 
+/// Whether the log line carries `field` (`name=value`) as a whole field: `seconds=1` is
+/// not found in `seconds=10` nor in `seconds_requested=1`.
+fn has_field(line: &str, field: &str) -> bool {
+    line.split([' ', '{', '}', ','])
+        .map(|token| token.trim_end_matches(':'))
+        .any(|token| token == field)
+}
+
+#[test]
+fn a_field_is_matched_whole() {
+    let line = "pprof{route=/debug/pprof/profile seconds_requested=1 seconds=10}: served";
+    assert!(has_field(line, "seconds=10"));
+    assert!(has_field(line, "route=/debug/pprof/profile"));
+    assert!(!has_field(line, "seconds=1"));
+    assert!(has_field(line, "seconds_requested=1"));
+}
+
 #[tokio::test]
 async fn spans_and_refusals() {
     // SAFETY: this binary's only test sets the variable before it starts any thread of
@@ -70,13 +87,14 @@ async fn spans_and_refusals() {
     for field in [
         "route=/debug/pprof/profile",
         "seconds_requested=1",
-        "seconds=1",
+        // The window actually granted, in seconds (a float: it may be clamped or cut).
+        "seconds=1.0",
         "frequency=50",
         "format=\"pprof\"",
         &format!("bytes={}", body.len()),
         "outcome=\"ok\"",
     ] {
-        assert!(line.contains(field), "missing {field} in {line}");
+        assert!(has_field(line, field), "missing {field} in {line}");
     }
     assert!(line.contains(" INFO "), "{line}");
     let samples: i64 = line
