@@ -1,7 +1,8 @@
 //! A separate process for tests that need a fresh environment at startup, or that change
 //! what a process can do: it reports jemalloc's configuration (`test_child config`), or
 //! serves on 127.0.0.1 until its stdin closes an app with heap profiling (`serve`), one
-//! whose routes need the bearer token in `KRABKA_PPROF_TEST_TOKEN` (`serve-token`), or a
+//! whose routes need the bearer token in `KRABKA_PPROF_TEST_TOKEN` (`serve-token`; with a
+//! guard admitting `X-Internal: yes` too, `serve-token-guard`), or a
 //! CPU-profiling app with a busy thread, logging to stderr (`serve-cpu`; with
 //! `KRABKA_TEST_SECCOMP=eperm|kill` it first installs a seccomp filter against
 //! `process_vm_readv`, with `KRABKA_TEST_FOREIGN_HANDLER=1` another `SIGPROF` handler, and
@@ -27,6 +28,21 @@ fn app() -> Router {
 
 #[pprof_routes(token_env = "KRABKA_PPROF_TEST_TOKEN", cpu_max = "10s", heap = true)]
 fn token_app() -> Router {
+    Router::new().route("/", get(|| async { "child" }))
+}
+
+/// Admits requests that say they come from inside (`X-Internal: yes`).
+fn internal_only(parts: &axum::http::request::Parts) -> bool {
+    parts.headers.get("x-internal").is_some_and(|v| v == "yes")
+}
+
+#[pprof_routes(
+    token_env = "KRABKA_PPROF_TEST_TOKEN",
+    guard = internal_only,
+    heap = true,
+    cpu_max = "10s"
+)]
+fn token_guard_app() -> Router {
     Router::new().route("/", get(|| async { "child" }))
 }
 
@@ -216,6 +232,7 @@ fn main() {
         }
         Some("serve") => serve(app()),
         Some("serve-token") => serve(token_app()),
+        Some("serve-token-guard") => serve(token_guard_app()),
         Some("serve-cpu") => {
             match std::env::var("KRABKA_TEST_SECCOMP").as_deref() {
                 Ok("eperm") => install_seccomp(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
@@ -286,7 +303,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: test_child config|serve|serve-token|serve-cpu|exec-during-profile|\
+                "usage: test_child config|serve|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
                  fork-profile|spin"
             );
             std::process::exit(2);

@@ -1,6 +1,6 @@
-//! `token_env`: bearer tokens checked in constant time before anything else; an unset
-//! variable locks the routes (503), never opens them. Run in a child process, whose
-//! environment at startup the test chooses.
+//! `token_env`: bearer tokens checked in constant time before anything else (the guard
+//! included); an unset variable locks the routes (503), never opens them. Run in a child
+//! process, whose environment at startup the test chooses.
 
 use krabka_pprof_tests::{ChildServer, client, decode, raw_request};
 use reqwest::StatusCode;
@@ -101,5 +101,64 @@ async fn an_unset_token_variable_locks_the_routes() {
             let text = response.text().await.unwrap();
             assert!(text.contains("locked") && text.contains(VAR), "{text}");
         }
+    }
+}
+
+/// Token and guard together: the token is checked first, so a stranger learns nothing of
+/// the guard (401, never 403); a holder of the token still needs the guard's consent;
+/// with both, every route answers, and the index page says which rules are in force.
+#[tokio::test]
+async fn with_a_token_and_a_guard_the_token_is_checked_first() {
+    let child = ChildServer::start(CHILD, "serve-token-guard", &[(VAR, Some("s3cret-token"))]);
+    let http = client();
+    let get = |token: Option<&str>, internal: bool| {
+        let mut request = http.get(child.url("/debug/pprof/"));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if internal {
+            request = request.header("x-internal", "yes");
+        }
+        request.send()
+    };
+    for internal in [false, true] {
+        for token in [None, Some("wrong")] {
+            let refused = get(token, internal).await.unwrap();
+            assert_eq!(
+                refused.status(),
+                StatusCode::UNAUTHORIZED,
+                "token {token:?}, internal {internal}: the token first"
+            );
+        }
+    }
+    let forbidden = get(Some("s3cret-token"), false).await.unwrap();
+    assert_eq!(forbidden.status(), StatusCode::FORBIDDEN);
+    assert!(forbidden.text().await.unwrap().contains("guard"));
+
+    let index = get(Some("s3cret-token"), true).await.unwrap();
+    assert_eq!(index.status(), StatusCode::OK);
+    let html = index.text().await.unwrap();
+    for said in [
+        "bearer token from <code>KRABKA_PPROF_TEST_TOKEN</code>, and a guard function",
+        "<code>heap</code>",
+        "<code>allocs</code>",
+        "on (<code>/heap</code>, <code>/allocs</code>)",
+    ] {
+        assert!(html.contains(said), "the index page says {said:?}:\n{html}");
+    }
+    assert!(!html.contains("s3cret"), "the index never shows the token");
+    let heap = http
+        .get(child.url("/debug/pprof/heap"))
+        .bearer_auth("s3cret-token")
+        .header("x-internal", "yes")
+        .send()
+        .await
+        .unwrap();
+    if cfg!(target_env = "musl") {
+        // Past both checks, the heap route's own answer: it needs glibc.
+        assert_eq!(heap.status(), StatusCode::SERVICE_UNAVAILABLE);
+    } else {
+        assert_eq!(heap.status(), StatusCode::OK);
+        decode(&heap.bytes().await.unwrap());
     }
 }

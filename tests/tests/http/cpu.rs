@@ -77,11 +77,12 @@ async fn profile_is_gzipped_pprof_with_the_hot_function() {
         "{in_burner} samples for {burned:?} of burner CPU at 99 Hz (expected about {expected:.0})"
     );
     let samples = total(&profile, 0) as f64;
-    // cpu/nanoseconds is samples × period, up to a nanosecond of rounding per sample.
-    let (count, cpu) = (total(&profile, 0), total(&profile, 1));
+    // cpu/nanoseconds is CPU time: the burner's, by its own clock, within 20%.
+    let burner_nanos = total_in(&profile, 1, "Burner") as f64;
+    let truth = burned.as_nanos() as f64;
     assert!(
-        (cpu - count * profile.period).abs() <= count,
-        "{cpu} ns for {count} samples"
+        (burner_nanos - truth).abs() <= truth * 0.2,
+        "cpu/nanoseconds says {burner_nanos} ns in the burner, its clock {burned:?}"
     );
 
     let hot = total_in(&profile, 0, "krabka_hot_spin") as f64;
@@ -354,6 +355,37 @@ async fn the_profile_names_its_sampler_threads_and_mappings() {
             location.address,
             mapping.memory_start,
             mapping.memory_limit
+        );
+        // What Parca and `go tool pprof` match binaries and addresses by: the build ID
+        // (the linker's 20-byte GNU one, as hex), and the file offset of memory_start, as
+        // the kernel maps it.
+        let build_id = string(&profile, mapping.build_id);
+        assert!(
+            build_id.len() == 40 && build_id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "build ID {build_id:?}"
+        );
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let exe = exe.to_string_lossy();
+        let (range, offset) = maps
+            .lines()
+            .filter(|line| line.ends_with(&*exe))
+            .find_map(|line| {
+                let mut fields = line.split_whitespace();
+                let (start, end) = fields.next()?.split_once('-')?;
+                let start = u64::from_str_radix(start, 16).ok()?;
+                let end = u64::from_str_radix(end, 16).ok()?;
+                let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
+                (start..end)
+                    .contains(&location.address)
+                    .then_some((start..end, offset))
+            })
+            .expect("the kernel maps the hot address from this binary");
+        assert!(range.start <= mapping.memory_start && mapping.memory_limit <= range.end);
+        assert_eq!(
+            mapping.file_offset,
+            offset + (mapping.memory_start - range.start),
+            "file_offset of memory_start {:#x}, as /proc/self/maps maps it",
+            mapping.memory_start
         );
     }
     if pprof_rs {
