@@ -190,6 +190,9 @@ mod linux {
     /// (the client hung up) does the same on the blocking pool.
     struct WindowLease {
         finished: bool,
+        /// When sampling was switched on: the profile's `time_nanos`, and its
+        /// `duration_nanos` measured from here to the dump.
+        started: Option<(Instant, SystemTime)>,
     }
 
     /// What a request gets to do, decided under the window lock so that no request can
@@ -212,7 +215,10 @@ mod linux {
             return Ok(Plan::DumpNow);
         }
         *running = Some(Instant::now() + window);
-        Ok(Plan::Window(WindowLease { finished: false }))
+        Ok(Plan::Window(WindowLease {
+            finished: false,
+            started: None,
+        }))
     }
 
     /// Switches sampling off (which also resets jemalloc's samples) and frees the window.
@@ -283,32 +289,34 @@ mod linux {
         // sampling off after it was switched on, never before.
         let lease = match blocking(move || match plan(window)? {
             Plan::DumpNow => Ok(None),
-            Plan::Window(lease) => {
+            Plan::Window(mut lease) => {
                 let ctl = jemalloc_pprof::PROF_CTL
                     .as_ref()
                     .ok_or(HeapError::ProfilingOff)?;
                 ctl.blocking_lock().activate().map_err(|e| {
                     HeapError::Failed(format!("activating heap sampling failed: {e}"))
                 })?;
+                lease.started = Some((Instant::now(), SystemTime::now()));
                 Ok(Some(lease))
             }
         })
         .await?
         {
-            None => return blocking(move || render(dump(Duration::ZERO)?)).await,
+            None => return blocking(move || render(dump(None)?)).await,
             Some(lease) => lease,
         };
         tokio::time::sleep(window).await;
         blocking(move || {
-            let profile = dump(window);
+            let profile = dump(lease.started);
             lease.finish();
             render(profile?)
         })
         .await
     }
 
-    /// Dumps jemalloc's samples and builds the profile.
-    fn dump(window: Duration) -> Result<Profile, HeapError> {
+    /// Dumps jemalloc's samples and builds the profile; `window` is when this request's
+    /// window switched sampling on, if it did.
+    fn dump(window: Option<(Instant, SystemTime)>) -> Result<Profile, HeapError> {
         let ctl = jemalloc_pprof::PROF_CTL
             .as_ref()
             .ok_or(HeapError::ProfilingOff)?;
@@ -321,7 +329,7 @@ mod linux {
         Ok(build(&parsed, window))
     }
 
-    fn build(parsed: &Parsed, window: Duration) -> Profile {
+    fn build(parsed: &Parsed, window: Option<(Instant, SystemTime)>) -> Profile {
         let objects = Objects::current();
         let mut builder = ProfileBuilder::new(&objects);
         for stack in &parsed.stacks {
@@ -337,7 +345,13 @@ mod linux {
                 Vec::new(),
             );
         }
-        let time_nanos = SystemTime::now()
+        // A window's profile covers the window, as measured; a dump of sampling that was
+        // already on is an instant.
+        let (duration, time) = window
+            .map_or((Duration::ZERO, SystemTime::now()), |(started, at)| {
+                (started.elapsed(), at)
+            });
+        let time_nanos = time
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
         builder.finish(
@@ -346,7 +360,7 @@ mod linux {
                 period_type: ("space", "bytes"),
                 period: parsed.period as i64,
                 time_nanos,
-                duration_nanos: window.as_nanos() as i64,
+                duration_nanos: duration.as_nanos() as i64,
                 default_sample_type: Some("inuse_space"),
                 comments: Vec::new(),
             },

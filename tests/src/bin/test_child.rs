@@ -1,6 +1,7 @@
 //! A separate process for tests that need a fresh environment at startup, or that change
 //! what a process can do: it reports jemalloc's configuration (`test_child config`), or
-//! serves on 127.0.0.1 until its stdin closes an app with heap profiling (`serve`), one
+//! serves on 127.0.0.1 until its stdin closes an app with heap profiling (`serve`; `GET
+//! /keep` allocates and keeps 16 MiB more), one
 //! whose routes need the bearer token in `KRABKA_PPROF_TEST_TOKEN` (`serve-token`; with a
 //! guard admitting `X-Internal: yes` too, `serve-token-guard`), or a
 //! CPU-profiling app with a busy thread, logging to stderr (`serve-cpu`; with
@@ -23,7 +24,24 @@ static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;
 
 #[pprof_routes(heap = true, heap_default = "2s", heap_max = "5s")]
 fn app() -> Router {
-    Router::new().route("/", get(|| async { "child" }))
+    Router::new().route("/", get(|| async { "child" })).route(
+        "/keep",
+        get(|| async { format!("{} MiB kept", keep_16_mib_in_child()) }),
+    )
+}
+
+/// Memory the heap tests find in a profile, or not, depending on when it was allocated.
+static KEPT: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
+/// Allocates 16 MiB in 1 MiB blocks and keeps them for the life of the process: 32 of
+/// jemalloc's 512 KiB sampling periods, so sampled for certain while sampling is active.
+#[inline(never)]
+fn keep_16_mib_in_child() -> usize {
+    let mut kept = KEPT.lock().unwrap();
+    for _ in 0..16 {
+        kept.push(std::hint::black_box(vec![7u8; 1 << 20]));
+    }
+    kept.len()
 }
 
 #[pprof_routes(token_env = "KRABKA_PPROF_TEST_TOKEN", cpu_max = "10s", heap = true)]

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use krabka_pprof_tests::{ChildServer, client, decode};
+use krabka_pprof_tests::{ChildServer, client, decode, total_in};
 use reqwest::StatusCode;
 
 const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
@@ -99,7 +99,13 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
             response
         }
     };
-    let (a, b) = tokio::join!(request("a"), request("b"));
+    // During the window, the app keeps 16 MiB: the window's profile must show it.
+    let keep = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let kept = http.get(child.url("/keep")).send().await.unwrap();
+        assert_eq!(kept.status(), StatusCode::OK);
+    };
+    let ((a, b), ()) = tokio::join!(async { tokio::join!(request("a"), request("b")) }, keep);
     let first = order_rx.recv().await.unwrap();
     let (ok, refused, refused_name) = match (a.status(), b.status()) {
         (StatusCode::OK, StatusCode::CONFLICT) => (a, b, "b"),
@@ -121,19 +127,43 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
             .contains("heap sampling window")
     );
     let profile = decode(&ok.bytes().await.unwrap());
-    assert_eq!(
+    // Measured from the moment sampling was switched on to the dump, not echoed.
+    assert!(
+        (2_000_000_000..2_500_000_000).contains(&profile.duration_nanos),
+        "the window lasted {} ns",
+        profile.duration_nanos
+    );
+    assert_ne!(
         profile.duration_nanos, 2_000_000_000,
-        "the window is reported"
+        "measured, not echoed"
     );
     assert!(started.elapsed() >= Duration::from_secs(2));
+    let kept = total_in(&profile, 1, "keep_16_mib_in_child");
+    assert!(
+        kept >= 8 << 20,
+        "the 16 MiB kept during the window: {kept} bytes in its profile"
+    );
 
-    // The window is free again: the next request gets its own.
+    // The window is free again, and sampling off: the next request gets a window of its
+    // own, in which the memory kept during the first is not sampled (switching sampling
+    // off reset jemalloc's samples).
     let again = http
         .get(child.url("/debug/pprof/heap?seconds=1"))
         .send()
         .await
         .unwrap();
     assert_eq!(again.status(), StatusCode::OK);
+    let again = decode(&again.bytes().await.unwrap());
+    assert!(
+        again.duration_nanos >= 1_000_000_000,
+        "a window, not a dump of sampling left on: {} ns",
+        again.duration_nanos
+    );
+    assert_eq!(
+        total_in(&again, 1, "keep_16_mib_in_child"),
+        0,
+        "the first window's samples outlived it"
+    );
 }
 
 #[tokio::test]
@@ -166,8 +196,10 @@ async fn a_client_that_hangs_up_during_a_window_leaves_sampling_off() {
     };
     assert_eq!(response.status(), StatusCode::OK);
     let profile = decode(&response.bytes().await.unwrap());
-    assert_eq!(
-        profile.duration_nanos, 1_000_000_000,
-        "sampling was left on by a client that hung up"
+    // A dump of sampling left on would be an instant (duration 0).
+    assert!(
+        profile.duration_nanos >= 1_000_000_000,
+        "sampling was left on by a client that hung up: {} ns",
+        profile.duration_nanos
     );
 }
