@@ -1,0 +1,318 @@
+//! Query parsing: each route's parameters read once, defaulted and clamped to the
+//! configured bounds, with a message that says what to send when one is wrong. Pure
+//! functions of the query string and the config, so every rule is unit-tested here.
+
+use std::time::Duration;
+
+use crate::config::{MAX_FREQUENCY, MIN_FREQUENCY, ProfilingConfig};
+
+/// A `/profile` request after defaults and clamping.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct CpuQuery {
+    pub(crate) duration: Duration,
+    pub(crate) seconds_requested: Option<u64>,
+    pub(crate) frequency: u32,
+    pub(crate) format: Format,
+    pub(crate) force: bool,
+}
+
+impl CpuQuery {
+    /// `seconds`: missing → `cpu_default`, `0` → 1 s, above `cpu_max` → `cpu_max`; anything
+    /// that is not a non-negative integer is an error. `frequency`: 1 ..= 1000 Hz, default
+    /// the configured one. `force`: `true` stops a running profile early. Unknown
+    /// parameters are ignored, as Go ignores them (`debug`, `gc`).
+    pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
+        let params = Params::parse(query)?;
+        let format = Format::from_params(&params)?;
+        let (duration, seconds_requested) =
+            window(&params, config.cpu_default(), config.cpu_max())?;
+        let frequency = match params.get("frequency") {
+            None => config.frequency(),
+            Some(text) => parse_frequency(text)?,
+        };
+        let force = match params.get("force") {
+            None | Some("false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(other) => {
+                return Err(format!("`force` must be true or false, found {other:?}"));
+            }
+        };
+        Ok(CpuQuery {
+            duration,
+            seconds_requested,
+            frequency,
+            format,
+            force,
+        })
+    }
+}
+
+fn parse_frequency(text: &str) -> Result<u32, String> {
+    let message = || {
+        format!(
+            "`frequency` must be a whole number of Hz from {MIN_FREQUENCY} to {MAX_FREQUENCY}, \
+             such as ?frequency=99, found {text:?}"
+        )
+    };
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(message());
+    }
+    match text.parse::<u32>() {
+        Ok(hz) if (MIN_FREQUENCY..=MAX_FREQUENCY).contains(&hz) => Ok(hz),
+        _ => Err(message()),
+    }
+}
+
+/// A `/heap` or `/allocs` request after defaults and clamping.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct HeapQuery {
+    /// The sampling window, used only if sampling is not already active.
+    pub(crate) window: Duration,
+    pub(crate) seconds_requested: Option<u64>,
+    pub(crate) format: Format,
+}
+
+impl HeapQuery {
+    /// `seconds` (used only when sampling is not already active): missing →
+    /// `heap_default`, `0` → 1 s, above `heap_max` → `heap_max`.
+    pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
+        let params = Params::parse(query)?;
+        let format = Format::from_params(&params)?;
+        let (window, seconds_requested) =
+            window(&params, config.heap_default(), config.heap_max())?;
+        Ok(HeapQuery {
+            window,
+            seconds_requested,
+            format,
+        })
+    }
+}
+
+/// The `?format=` views of a profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Gzipped pprof protobuf, what `go tool pprof` and the scrapers read.
+    Pprof,
+    /// A flamegraph, SVG.
+    #[cfg_attr(not(feature = "flamegraph"), allow(dead_code))]
+    Svg,
+    /// A `go tool pprof -top`-style table.
+    Text,
+}
+
+impl Format {
+    #[cfg(feature = "flamegraph")]
+    const VALID: &'static str = "pprof (the default), svg or text";
+    #[cfg(not(feature = "flamegraph"))]
+    const VALID: &'static str =
+        "pprof (the default) or text (svg needs krabka-pprof's `flamegraph` feature)";
+
+    fn from_params(params: &Params) -> Result<Format, String> {
+        match params.get("format") {
+            None | Some("pprof" | "proto") => Ok(Format::Pprof),
+            Some("text" | "top") => Ok(Format::Text),
+            Some("svg" | "flamegraph") if cfg!(feature = "flamegraph") => Ok(Format::Svg),
+            Some(other) => Err(format!(
+                "`format` must be {}, found {other:?}",
+                Format::VALID
+            )),
+        }
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Format::Pprof => "pprof",
+            Format::Svg => "svg",
+            Format::Text => "text",
+        }
+    }
+}
+
+/// The query parameters this crate reads, each at most once. Others are ignored, as Go
+/// ignores them (`debug`, `gc`), so generic tooling keeps working.
+struct Params(Vec<(&'static str, String)>);
+
+impl Params {
+    const KNOWN: &'static [&'static str] = &["seconds", "format", "frequency", "force"];
+
+    fn parse(query: Option<&str>) -> Result<Params, String> {
+        let mut found: Vec<(&'static str, String)> = Vec::new();
+        for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            let Some(known) = Self::KNOWN.iter().find(|k| **k == key) else {
+                continue;
+            };
+            if found.iter().any(|(k, _)| k == known) {
+                return Err(format!("`{known}` is given more than once; send it once"));
+            }
+            found.push((known, value.into_owned()));
+        }
+        Ok(Params(found))
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The `seconds` window: missing → `default`, `0` → 1 s, above `max` → `max`. Also the
+/// number asked for, for the logs.
+fn window(
+    params: &Params,
+    default: Duration,
+    max: Duration,
+) -> Result<(Duration, Option<u64>), String> {
+    let max_secs = max.as_secs();
+    let requested = params
+        .get("seconds")
+        .map(|text| parse_seconds(text, max_secs))
+        .transpose()?;
+    let duration = match requested {
+        None => default,
+        Some(seconds) => Duration::from_secs(seconds.clamp(1, max_secs)),
+    };
+    Ok((duration.min(max), requested))
+}
+
+/// A whole, non-negative number of seconds.
+fn parse_seconds(text: &str, max_secs: u64) -> Result<u64, String> {
+    let hint = format!(
+        "`seconds` must be a whole number of seconds such as ?seconds=30 (0 means 1, above {max_secs} means {max_secs})"
+    );
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{hint}, found {text:?}"));
+    }
+    text.parse::<u64>().map_err(|_| {
+        format!("{hint}, found {text:?}, which is too large to be a number of seconds")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(query: &str) -> Result<CpuQuery, String> {
+        CpuQuery::parse(Some(query), &ProfilingConfig::new())
+    }
+
+    fn secs(query: &str) -> u64 {
+        parse(query).unwrap().duration.as_secs()
+    }
+
+    #[test]
+    fn seconds_clamping() {
+        assert_eq!(
+            CpuQuery::parse(None, &ProfilingConfig::new())
+                .unwrap()
+                .duration
+                .as_secs(),
+            30
+        );
+        assert_eq!(secs(""), 30);
+        assert_eq!(secs("debug=1"), 30, "unknown parameters are ignored");
+        assert_eq!(secs("seconds=0"), 1);
+        assert_eq!(secs("seconds=1"), 1);
+        assert_eq!(secs("seconds=59"), 59);
+        assert_eq!(secs("seconds=60"), 60);
+        assert_eq!(secs("seconds=61"), 60);
+        assert_eq!(secs("seconds=18446744073709551615"), 60);
+        assert_eq!(parse("seconds=61").unwrap().seconds_requested, Some(61));
+    }
+
+    #[test]
+    fn bad_seconds() {
+        for bad in [
+            "abc",
+            "-1",
+            "1.5",
+            "",
+            "+5",
+            "5s",
+            " 5",
+            "0x10",
+            "18446744073709551616",
+        ] {
+            let err = parse(&format!("seconds={bad}")).unwrap_err();
+            assert!(err.contains("whole number of seconds"), "{bad}: {err}");
+        }
+        assert!(
+            parse("seconds=1&seconds=2")
+                .unwrap_err()
+                .contains("more than once")
+        );
+    }
+
+    #[test]
+    fn clamping_follows_the_config() {
+        let config = ProfilingConfig::new()
+            .with_cpu_default(Duration::from_secs(5))
+            .with_cpu_max(Duration::from_secs(7));
+        let q = |s: &str| {
+            CpuQuery::parse(Some(s), &config)
+                .unwrap()
+                .duration
+                .as_secs()
+        };
+        assert_eq!(q(""), 5);
+        assert_eq!(q("seconds=100"), 7);
+        assert_eq!(q("seconds=0"), 1);
+    }
+
+    #[test]
+    fn frequency_and_force() {
+        assert_eq!(parse("").unwrap().frequency, 99);
+        assert_eq!(parse("frequency=1").unwrap().frequency, 1);
+        assert_eq!(parse("frequency=1000").unwrap().frequency, 1000);
+        for bad in ["0", "1001", "-5", "x", "", "99.5"] {
+            let err = parse(&format!("frequency={bad}")).unwrap_err();
+            assert!(err.contains("from 1 to 1000"), "{bad}: {err}");
+        }
+        assert!(!parse("").unwrap().force);
+        assert!(parse("force=true").unwrap().force);
+        assert!(parse("force=1").unwrap().force);
+        assert!(!parse("force=false").unwrap().force);
+        assert!(
+            parse("force=yes")
+                .unwrap_err()
+                .contains("`force` must be true or false")
+        );
+    }
+
+    #[test]
+    fn heap_window_clamping() {
+        let config = ProfilingConfig::new().with_heap(true);
+        let w = |q: &str| HeapQuery::parse(Some(q), &config).unwrap().window.as_secs();
+        assert_eq!(w(""), 10);
+        assert_eq!(w("seconds=0"), 1);
+        assert_eq!(w("seconds=30"), 30);
+        assert_eq!(w("seconds=31"), 30);
+        assert!(HeapQuery::parse(Some("seconds=-2"), &config).is_err());
+        assert_eq!(
+            HeapQuery::parse(Some("format=text"), &config)
+                .unwrap()
+                .format,
+            Format::Text
+        );
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(parse("").unwrap().format, Format::Pprof);
+        assert_eq!(parse("format=text").unwrap().format, Format::Text);
+        let err = parse("format=pdf").unwrap_err();
+        assert!(
+            err.starts_with("`format` must be pprof (the default)"),
+            "{err}"
+        );
+        assert!(err.ends_with("found \"pdf\""), "{err}");
+        #[cfg(feature = "flamegraph")]
+        assert_eq!(parse("format=svg").unwrap().format, Format::Svg);
+        assert!(
+            parse("format=text&format=pprof")
+                .unwrap_err()
+                .contains("more than once")
+        );
+    }
+}
