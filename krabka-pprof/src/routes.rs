@@ -1,15 +1,14 @@
 //! The HTTP contract: the builders, the route table, and the handlers that run each
-//! request in one `tracing` span, access first. Its rooms: [`access`] (token and guard),
-//! [`query`] (parameters, defaults, clamping), [`response`] (what is sent back).
+//! request in one `tracing` span, access first, and hand each profile to `crate::views`.
+//! Its rooms: [`access`] (token and guard), [`query`] (parameters, defaults, clamping),
+//! [`response`] (what is sent back).
 
 mod access;
 mod query;
 mod response;
 
-use std::io::Write as _;
 use std::sync::Arc;
 
-use crate::proto::Profile;
 use axum::Router;
 use axum::extract::Request;
 use axum::http::header;
@@ -19,8 +18,8 @@ use axum::routing::get;
 use tracing::{Instrument as _, field};
 
 use self::access::Access;
-use self::query::{CpuQuery, Format, HeapQuery};
-use self::response::{View, ViewBody, bad_request, busy, failed, redirect, unavailable};
+use self::query::{CpuQuery, HeapQuery};
+use self::response::{bad_request, busy, failed, redirect, unavailable};
 use crate::config::{ConfigError, ProfilingConfig};
 use crate::cpu::{self, CpuError, CpuRequest};
 use crate::heap::{self, HeapError, HeapRequest};
@@ -168,10 +167,10 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     let format = query.format;
     let subtitle = format!("{} s at {} Hz", query.duration.as_secs(), query.frequency);
     let rendered = cpu::profile(request, move |profile| {
-        render(&profile, format, "CPU", &subtitle).map_err(CpuError::Failed)
+        views::render(&profile, format, "CPU", &subtitle).map_err(CpuError::Failed)
     });
     match rendered.await {
-        Ok(view) => view.into_response("profile"),
+        Ok(view) => response::view(view, "profile"),
         Err(CpuError::Busy { retry_after }) => {
             span.record("outcome", "busy");
             tracing::debug!("refused: a CPU profile is already running");
@@ -212,11 +211,11 @@ async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
             } else {
                 "live memory, sampled since the process started".to_owned()
             };
-            render(&profile, format, "Heap in use", &subtitle).map_err(HeapError::Failed)
+            views::render(&profile, format, "Heap in use", &subtitle).map_err(HeapError::Failed)
         },
     );
     match rendered.await {
-        Ok(view) => view.into_response("heap"),
+        Ok(view) => response::view(view, "heap"),
         Err(HeapError::Busy { retry_after }) => {
             span.record("outcome", "busy");
             tracing::debug!("refused: a timed heap window is already running");
@@ -244,41 +243,6 @@ async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
             "heap profiling failed: {reason}; retry the request"
         )),
     }
-}
-
-/// Renders `profile` as `format`; runs on the blocking pool.
-fn render(profile: &Profile, format: Format, title: &str, subtitle: &str) -> Result<View, String> {
-    let samples = profile
-        .sample
-        .iter()
-        .map(|s| s.value.first().copied().unwrap_or(0))
-        .sum();
-    let body = match format {
-        Format::Pprof => ViewBody::Pprof(gzip_profile(profile)?),
-        Format::Text => ViewBody::Text(views::top_table(profile, views::TOP_ROWS)),
-        #[cfg(feature = "flamegraph")]
-        Format::Svg => ViewBody::Svg(views::flamegraph(profile, title, subtitle)?),
-        #[cfg(not(feature = "flamegraph"))]
-        Format::Svg => {
-            let _ = (title, subtitle);
-            return Err("flamegraphs are compiled out".to_owned());
-        }
-    };
-    Ok(View { body, samples })
-}
-
-/// Encodes and gzips a profile the way Go serves it (fastest level: the payload is small
-/// and the time is better spent elsewhere).
-fn gzip_profile(profile: &Profile) -> Result<Vec<u8>, String> {
-    use crate::proto::Message as _;
-    let encoded = profile.encode_to_vec();
-    let mut gz = flate2::write::GzEncoder::new(
-        Vec::with_capacity(encoded.len() / 2 + 64),
-        flate2::Compression::fast(),
-    );
-    gz.write_all(&encoded)
-        .and_then(|()| gz.finish())
-        .map_err(|e| format!("could not gzip the profile: {e}"))
 }
 
 /// The index page: every route this app serves, the settings in force, ready links.

@@ -1,12 +1,90 @@
-//! Human views of a decoded profile: the text top table (`go tool pprof -top`'s columns)
-//! and the flamegraph SVG (inferno, the engine behind the `pprof` crate's and
-//! jemalloc_pprof's flamegraphs). Pure functions over `crate::proto::Profile`, shared
-//! by the CPU and heap routes.
+//! Every view of the profiling routes, pure functions that know nothing of HTTP:
+//! [`render`] turns a decoded `crate::proto::Profile` into the `?format=` asked for (the
+//! gzipped pprof that `go tool pprof` and scrapers read, the text top table with
+//! `go tool pprof -top`'s columns, or the flamegraph SVG drawn by inferno, the engine
+//! behind the `pprof` crate's and jemalloc_pprof's flamegraphs), shared by the CPU and
+//! heap routes; [`index_html`] is the index page listing the routes and settings.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::proto::Profile;
+
+/// The `?format=` views of a profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Gzipped pprof protobuf, what `go tool pprof` and the scrapers read.
+    Pprof,
+    /// A flamegraph, SVG.
+    #[cfg_attr(not(feature = "flamegraph"), allow(dead_code))]
+    Svg,
+    /// A `go tool pprof -top`-style table.
+    Text,
+}
+
+impl Format {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Format::Pprof => "pprof",
+            Format::Svg => "svg",
+            Format::Text => "text",
+        }
+    }
+}
+
+/// A rendered view, ready to send, and how many samples it holds.
+pub(crate) struct View {
+    pub(crate) body: ViewBody,
+    pub(crate) samples: i64,
+}
+
+pub(crate) enum ViewBody {
+    Pprof(Vec<u8>),
+    #[cfg_attr(not(feature = "flamegraph"), allow(dead_code))]
+    Svg(String),
+    Text(String),
+}
+
+/// Renders `profile` as `format`; runs on the blocking pool.
+pub(crate) fn render(
+    profile: &Profile,
+    format: Format,
+    title: &str,
+    subtitle: &str,
+) -> Result<View, String> {
+    let samples = profile
+        .sample
+        .iter()
+        .map(|s| s.value.first().copied().unwrap_or(0))
+        .sum();
+    let body = match format {
+        Format::Pprof => ViewBody::Pprof(gzip_profile(profile)?),
+        Format::Text => ViewBody::Text(top_table(profile, TOP_ROWS)),
+        #[cfg(feature = "flamegraph")]
+        Format::Svg => ViewBody::Svg(flamegraph(profile, title, subtitle)?),
+        #[cfg(not(feature = "flamegraph"))]
+        Format::Svg => {
+            let _ = (title, subtitle);
+            return Err("flamegraphs are compiled out".to_owned());
+        }
+    };
+    Ok(View { body, samples })
+}
+
+/// Encodes and gzips a profile the way Go serves it (fastest level: the payload is small
+/// and the time is better spent elsewhere).
+fn gzip_profile(profile: &Profile) -> Result<Vec<u8>, String> {
+    use crate::proto::Message as _;
+    use std::io::Write as _;
+    let encoded = profile.encode_to_vec();
+    let mut gz = flate2::write::GzEncoder::new(
+        Vec::with_capacity(encoded.len() / 2 + 64),
+        flate2::Compression::fast(),
+    );
+    gz.write_all(&encoded)
+        .and_then(|()| gz.finish())
+        .map_err(|e| format!("could not gzip the profile: {e}"))
+}
 
 /// How many functions the text view lists.
 pub(crate) const TOP_ROWS: usize = 30;

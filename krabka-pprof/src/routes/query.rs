@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::config::{MAX_FREQUENCY, MIN_FREQUENCY, ProfilingConfig};
+use crate::views::Format;
 
 /// A `/profile` request after defaults and clamping.
 #[derive(Debug, PartialEq, Eq)]
@@ -23,7 +24,7 @@ impl CpuQuery {
     /// parameters are ignored, as Go ignores them (`debug`, `gc`).
     pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
         let params = Params::parse(query)?;
-        let format = Format::from_params(&params)?;
+        let format = parse_format(&params)?;
         let (duration, seconds_requested) =
             window(&params, config.cpu_default(), config.cpu_max())?;
         let frequency = match params.get("frequency") {
@@ -77,7 +78,7 @@ impl HeapQuery {
     /// `heap_default`, `0` → 1 s, above `heap_max` → `heap_max`.
     pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
         let params = Params::parse(query)?;
-        let format = Format::from_params(&params)?;
+        let format = parse_format(&params)?;
         let (window, seconds_requested) =
             window(&params, config.heap_default(), config.heap_max())?;
         Ok(HeapQuery {
@@ -88,43 +89,18 @@ impl HeapQuery {
     }
 }
 
-/// The `?format=` views of a profile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Format {
-    /// Gzipped pprof protobuf, what `go tool pprof` and the scrapers read.
-    Pprof,
-    /// A flamegraph, SVG.
-    #[cfg_attr(not(feature = "flamegraph"), allow(dead_code))]
-    Svg,
-    /// A `go tool pprof -top`-style table.
-    Text,
-}
-
-impl Format {
+/// `format`: which view of the profile to send.
+fn parse_format(params: &Params) -> Result<Format, String> {
     #[cfg(feature = "flamegraph")]
-    const VALID: &'static str = "pprof (the default), svg or text";
+    const VALID: &str = "pprof (the default), svg or text";
     #[cfg(not(feature = "flamegraph"))]
-    const VALID: &'static str =
+    const VALID: &str =
         "pprof (the default) or text (svg needs krabka-pprof's `flamegraph` feature)";
-
-    fn from_params(params: &Params) -> Result<Format, String> {
-        match params.get("format") {
-            None | Some("pprof" | "proto") => Ok(Format::Pprof),
-            Some("text" | "top") => Ok(Format::Text),
-            Some("svg" | "flamegraph") if cfg!(feature = "flamegraph") => Ok(Format::Svg),
-            Some(other) => Err(format!(
-                "`format` must be {}, found {other:?}",
-                Format::VALID
-            )),
-        }
-    }
-
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Format::Pprof => "pprof",
-            Format::Svg => "svg",
-            Format::Text => "text",
-        }
+    match params.get("format") {
+        None | Some("pprof" | "proto") => Ok(Format::Pprof),
+        Some("text" | "top") => Ok(Format::Text),
+        Some("svg" | "flamegraph") if cfg!(feature = "flamegraph") => Ok(Format::Svg),
+        Some(other) => Err(format!("`format` must be {VALID}, found {other:?}")),
     }
 }
 

@@ -8,6 +8,8 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 
+use crate::views::{View, ViewBody};
+
 /// A response with the headers every answer with a body carries: its type, `nosniff` (no
 /// browser may guess another) and `no-store` (a profile is one moment, never to be cached).
 fn answer(status: StatusCode, content_type: &'static str, body: Body) -> Response {
@@ -23,48 +25,34 @@ fn answer(status: StatusCode, content_type: &'static str, body: Body) -> Respons
     response
 }
 
-/// A rendered view, ready to send, and how many samples it holds.
-pub(super) struct View {
-    pub(super) body: ViewBody,
-    pub(super) samples: i64,
-}
-
-pub(super) enum ViewBody {
-    Pprof(Vec<u8>),
-    #[cfg_attr(not(feature = "flamegraph"), allow(dead_code))]
-    Svg(String),
-    Text(String),
-}
-
-impl View {
-    pub(super) fn into_response(self, filename: &'static str) -> Response {
-        let span = tracing::Span::current();
-        span.record("samples", self.samples);
-        let (content_type, body): (&'static str, Body) = match self.body {
-            ViewBody::Pprof(bytes) => {
-                span.record("bytes", bytes.len());
-                span.record("outcome", "ok");
-                tracing::info!("profile served");
-                return pprof_response(bytes, filename);
-            }
-            ViewBody::Svg(svg) => ("image/svg+xml", svg.into()),
-            ViewBody::Text(text) => ("text/plain; charset=utf-8", text.into()),
-        };
-        let mut response = answer(StatusCode::OK, content_type, body);
-        // inferno's SVG scripts its own zoom and search; nothing may load from elsewhere.
-        response.headers_mut().insert(
-            header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static(
-                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
-            ),
-        );
-        if let Some(length) = axum::body::HttpBody::size_hint(response.body()).exact() {
-            span.record("bytes", length);
+/// 200 with a rendered view: pprof as Go sends it, or the text or SVG view.
+pub(super) fn view(view: View, filename: &'static str) -> Response {
+    let span = tracing::Span::current();
+    span.record("samples", view.samples);
+    let (content_type, body): (&'static str, Body) = match view.body {
+        ViewBody::Pprof(bytes) => {
+            span.record("bytes", bytes.len());
+            span.record("outcome", "ok");
+            tracing::info!("profile served");
+            return pprof_response(bytes, filename);
         }
-        span.record("outcome", "ok");
-        tracing::info!("profile served");
-        response
+        ViewBody::Svg(svg) => ("image/svg+xml", svg.into()),
+        ViewBody::Text(text) => ("text/plain; charset=utf-8", text.into()),
+    };
+    let mut response = answer(StatusCode::OK, content_type, body);
+    // inferno's SVG scripts its own zoom and search; nothing may load from elsewhere.
+    response.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+        ),
+    );
+    if let Some(length) = axum::body::HttpBody::size_hint(response.body()).exact() {
+        span.record("bytes", length);
     }
+    span.record("outcome", "ok");
+    tracing::info!("profile served");
+    response
 }
 
 /// 200 with a gzipped pprof body, as Go's `net/http/pprof` sends it.
