@@ -20,23 +20,15 @@
 //!
 //! # The HTTP contract
 //!
-//! `GET {prefix}/profile?seconds=N` samples the process's CPU for `N` seconds (missing:
-//! `cpu_default`; `0`: 1 s; above `cpu_max`: `cpu_max`) and answers 200 with a gzipped
-//! pprof `Profile`, `Content-Type: application/octet-stream`. Errors are
-//! `text/plain` with `X-Go-Pprof: 1` and one sentence saying what to do: 400 for a bad
-//! query, 409 with `Retry-After` while another CPU profile runs, 500 if the profiler
-//! fails.
-//!
-//! Only one CPU profile runs at a time in a process. A client that disconnects frees the
-//! profiler at once. Starting, stopping, symbolizing, encoding and compressing run on
-//! tokio's blocking pool, so the async workers keep serving the app, also on a
-//! `current_thread` runtime.
+#![doc = include_str!("../docs/http.md")]
 
 // The platform conditions (`sampler`, `pprof_rs`, `heap_dumps`) are named once, in
 // build.rs.
 
 mod config;
 mod cpu;
+#[cfg(test)]
+mod docs;
 mod heap;
 // Loaded objects and their symbols exist for the Linux sampler and heap dumps; profiles
 // are built everywhere a profile route works. Each is partly unused elsewhere.
