@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use axum::http::request::Parts;
 
+mod chars;
+use chars::{char_at, is_control, is_whitespace};
+
 /// Decides whether a request may reach the profiling routes: `true` admits it, `false`
 /// answers 403 before any profiler work. Set with `guard = path::to::fn` in the attribute
 /// or [`ProfilingConfig::with_guard`].
@@ -294,51 +297,6 @@ const fn is_blank(text: &str) -> bool {
     true
 }
 
-/// The code point starting at byte `i` of `bytes` (valid UTF-8, from a `&str`), and its
-/// length in bytes: `str::chars` for a `const fn`.
-const fn char_at(bytes: &[u8], i: usize) -> (u32, usize) {
-    let first = bytes[i] as u32;
-    let (mut c, len) = if first < 0x80 {
-        (first, 1)
-    } else if first < 0xe0 {
-        (first & 0x1f, 2)
-    } else if first < 0xf0 {
-        (first & 0x0f, 3)
-    } else {
-        (first & 0x07, 4)
-    };
-    let mut k = 1;
-    while k < len {
-        c = (c << 6) | (bytes[i + k] as u32 & 0x3f);
-        k += 1;
-    }
-    (c, len)
-}
-
-/// `char::is_whitespace` (Unicode's `White_Space`), for a `const fn` on every supported
-/// Rust version: the macro's rules use the `char` method, and both must agree.
-const fn is_whitespace(c: u32) -> bool {
-    matches!(
-        c,
-        0x09..=0x0d
-            | 0x20
-            | 0x85
-            | 0xa0
-            | 0x1680
-            | 0x2000..=0x200a
-            | 0x2028
-            | 0x2029
-            | 0x202f
-            | 0x205f
-            | 0x3000
-    )
-}
-
-/// `char::is_control` (Unicode's `Cc`), for a `const fn`.
-const fn is_control(c: u32) -> bool {
-    matches!(c, 0x00..=0x1f | 0x7f..=0x9f)
-}
-
 const fn prefix_problem(prefix: &str) -> Option<&'static str> {
     let bytes = prefix.as_bytes();
     if bytes.is_empty() || bytes[0] != b'/' {
@@ -547,17 +505,6 @@ impl std::error::Error for ConfigError {}
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_const_character_classes_are_the_char_methods() {
-        for c in (0..=0x10ffff).filter_map(char::from_u32) {
-            let mut utf8 = [0u8; 4];
-            let encoded = c.encode_utf8(&mut utf8).as_bytes();
-            assert_eq!(char_at(encoded, 0), (u32::from(c), encoded.len()), "{c:?}");
-            assert_eq!(is_whitespace(u32::from(c)), c.is_whitespace(), "{c:?}");
-            assert_eq!(is_control(u32::from(c)), c.is_control(), "{c:?}");
-        }
-    }
-
     use super::*;
 
     const S: fn(u64) -> Duration = Duration::from_secs;

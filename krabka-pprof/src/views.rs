@@ -625,7 +625,7 @@ pub(crate) mod tests {
         }
         // On the crate's own targets and features (this test runs with and without
         // `heap-profiling`), the heap note follows the feature.
-        if cfg!(target_os = "linux") {
+        if cfg!(all(target_os = "linux", not(target_env = "musl"))) {
             assert_eq!(
                 crate::heap::UNAVAILABLE.is_some(),
                 !cfg!(feature = "heap-profiling")
