@@ -67,11 +67,16 @@ pub(super) fn parse(reader: impl std::io::BufRead) -> Result<Parsed, String> {
                 continue;
             }
             let ratio = (bytes / objects) / period as f64;
-            let scale = 1.0 / (1.0 - (-ratio).exp());
+            // 1 - e^-ratio, exact for tiny ratios too (where 1 - exp() rounds to 0).
+            let probability = -(-ratio).exp_m1();
+            let (objects, bytes) = (objects / probability, bytes / probability);
+            if !objects.is_finite() || !bytes.is_finite() {
+                return Err(format!("counts out of range in {line:?}"));
+            }
             stacks.push(HeapStack {
                 addresses,
-                objects: objects * scale,
-                bytes: bytes * scale,
+                objects,
+                bytes,
             });
         }
     }
@@ -266,6 +271,13 @@ MAPPED_LIBRARIES:
         assert!(parse("heap_v1/x\n".as_bytes()).is_err());
         assert!(parse("heap_v2/524288\n@ 0xzz\n".as_bytes()).is_err());
         assert!(parse("heap_v2/524288\n@ 0x10\nt*: NaN: 1 [0: 0]\n".as_bytes()).is_err());
+        // A tiny ratio: 1 - exp(-x) rounds to 0 (an infinite weight); exp_m1 does not.
+        let tiny = "heap_v2/524288\n@ 0x10\nt*: 1: 1e-12 [0: 0]\n";
+        let parsed = parse(tiny.as_bytes()).unwrap();
+        assert!((parsed.stacks[0].bytes - 524_288.0).abs() < 1.0);
+        // So tiny that the weight overflows all the same: an error, not infinity.
+        let tinier = "heap_v2/524288\n@ 0x10\nt*: 1: 1e-310 [0: 0]\n";
+        assert!(parse(tinier.as_bytes()).is_err());
     }
 
     #[test]

@@ -395,7 +395,7 @@ async fn the_profile_names_its_sampler_threads_and_mappings() {
             .find(|line| line.function_id == hot_function.id)
             .unwrap();
         assert!(
-            string(&profile, hot_function.filename).ends_with("tests/src/lib.rs"),
+            string(&profile, hot_function.filename).ends_with("tests/src/hot.rs"),
             "the hot function's file: {:?}",
             string(&profile, hot_function.filename)
         );
