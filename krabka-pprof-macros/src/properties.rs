@@ -38,22 +38,14 @@ fn config() -> ProptestConfig {
 /// One balanced piece of an argument list: keys valid and not, punctuation, literals of
 /// every kind, arrays, paths.
 fn fragment() -> impl Strategy<Value = String> {
-    let keys = prop::sample::select(vec![
-        "cpu_default",
-        "cpu_max",
-        "frequency",
-        "blocklist",
-        "heap",
-        "heap_default",
-        "heap_max",
-        "prefix",
-        "guard",
-        "token_env",
-        "crate",
-        "seconds",
-        "Frequency",
-        "r#heap",
-    ])
+    // Every key the attribute knows, and a few it does not.
+    let keys = prop::sample::select(
+        crate::args::KEYS
+            .iter()
+            .copied()
+            .chain(["seconds", "Frequency", "r#heap"])
+            .collect::<Vec<_>>(),
+    )
     .prop_map(str::to_owned);
     prop_oneof![
         keys,

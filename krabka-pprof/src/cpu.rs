@@ -136,6 +136,46 @@ impl Drop for CpuLease {
     }
 }
 
+/// Runs `f` on the blocking pool; a panic inside becomes a `Failed` error, never a crash.
+#[cfg(any(sampler, pprof_rs))]
+async fn blocking<T, F>(f: F) -> Result<T, CpuError>
+where
+    F: FnOnce() -> Result<T, CpuError> + Send + 'static,
+    T: Send + 'static,
+{
+    crate::on_blocking_pool(f, CpuError::Failed).await
+}
+
+/// What a request holds while its sampler (`S`: this crate's or the `pprof` crate's)
+/// runs. If the request is dropped (the client hung up), the sampler is stopped and freed
+/// on the blocking pool (stopping deletes timers or restores the signal disposition,
+/// waits for handlers, frees buffers: no work for an async worker), and only then is the
+/// lease freed, so the next request never finds the sampler still stopping. A request
+/// that finishes takes both out first.
+#[cfg(any(sampler, pprof_rs))]
+struct Hold<S: Send + 'static> {
+    sampler: Option<S>,
+    lease: Option<CpuLease>,
+}
+
+#[cfg(any(sampler, pprof_rs))]
+impl<S: Send + 'static> Drop for Hold<S> {
+    fn drop(&mut self) {
+        let (sampler, lease) = (self.sampler.take(), self.lease.take());
+        if sampler.is_none() && lease.is_none() {
+            return;
+        }
+        let stop = move || {
+            drop(sampler);
+            drop(lease);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(stop)),
+            Err(_) => stop(),
+        }
+    }
+}
+
 #[cfg(sampler)]
 mod linux;
 #[cfg(pprof_rs)]

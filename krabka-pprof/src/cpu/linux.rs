@@ -8,46 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CpuError, CpuLease, CpuRequest, Profile, sampler};
-
-/// Runs `f` on the blocking pool; a panic inside becomes a `Failed` error, never a crash.
-async fn blocking<T, F>(f: F) -> Result<T, CpuError>
-where
-    F: FnOnce() -> Result<T, CpuError> + Send + 'static,
-    T: Send + 'static,
-{
-    crate::on_blocking_pool(f, CpuError::Failed).await
-}
-
-/// Owns the running sampler for the request. If the request is dropped (the client
-/// hung up), the sampler is stopped and freed on the blocking pool: stopping deletes
-/// timers, waits for handlers and calls `dlclose`, none of which belongs on an async
-/// worker.
-///
-/// The profiler's lease is released only after the sampler is gone, so the next request
-/// never finds the sampler still stopping.
-struct Running {
-    sampler: Option<Arc<sampler::Sampler>>,
-    lease: Option<CpuLease>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let (sampler, lease) = (self.sampler.take(), self.lease.take());
-        if sampler.is_none() && lease.is_none() {
-            // The request finished: both were handed on.
-            return;
-        }
-        let stop = move || {
-            drop(sampler);
-            drop(lease);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(stop)),
-            Err(_) => stop(),
-        }
-    }
-}
+use super::{CpuError, CpuLease, CpuRequest, Hold, Profile, blocking, sampler};
 
 /// Takes one CPU profile and hands it to `render` on the blocking pool.
 pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
@@ -74,7 +35,7 @@ where
     })
     .await?;
     // Shared with the drains, which run on the blocking pool like the rest of the work.
-    let mut running = Running {
+    let mut running = Hold {
         sampler: Some(Arc::new(sampler)),
         lease: Some(lease),
     };

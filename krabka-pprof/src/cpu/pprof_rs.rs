@@ -15,7 +15,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use pprof::{ProfilerGuard, ProfilerGuardBuilder, Report};
 
-use super::{CpuError, CpuLease, CpuRequest, Profile};
+use super::{CpuError, CpuLease, CpuRequest, Hold, Profile, blocking};
 use crate::objects::Objects;
 use crate::profile::{Frame, LabelValue, Meta, Named, ProfileBuilder};
 
@@ -39,42 +39,6 @@ pub(crate) fn chosen() -> bool {
     CHOSEN.load(Ordering::Relaxed)
 }
 
-/// Runs `f` on the blocking pool; a panic inside becomes a `Failed` error, never a crash.
-async fn blocking<T, F>(f: F) -> Result<T, CpuError>
-where
-    F: FnOnce() -> Result<T, CpuError> + Send + 'static,
-    T: Send + 'static,
-{
-    crate::on_blocking_pool(f, CpuError::Failed).await
-}
-
-/// Owns the running sampler for the request. If the request is dropped (the client hung
-/// up), the sampler is stopped on the blocking pool (restoring the signal disposition and
-/// freeing its buffers is no work for an async worker), and only then is the busy token
-/// freed, so the next request never finds the `pprof` crate's profiler still running.
-struct Running {
-    guard: Option<ProfilerGuard<'static>>,
-    lease: Option<CpuLease>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let (guard, lease) = (self.guard.take(), self.lease.take());
-        if guard.is_none() && lease.is_none() {
-            // The request finished: both were handed on.
-            return;
-        }
-        let stop = move || {
-            drop(guard);
-            drop(lease);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(stop)),
-            Err(_) => stop(),
-        }
-    }
-}
-
 /// Takes one CPU profile and hands it to `render` on the blocking pool.
 pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
 where
@@ -90,15 +54,15 @@ where
     } = request;
     let guard = blocking(move || start(frequency, blocklist)).await?;
     tracing::Span::current().record("stack_reader", "the pprof crate's sampler");
-    let mut running = Running {
-        guard: Some(guard),
+    let mut running = Hold {
+        sampler: Some(guard),
         lease: Some(lease),
     };
     tokio::select! {
         () = tokio::time::sleep(request.duration) => {}
         () = stop_early.notified() => {}
     }
-    let (guard, lease) = (running.guard.take(), running.lease.take());
+    let (guard, lease) = (running.sampler.take(), running.lease.take());
     blocking(move || {
         let Some(guard) = guard else {
             return Err(CpuError::Failed("the sampler was gone".into()));
