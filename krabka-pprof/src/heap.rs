@@ -42,7 +42,7 @@ pub(crate) struct HeapRequest {
     reason = "which variants can occur depends on the target and the features"
 )]
 pub(crate) enum HeapError {
-    /// The crate was built without `heap-profiling`, or not for Linux.
+    /// The crate was built without `heap-profiling`, or not for Linux with glibc.
     Unsupported(&'static str),
     /// jemalloc is not the global allocator.
     NotJemalloc,

@@ -408,7 +408,10 @@ mod tests {
         let mut builder = ProfileBuilder::new(&objects);
         let allocator = Frame::Symbolized(vec![named("helper", "", 0), named("malloc", "", 0)]);
         let site = Frame::Symbolized(vec![named("site", "", 0)]);
-        builder.add(vec![allocator, site], vec![1], Vec::new());
+        builder.add(vec![allocator, site.clone()], vec![1], Vec::new());
+        // malloc inlined into the program's own function: that frame is the program's.
+        let inlined = Frame::Symbolized(vec![named("malloc", "", 0), named("caller", "", 0)]);
+        builder.add(vec![inlined, site], vec![1], Vec::new());
         let profile = builder.finish(&meta(), &|name| name == "malloc");
         assert_eq!(
             profile.sample[0].location_id.len(),
@@ -418,5 +421,10 @@ mod tests {
         let kept = &profile.location[profile.sample[0].location_id[0] as usize - 1];
         let function = &profile.function[kept.line[0].function_id as usize - 1];
         assert_eq!(profile.string_table[function.name as usize], "site");
+        assert_eq!(
+            profile.sample[1].location_id.len(),
+            2,
+            "a frame whose own function is not malloc is kept, whatever was inlined into it"
+        );
     }
 }

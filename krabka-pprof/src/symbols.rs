@@ -348,8 +348,11 @@ mod tests {
     }
 
     // A function as assembly writes it without `.size`: its symbol's size is 0, as for
-    // musl's `memcpy` in a static binary.
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    // musl's `memcpy` in a static binary; and right after it, one with a size.
+    #[cfg(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
     std::arch::global_asm!(
         ".text",
         ".globl krabka_sizeless_function",
@@ -359,22 +362,38 @@ mod tests {
         "nop",
         "nop",
         "ret",
+        ".globl krabka_sized_function",
+        ".type krabka_sized_function, @function",
+        "krabka_sized_function:",
+        "nop",
+        "nop",
+        "nop",
+        "ret",
+        ".size krabka_sized_function, . - krabka_sized_function",
     );
 
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[cfg(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
     #[test]
     fn a_function_symbol_without_a_size_covers_up_to_the_next_function() {
         unsafe extern "C" {
             safe fn krabka_sizeless_function();
+            safe fn krabka_sized_function();
         }
         let objects = Objects::current();
         let start = krabka_sizeless_function as *const () as u64;
         let (_, object) = objects.find(start).unwrap();
         let here = a_function_with_a_findable_name as *const () as u64;
+        let next = krabka_sized_function as *const () as u64;
         let mut probe = vec![
             start - object.bias,
             start - object.bias + 2,
             here - object.bias,
+            next - object.bias + 1,
+            // Just past the sized function: whatever lies there, not the sizeless one.
+            next - object.bias + 4,
         ];
         probe.sort_unstable();
         let names: Vec<Option<String>> = resolve(object, &probe)
@@ -390,6 +409,15 @@ mod tests {
             names[sizeless + 1].as_deref(),
             Some("krabka_sizeless_function")
         );
+        let at = |address: u64| {
+            names[probe
+                .iter()
+                .position(|a| *a == address - object.bias)
+                .unwrap()]
+            .as_deref()
+        };
+        assert_eq!(at(next + 1), Some("krabka_sized_function"), "{names:?}");
+        assert_ne!(at(next + 4), Some("krabka_sizeless_function"), "{names:?}");
         let sized = probe.iter().position(|a| *a == here - object.bias).unwrap();
         assert!(
             names[sized]

@@ -52,7 +52,11 @@ where
         blocklist,
         ..
     } = request;
-    let guard = blocking(move || start(frequency, blocklist)).await?;
+    // The lease goes with the start and comes back with the guard: a client that hangs
+    // up meanwhile leaves both to the blocking task, which drops the guard (stopping the
+    // crate's profiler) before the lease, so the next request never finds that profiler
+    // still running.
+    let (guard, lease) = blocking(move || Ok((start(frequency, blocklist)?, lease))).await?;
     tracing::Span::current().record("stack_reader", "the pprof crate's sampler");
     let mut running = Hold {
         sampler: Some(guard),

@@ -289,6 +289,11 @@ async fn the_profile_names_its_sampler_threads_and_mappings() {
         named, pprof_rs,
         "{SAMPLER_VAR} chose the pprof crate's sampler: {pprof_rs}; comments: {notes:?}"
     );
+    let own = notes.iter().any(|c| c.contains("per-thread CPU timers"));
+    assert_eq!(
+        own, !pprof_rs,
+        "krabka-pprof's own sampler names itself unless the pprof crate's was chosen: {notes:?}"
+    );
 
     for sample in &profile.sample {
         let thread = sample
