@@ -351,16 +351,13 @@ mod linux {
             .map_or((Duration::ZERO, SystemTime::now()), |(started, at)| {
                 (started.elapsed(), at)
             });
-        let time_nanos = time
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64);
         builder.finish(
             &Meta {
                 sample_types: &[("inuse_objects", "count"), ("inuse_space", "bytes")],
                 period_type: ("space", "bytes"),
                 period: parsed.period as i64,
-                time_nanos,
-                duration_nanos: duration.as_nanos() as i64,
+                time,
+                duration,
                 default_sample_type: Some("inuse_space"),
                 comments: Vec::new(),
             },

@@ -4,6 +4,7 @@
 //! CPU and heap profiles.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 
@@ -67,8 +68,10 @@ pub(crate) struct Meta {
     pub(crate) sample_types: &'static [(&'static str, &'static str)],
     pub(crate) period_type: (&'static str, &'static str),
     pub(crate) period: i64,
-    pub(crate) time_nanos: i64,
-    pub(crate) duration_nanos: i64,
+    /// When the profile's window began (`time_nanos`).
+    pub(crate) time: SystemTime,
+    /// How long it lasted (`duration_nanos`); zero for an instant, such as a heap dump.
+    pub(crate) duration: Duration,
     pub(crate) default_sample_type: Option<&'static str>,
     /// Free-form notes `go tool pprof -comments` shows.
     pub(crate) comments: Vec<String>,
@@ -146,8 +149,8 @@ impl<'o> ProfileBuilder<'o> {
                 unit: strings.get(meta.period_type.1),
             }),
             period: meta.period,
-            time_nanos: meta.time_nanos,
-            duration_nanos: meta.duration_nanos,
+            time_nanos: nanos(meta.time.duration_since(UNIX_EPOCH).unwrap_or_default()),
+            duration_nanos: nanos(meta.duration),
             default_sample_type: meta.default_sample_type.map_or(0, |t| strings.get(t)),
             comment: meta.comments.iter().map(|c| strings.get(c)).collect(),
             ..Profile::default()
@@ -321,6 +324,11 @@ fn describe(
     }
 }
 
+/// Nanoseconds as pprof's `int64` fields hold them (saturating, some 292 years on).
+fn nanos(duration: Duration) -> i64 {
+    i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::new(), |mut s, b| {
@@ -348,8 +356,8 @@ mod tests {
             sample_types: &[("samples", "count")],
             period_type: ("cpu", "nanoseconds"),
             period: 1,
-            time_nanos: 0,
-            duration_nanos: 0,
+            time: std::time::UNIX_EPOCH,
+            duration: std::time::Duration::ZERO,
             default_sample_type: None,
             comments: Vec::new(),
         }

@@ -243,17 +243,13 @@ fn report_profile(collected: sampler::Collected) -> (Profile, bool) {
             report.foreign_signals
         ));
     }
-    let time_nanos = collected
-        .started
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64);
     let profile = builder.finish(
         &Meta {
             sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
             period_type: ("cpu", "nanoseconds"),
             period,
-            time_nanos,
-            duration_nanos: collected.duration.as_nanos() as i64,
+            time: collected.started,
+            duration: collected.duration,
             default_sample_type: None,
             comments,
         },

@@ -11,8 +11,6 @@
 //! binary's debug info where it has some) but without their code addresses, so its
 //! profiles have no mappings. The profile names the sampler in its comments.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use pprof::{ProfilerGuard, ProfilerGuardBuilder, Report};
 
 use super::{CpuError, CpuLease, CpuRequest, Hold, Profile, blocking};
@@ -170,18 +168,11 @@ fn report_profile(report: &Report, frequency: u32) -> Profile {
             sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
             period_type: ("cpu", "nanoseconds"),
             period,
-            time_nanos: timing
-                .start_time
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as i64),
-            duration_nanos: duration_nanos(timing.duration),
+            time: timing.start_time,
+            duration: timing.duration,
             default_sample_type: None,
             comments,
         },
         &|_| false,
     )
-}
-
-fn duration_nanos(duration: Duration) -> i64 {
-    i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
 }
