@@ -15,6 +15,12 @@ pub use burners::*;
 pub use profiles::*;
 pub use servers::*;
 
+/// The guard of the tests' guarded apps: admits requests that say they come from inside
+/// (`X-Internal: yes`).
+pub fn internal_only(parts: &axum::http::request::Parts) -> bool {
+    parts.headers.get("x-internal").is_some_and(|v| v == "yes")
+}
+
 /// The CPU profiler is one per process: tests that take profiles hold this so the tests
 /// of one binary do not answer each other's requests with 409.
 /// A tokio mutex: it is held across awaits, and a failed test must not poison it.

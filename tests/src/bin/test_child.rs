@@ -49,14 +49,9 @@ fn token_app() -> Router {
     Router::new().route("/", get(|| async { "child" }))
 }
 
-/// Admits requests that say they come from inside (`X-Internal: yes`).
-fn internal_only(parts: &axum::http::request::Parts) -> bool {
-    parts.headers.get("x-internal").is_some_and(|v| v == "yes")
-}
-
 #[pprof_routes(
     token_env = "KRABKA_PPROF_TEST_TOKEN",
-    guard = internal_only,
+    guard = krabka_pprof_tests::internal_only,
     heap = true,
     cpu_max = "10s"
 )]

@@ -3,11 +3,10 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::request::Parts;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, TestServer, client, decode, parse_response, process_cpu_time, serial, total,
-    unpooled_client,
+    Burner, TestServer, client, decode, internal_only, parse_response, process_cpu_time, serial,
+    total, unpooled_client,
 };
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -15,10 +14,6 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 #[pprof_routes(cpu_max = "20s")]
 fn app() -> Router {
     Router::new()
-}
-
-fn internal_only(parts: &Parts) -> bool {
-    parts.headers.get("x-internal").is_some_and(|v| v == "yes")
 }
 
 #[pprof_routes(guard = internal_only, cpu_max = "5s")]
