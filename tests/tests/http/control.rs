@@ -5,8 +5,8 @@ use std::time::Duration;
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, TestServer, client, decode, internal_only, parse_response, process_cpu_time, serial,
-    total, unpooled_client,
+    Burner, TestServer, client, decode, internal_only, parse_response, profile_window, serial,
+    total_in, unpooled_client,
 };
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -26,18 +26,25 @@ async fn frequency_sets_the_period_and_the_rate() {
     let _serial = serial().await;
     let server = TestServer::start(app);
     let burner = Burner::start(1, Duration::from_secs(20));
-    let before = process_cpu_time();
     let response = client()
         .get(server.url("/debug/pprof/profile?seconds=2&frequency=50"))
         .send()
         .await
         .unwrap();
-    let cpu = process_cpu_time() - before;
-    drop(burner);
     let profile = decode(&response.bytes().await.unwrap());
+    // The burner's own clock inside the profile's window: the process's CPU around the
+    // request would also count symbolizing after the window (seconds, the first time,
+    // for the pprof crate's sampler).
+    let cpu = burner
+        .finish()
+        .cpu_within(profile_window(&profile).0, profile_window(&profile).1);
     assert_eq!(profile.period, 20_000_000, "1/50 s");
     let expected = cpu.as_secs_f64() * 50.0;
-    let samples = total(&profile, 0) as f64;
+    let samples = total_in(&profile, 0, "Burner") as f64;
+    assert!(
+        expected >= 50.0,
+        "the burner barely ran ({cpu:?} in the window)"
+    );
     assert!(
         (samples - expected).abs() <= expected * 0.25,
         "{samples} samples at 50 Hz for {cpu:?} of CPU"
