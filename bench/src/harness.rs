@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pprof::protos::Message as _;
 
-use crate::stats::ratio_summary;
+use crate::stats::Ratios;
 
 pub const SERVER_CPU: usize = 1;
 /// Keep-alive connections of the throughput load: enough to keep the service's core busy.
@@ -114,9 +114,19 @@ pub struct LoadOutput {
 
 impl Load {
     pub fn start(addr: SocketAddr, connections: usize, seconds: f64, record: bool) -> Load {
+        Load::spawn(addr, "/hello", connections, seconds, record)
+    }
+
+    /// Load on another route than `/hello`, unrecorded.
+    pub fn start_on(addr: SocketAddr, path: &str, connections: usize, seconds: f64) -> Load {
+        Load::spawn(addr, path, connections, seconds, false)
+    }
+
+    fn spawn(addr: SocketAddr, path: &str, connections: usize, seconds: f64, record: bool) -> Load {
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
             .arg("load")
+            .args(["--path", path])
             .args(["--addr", &addr.to_string()])
             .args(["--connections", &connections.to_string()])
             .args(["--seconds", &seconds.to_string()])
@@ -264,7 +274,7 @@ pub fn alternate_on(
             )
         })
         .collect();
-    let (median_ratio, _) = ratio_summary(&pairs);
+    let median_ratio = Ratios::of(&pairs).median;
     eprintln!(
         "{label}: {} pairs, median ratio {median_ratio:.4}",
         pairs.len()

@@ -15,12 +15,20 @@
 //! - V the time each view (pprof, svg, text) of a 10 s CPU profile takes after its window;
 //! - H heap dump time and memory, and the throughput cost of jemalloc's sampling;
 //! - S the signal handler's cost per sample on a thread spinning 30 frames deep (median
-//!   and p99, as the sampler measures and reports in the profile's comments).
+//!   and p99, as the sampler measures and reports in the profile's comments);
+//! - K the soak: 1,000 sequential 1 s CPU profiles and 1,000 heap dumps under load, every
+//!   response valid and resident memory flat after the first 50 (about 18 minutes; only
+//!   with `--soak` or `--only K`).
+//!
+//! Each row says whether it met its target; the benchmark exits with status 1 if any
+//! missed. A ratio's miss must be larger than the median's own noise, and a row whose
+//! target lies inside that noise says so.
 //!
 //! The service (`bench server`) and the load (`bench load`) are this same binary run as
 //! separate processes, each pinned to its own core, talking over loopback; every load run
 //! is bounded in time. `--quick` shortens everything (a smoke run, not a measurement),
-//! `--only M2,M3` picks figures, `--clean-build` adds M6 from an empty target directory.
+//! `--only M2,M3` picks figures, `--clean-build` adds M6 from an empty target directory,
+//! `--soak` adds K.
 //!
 //! This file holds the arguments and the run order; `harness.rs` (and `harness/`) the
 //! processes and fetching, `stats.rs` the statistics, `figures/` one file per figure.
@@ -48,6 +56,7 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
+use figures::{Row, Verdict};
 use harness::{LOAD_CPU, SERVER_CPU, load, server, unix_ns};
 
 fn main() {
@@ -64,7 +73,7 @@ fn main() {
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
             println!(
-                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S] [--clean-build]"
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,K] [--clean-build] [--soak]"
             );
         }
         _ => {
@@ -138,6 +147,7 @@ struct Options {
     quick: bool,
     only: Option<Vec<String>>,
     clean_build: bool,
+    soak: bool,
 }
 
 impl Options {
@@ -147,6 +157,7 @@ impl Options {
             only: flag_value(args, "--only")
                 .map(|v| v.split(',').map(|s| s.trim().to_uppercase()).collect()),
             clean_build: args.iter().any(|a| a == "--clean-build"),
+            soak: args.iter().any(|a| a == "--soak"),
         }
     }
 
@@ -182,7 +193,12 @@ fn run(options: &Options) {
             ""
         }
     );
-    if options.wants("H") {
+    let soak = options.soak
+        || options
+            .only
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|f| f == "K"));
+    if options.wants("H") || soak {
         harness::build_heap_server();
     }
     let mut rows = Vec::new();
@@ -210,6 +226,9 @@ fn run(options: &Options) {
     if options.wants("M6") {
         rows.extend(figures::m6::build_cost(options));
     }
+    if soak {
+        rows.extend(figures::k::soak(options));
+    }
 
     let width = rows.iter().map(|r| r.figure.len()).max().unwrap_or(10);
     println!();
@@ -218,10 +237,37 @@ fn run(options: &Options) {
         "figure (medians of alternating rounds)"
     );
     println!("|---|{}|---|---|", "-".repeat(width + 2));
-    for row in rows {
+    for row in &rows {
+        let mark = if row.verdict == Verdict::Missed {
+            " **missed**"
+        } else {
+            ""
+        };
         println!(
-            "| {} | {:width$} | {} | {} |",
+            "| {} | {:width$} | {} | {}{mark} |",
             row.id, row.figure, row.target, row.measured
         );
+    }
+    let missed: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Missed)
+        .collect();
+    let met = rows.iter().filter(|r| r.verdict == Verdict::Met).count();
+    println!();
+    if missed.is_empty() {
+        println!("{met} figures with a target: all met.");
+    } else {
+        println!(
+            "{} of {} figures with a target missed it:",
+            missed.len(),
+            met + missed.len()
+        );
+        for row in missed {
+            println!(
+                "  {} {}: {} (target {})",
+                row.id, row.figure, row.measured, row.target
+            );
+        }
+        std::process::exit(1);
     }
 }

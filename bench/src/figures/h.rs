@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use crate::Options;
-use crate::figures::{MB, Row};
+use crate::figures::{MB, Row, Verdict, ratio_row};
 use crate::harness::{CONNECTIONS, Load, Server, alternate_on, fetch};
-use crate::stats::{median, ratio_summary};
+use crate::stats::{Ratios, median};
 use crate::system;
 
 /// H: heap dumps (issue 3) and the cost of jemalloc's sampling, on the jemalloc service.
@@ -67,24 +67,26 @@ pub fn heap_figures(options: &Options) -> Vec<Row> {
             "H",
         ));
     }
-    let (_, sampling) = ratio_summary(&pairs);
     vec![
         Row {
             id: "H",
             figure: "heap dump (64 MiB live from 16 sites): request → last byte, first".into(),
             target: "—",
+            verdict: Verdict::NoTarget,
             measured: format!("{:.1} ms", median(first)),
         },
         Row {
             id: "H",
             figure: "heap dump: request → last byte, later".into(),
             target: "—",
+            verdict: Verdict::NoTarget,
             measured: format!("{:.1} ms", median(later)),
         },
         Row {
             id: "H",
             figure: "RSS growth during the first heap dump, peak (retained 2 s later)".into(),
             target: "—",
+            verdict: Verdict::NoTarget,
             measured: format!(
                 "{:+.1} MB ({:+.1} MB)",
                 median(peak) / MB,
@@ -92,10 +94,14 @@ pub fn heap_figures(options: &Options) -> Vec<Row> {
             ),
         },
         Row {
-            id: "H",
-            figure: "req/s of an allocating route, 512 KiB sampling on ÷ prof:false".into(),
-            target: "—",
-            measured: sampling,
+            verdict: Verdict::NoTarget,
+            ..ratio_row(
+                "H",
+                "req/s of an allocating route, 512 KiB sampling on ÷ prof:false".into(),
+                "—",
+                0.0,
+                &Ratios::of(&pairs),
+            )
         },
     ]
 }

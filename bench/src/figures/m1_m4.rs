@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::Options;
-use crate::figures::{MB, Row};
+use crate::figures::{MB, Row, Verdict};
 use crate::harness::{CONNECTIONS, Load, Server, fetch};
 use crate::stats::median;
 use crate::system;
@@ -60,24 +60,28 @@ pub fn memory_and_latency(options: &Options, rows: &mut Vec<Row>) {
         peak.push(rss_peak as f64 - rss_before as f64);
         after.push(rss_after as f64 - rss_before as f64);
     }
+    let (peak, after, first, later) = (median(peak), median(after), median(first), median(later));
     if options.wants("M1") {
         rows.push(Row {
             id: "M1",
             figure: "RSS before the first profile".into(),
             target: "—",
             measured: format!("{:.1} MB", median(before) / MB),
+            verdict: Verdict::NoTarget,
         });
         rows.push(Row {
             id: "M1",
             figure: format!("RSS growth, peak during a {window} s 99 Hz profile under load"),
             target: "≤ 8 MB",
-            measured: format!("{:+.1} MB", median(peak) / MB),
+            measured: format!("{:+.1} MB", peak / MB),
+            verdict: Verdict::at_most(peak, 8.0 * MB),
         });
         rows.push(Row {
             id: "M1",
             figure: "RSS growth retained 2 s after the response".into(),
             target: "≤ 2 MB",
-            measured: format!("{:+.1} MB", median(after) / MB),
+            measured: format!("{:+.1} MB", after / MB),
+            verdict: Verdict::at_most(after, 2.0 * MB),
         });
     }
     if options.wants("M4") {
@@ -85,13 +89,15 @@ pub fn memory_and_latency(options: &Options, rows: &mut Vec<Row>) {
             id: "M4",
             figure: format!("window end → last byte, first request ({window} s profile)"),
             target: "≤ 25 ms",
-            measured: format!("{:.1} ms", median(first)),
+            measured: format!("{first:.1} ms"),
+            verdict: Verdict::at_most(first, 25.0),
         });
         rows.push(Row {
             id: "M4",
             figure: format!("window end → last byte, later requests ({later_window} s profiles)"),
             target: "≤ 25 ms",
-            measured: format!("{:.1} ms", median(later)),
+            measured: format!("{later:.1} ms"),
+            verdict: Verdict::at_most(later, 25.0),
         });
     }
 }

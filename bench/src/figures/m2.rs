@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use crate::Options;
-use crate::figures::Row;
+use crate::figures::{Row, ratio_row};
 use crate::harness::{CONNECTIONS, Load, Server, alternate, fetch};
-use crate::stats::{mean, ratio_summary};
+use crate::stats::{Ratios, mean};
 
 /// M2: req/s of a service while a 99 Hz profile runs on it, against an identical idle
 /// service, in alternating 250 ms windows. A profile costs CPU only while the process
@@ -36,14 +36,14 @@ pub fn profiling_overhead(options: &Options) -> Row {
             String::from_utf8_lossy(&profile.body)
         );
     }
-    let (_, summary) = ratio_summary(&pairs);
-    Row {
-        id: "M2",
-        figure: format!(
+    ratio_row(
+        "M2",
+        format!(
             "req/s while profiling at 99 Hz ÷ idle ({:.0} req/s idle)",
             mean(&pairs, |p| p.1)
         ),
-        target: "≥ 0.98",
-        measured: summary,
-    }
+        "≥ 0.98",
+        0.98,
+        &Ratios::of(&pairs),
+    )
 }

@@ -2,9 +2,9 @@
 //! and the method's A/A noise floor.
 
 use crate::Options;
-use crate::figures::Row;
+use crate::figures::{Row, Verdict, ratio_row};
 use crate::harness::{CONNECTIONS, Load, Server, alternate};
-use crate::stats::{mean, ratio_summary};
+use crate::stats::{Ratios, mean};
 
 /// M3: req/s with the attribute mounted and idle against the same app without it; fresh
 /// processes every other round. Also the method's noise floor: two identical services.
@@ -26,23 +26,24 @@ pub fn idle_overhead(options: &Options) -> Vec<Row> {
             floor.extend(alternate(twin.addr, without.addr, pairs_per_round, "A/A"));
         }
     }
-    let (_, summary) = ratio_summary(&pairs);
-    let (_, floor_summary) = ratio_summary(&floor);
+    let floor = Ratios::of(&floor);
     vec![
-        Row {
-            id: "M3",
-            figure: format!(
+        ratio_row(
+            "M3",
+            format!(
                 "req/s with the attribute idle ÷ without ({:.0} req/s without)",
                 mean(&pairs, |p| p.1)
             ),
-            target: "≥ 0.995",
-            measured: summary,
-        },
+            "≥ 0.995",
+            0.995,
+            &Ratios::of(&pairs),
+        ),
         Row {
             id: "—",
             figure: "noise floor: two identical services, same method (A/A)".into(),
             target: "1",
-            measured: floor_summary,
+            measured: format!("{}; median ± {:.3}", floor.summary(), floor.noise()),
+            verdict: Verdict::NoTarget,
         },
     ]
 }

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::Options;
-use crate::figures::Row;
+use crate::figures::{Row, Verdict};
 use crate::harness::{Load, Server, fetch, unix_ns};
 use crate::stats::median;
 
@@ -75,12 +75,14 @@ pub fn current_thread_latency(options: &Options) -> Vec<Row> {
             figure: "current_thread: worst latency while a profile starts (baseline)".into(),
             target: "≤ baseline + 2 ms",
             measured: format!("{s:.2} ms ({bs:.2} ms)"),
+            verdict: Verdict::at_most(s, bs + 2.0),
         },
         Row {
             id: "M5",
             figure: "current_thread: worst latency while a profile finishes (baseline)".into(),
             target: "≤ baseline + 2 ms",
             measured: format!("{f:.2} ms ({bf:.2} ms)"),
+            verdict: Verdict::at_most(f, bf + 2.0),
         },
     ]
 }

@@ -1,7 +1,7 @@
 //! S: the signal handler's own cost per sample, as the sampler reports it.
 
 use crate::Options;
-use crate::figures::Row;
+use crate::figures::{Row, Verdict};
 use crate::harness::{Server, decode, fetch};
 use crate::stats::median;
 
@@ -39,18 +39,21 @@ pub fn handler_cost(options: &Options) -> Vec<Row> {
         depths.push(numbers[3]);
     }
     let depth = median(depths);
+    let handler = median(medians);
     vec![
         Row {
             id: "S",
             figure: format!("signal handler per sample, median ({depth:.0}-frame stacks mean)"),
             target: "≤ 4 µs",
-            measured: format!("{:.1} µs", median(medians)),
+            measured: format!("{handler:.1} µs"),
+            verdict: Verdict::at_most(handler, 4.0),
         },
         Row {
             id: "S",
             figure: "signal handler per sample, p99".to_owned(),
             target: "—",
             measured: format!("{:.1} µs", median(tails)),
+            verdict: Verdict::NoTarget,
         },
     ]
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::Options;
-use crate::figures::Row;
+use crate::figures::{Row, Verdict};
 use crate::harness::{CONNECTIONS, Load, Server, fetch};
 use crate::stats::median;
 
@@ -46,6 +46,7 @@ pub fn view_times(options: &Options) -> Vec<Row> {
                 "{window} s CPU profile as {format}: window end → last byte (client clock)"
             ),
             target: "—",
+            verdict: Verdict::NoTarget,
             measured: format!("{:.1} ms", median(samples)),
         });
     }
