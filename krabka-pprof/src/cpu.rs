@@ -52,6 +52,9 @@ pub(crate) struct CpuRequest {
 pub(crate) enum CpuError {
     /// Another profile is running; it ends in `retry_after`.
     Busy { retry_after: Duration },
+    /// A profile started with `?force=true` is running, which a `?force=true` request
+    /// does not stop; it ends in `retry_after`.
+    ForcedRunning { retry_after: Duration },
     /// Profiling cannot run here (this target, or this process as it is now); the
     /// sentence says why.
     Unavailable(&'static str),
@@ -68,6 +71,16 @@ struct Running {
     ends_at: Instant,
     /// Notified by a `?force=true` request: the running profile stops early.
     stop_early: Arc<Notify>,
+    /// Started by a `?force=true` request.
+    forced: bool,
+}
+
+/// Why the profiler could not be taken: the running profile's end, its early-stop switch,
+/// and whether a forced request started it.
+struct Taken {
+    busy: CpuError,
+    stop_early: Arc<Notify>,
+    forced: bool,
 }
 
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
@@ -81,7 +94,7 @@ pub(crate) struct CpuLease {
 }
 
 impl CpuLease {
-    fn try_acquire(duration: Duration) -> Result<CpuLease, (CpuError, Arc<Notify>)> {
+    fn try_acquire(duration: Duration, forced: bool) -> Result<CpuLease, Taken> {
         let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let pid = std::process::id();
@@ -89,19 +102,28 @@ impl CpuLease {
             let busy = CpuError::Busy {
                 retry_after: current.ends_at.saturating_duration_since(now),
             };
-            return Err((busy, current.stop_early.clone()));
+            return Err(Taken {
+                busy,
+                stop_early: current.stop_early.clone(),
+                forced: current.forced,
+            });
         }
         let stop_early = Arc::new(Notify::new());
         *running = Some(Running {
             pid,
             ends_at: now + duration,
             stop_early: stop_early.clone(),
+            forced,
         });
         Ok(CpuLease { stop_early })
     }
 
     /// Takes the profiler. With `force`, a running profile is asked to stop early (its
-    /// caller still gets what it sampled) and this request waits for it to let go.
+    /// caller still gets what it sampled) and this request waits for it to let go; but
+    /// a profile that was itself forced is not stopped (`ForcedRunning`). Forcing takes
+    /// the profiler from a scraper; two people forcing at once would otherwise cut each
+    /// other's profiles to nothing, in an order set by the network. So of two forced
+    /// requests, whichever takes the profiler first runs its whole window.
     pub(crate) async fn acquire(duration: Duration, force: bool) -> Result<CpuLease, CpuError> {
         let deadline = tokio::time::Instant::now() + FORCE_WAIT;
         loop {
@@ -109,10 +131,15 @@ impl CpuLease {
             tokio::pin!(released);
             // Registered before looking, so a release in between is not missed.
             released.as_mut().enable();
-            match CpuLease::try_acquire(duration) {
+            match CpuLease::try_acquire(duration, force) {
                 Ok(lease) => return Ok(lease),
-                Err((busy, _)) if !force => return Err(busy),
-                Err((_, stop_early)) => {
+                Err(taken) if !force => return Err(taken.busy),
+                Err(Taken {
+                    busy: CpuError::Busy { retry_after },
+                    forced: true,
+                    ..
+                }) => return Err(CpuError::ForcedRunning { retry_after }),
+                Err(Taken { stop_early, .. }) => {
                     stop_early.notify_one();
                     if tokio::time::timeout_at(deadline, released).await.is_err() {
                         return Err(CpuError::Failed(
@@ -240,7 +267,7 @@ mod tests {
         assert!(cancelled.is_err(), "the profile was still running");
         // The profiler is free once the sampler is gone.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while CpuLease::try_acquire(Duration::from_secs(1)).is_err() {
+        while CpuLease::try_acquire(Duration::from_secs(1), false).is_err() {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the profiler was freed"

@@ -88,8 +88,30 @@ pub mod __private {
         S: Clone + Send + Sync + 'static,
     {
         fn with_profiling_routes(self, config: &'static ProfilingConfig) -> Self {
-            self.merge(crate::routes::build::<S>(*config))
+            let routes = crate::routes::build::<S>(*config);
+            // axum panics on a route registered twice with a message that names the
+            // path but not why it is there twice; the cause is almost always one of two
+            // mistakes, which this message names.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.merge(routes)))
+                .unwrap_or_else(|axum| panic!("{}", overlap_message(config.prefix(), &*axum)))
         }
+    }
+
+    /// The startup panic's message when the profiling routes collide with a route of the
+    /// router they are merged into.
+    fn overlap_message(prefix: &str, axum: &(dyn std::any::Any + Send)) -> String {
+        let axum = axum
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| axum.downcast_ref::<&str>().copied())
+            .unwrap_or("a route collided");
+        format!(
+            "#[pprof_routes]: the router this function returns already has a route where the \
+             profiling routes go, under `{prefix}` ({axum}). Either the function returns a \
+             router that another `#[pprof_routes]` function already annotated (annotate only \
+             the outermost one), or the app has its own route under `{prefix}` (move it, or \
+             give the attribute another `prefix = \"...\"`)"
+        )
     }
 
     /// Merges the profiling routes into the router the annotated function built.

@@ -180,6 +180,15 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
                  or add force=true to stop it early",
             )
         }
+        Err(CpuError::ForcedRunning { retry_after }) => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: a forced CPU profile is running");
+            busy(
+                retry_after,
+                "a CPU profile started with force=true is running and ends in about {}s; \
+                 force=true does not stop another forced profile, retry after that",
+            )
+        }
         Err(CpuError::Unavailable(reason)) => unavailable(reason),
         Err(CpuError::Failed(reason)) => failed(&format!(
             "CPU profiling failed: {reason}; the profiler is free again, retry the request"

@@ -82,6 +82,42 @@ impl TestServer {
         }
     }
 
+    /// Starts a CPU profile (`/debug/pprof/profile?{query}`) on a raw connection and
+    /// returns that connection once the profile holds the profiler: a probe sent after it,
+    /// on a new connection, is refused with 409. If the probe wins the race anyway, the raw
+    /// request is the one refused, and it is sent again (at most 20 times). Dropping the
+    /// connection hangs up mid-profile; reading it to the end gets the profile.
+    pub async fn hold_profiler(&self, query: &str) -> tokio::net::TcpStream {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let http = unpooled_client();
+        let probe = self.url("/debug/pprof/profile?seconds=1");
+        for _ in 0..20 {
+            let mut raw = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+            let request = format!(
+                "GET /debug/pprof/profile?{query} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                self.addr
+            );
+            raw.write_all(request.as_bytes()).await.unwrap();
+            raw.flush().await.unwrap();
+            let refused = http.get(&probe).send().await.unwrap();
+            let status = refused.status();
+            if status == reqwest::StatusCode::CONFLICT {
+                let text = refused.text().await.unwrap();
+                assert!(text.contains("force=true"), "{text}");
+                return raw;
+            }
+            assert_eq!(status, reqwest::StatusCode::OK);
+            let mut answer = Vec::new();
+            raw.read_to_end(&mut answer).await.unwrap();
+            assert!(
+                answer.starts_with(b"HTTP/1.1 409"),
+                "{}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        panic!("the profile ({query}) never got the profiler in 20 attempts");
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

@@ -5,11 +5,11 @@ use std::time::Duration;
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, TestServer, client, decode, internal_only, parse_response, profile_window, serial,
-    total_in, unpooled_client,
+    Burner, TestServer, assert_valid_xml, client, decode, internal_only, parse_response,
+    profile_window, serial, total_in, unpooled_client,
 };
 use reqwest::StatusCode;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncReadExt as _;
 
 #[pprof_routes(cpu_max = "20s")]
 fn app() -> Router {
@@ -66,23 +66,7 @@ async fn force_ends_the_running_profile_early_and_both_get_profiles() {
     let server = TestServer::start(app);
     let probe = unpooled_client();
     // A 20 s profile holds the profiler (on its own connection, sent first).
-    let mut long = loop {
-        let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-        let request = format!(
-            "GET /debug/pprof/profile?seconds=20 HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            server.addr
-        );
-        raw.write_all(request.as_bytes()).await.unwrap();
-        let refused = probe
-            .get(server.url("/debug/pprof/profile?seconds=1"))
-            .send()
-            .await
-            .unwrap();
-        if refused.status() == StatusCode::CONFLICT {
-            assert!(refused.text().await.unwrap().contains("force=true"));
-            break raw;
-        }
-    };
+    let mut long = server.hold_profiler("seconds=20").await;
     let forced = probe
         .get(server.url("/debug/pprof/profile?seconds=1&force=true"))
         .send()
@@ -152,4 +136,75 @@ async fn the_guard_refuses_before_the_query_is_read() {
         "refusals left the profiler free"
     );
     decode(&admitted.bytes().await.unwrap());
+}
+
+#[tokio::test]
+async fn of_two_forces_at_once_one_runs_whole_and_the_other_gets_409() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let mut long = server.hold_profiler("seconds=20").await;
+    let http = unpooled_client();
+    let force = server.url("/debug/pprof/profile?seconds=2&force=true");
+    let (a, b) = tokio::join!(http.get(&force).send(), http.get(&force).send());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let (won, refused) = match (a.status(), b.status()) {
+        (StatusCode::OK, StatusCode::CONFLICT) => (a, b),
+        (StatusCode::CONFLICT, StatusCode::OK) => (b, a),
+        other => panic!("expected one 200 and one 409, got {other:?}"),
+    };
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    let text = refused.text().await.unwrap();
+    assert!(
+        text.contains("started with force=true"),
+        "the refusal says why: {text}"
+    );
+    // The winner was not cut short by the other force.
+    let won = decode(&won.bytes().await.unwrap());
+    assert!(
+        won.duration_nanos >= 2_000_000_000,
+        "the forced profile ran {} ns of its 2 s",
+        won.duration_nanos
+    );
+    // The stopped profile answers with what it had.
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), long.read_to_end(&mut raw))
+        .await
+        .expect("the stopped profile answers long before its 20 s")
+        .unwrap();
+    let (status, _, body) = parse_response(&raw);
+    assert_eq!(status, 200);
+    assert!(decode(&body).duration_nanos < 15_000_000_000);
+}
+
+/// A force that arrives while the running profile's window closes, stops, or renders:
+/// whichever moment it hits, both callers get valid profiles.
+#[tokio::test]
+async fn a_force_at_the_end_of_a_window_leaves_both_profiles_valid() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let http = unpooled_client();
+    // Offsets around the end of a 1 s window, SVG so that rendering takes a while.
+    for offset_ms in [900u64, 980, 1000, 1020, 1100] {
+        let first = http
+            .get(server.url("/debug/pprof/profile?seconds=1&format=svg"))
+            .send();
+        let forced = async {
+            tokio::time::sleep(Duration::from_millis(offset_ms)).await;
+            http.get(server.url("/debug/pprof/profile?seconds=1&force=true"))
+                .send()
+                .await
+        };
+        let (first, forced) = tokio::join!(first, forced);
+        let (first, forced) = (first.unwrap(), forced.unwrap());
+        assert_eq!(first.status(), StatusCode::OK, "at {offset_ms} ms");
+        assert_valid_xml(&first.text().await.unwrap());
+        assert_eq!(forced.status(), StatusCode::OK, "at {offset_ms} ms");
+        let profile = decode(&forced.bytes().await.unwrap());
+        assert!(profile.duration_nanos >= 1_000_000_000, "at {offset_ms} ms");
+    }
 }

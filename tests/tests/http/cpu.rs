@@ -10,7 +10,6 @@ use krabka_pprof_tests::{
     profile_window, sample_types, serial, string, total, total_in,
 };
 use reqwest::StatusCode;
-use tokio::io::AsyncWriteExt as _;
 
 #[pprof_routes(frequency = 99)]
 fn app() -> Router {
@@ -172,43 +171,6 @@ async fn seconds_above_cpu_max_are_clamped() {
     );
 }
 
-/// Sends a profile request on a raw connection, so the test can hang up mid-profile.
-async fn start_raw_profile(server: &TestServer, seconds: u64) -> tokio::net::TcpStream {
-    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let request = format!(
-        "GET /debug/pprof/profile?seconds={seconds} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        server.addr
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    stream.flush().await.unwrap();
-    stream
-}
-
-/// Starts a raw `seconds`-long profile and returns its connection once it holds the
-/// profiler (a probe, sent after it on a new connection, is refused with 409). If a probe
-/// wins the race anyway, the raw request was the one refused; it is sent again.
-async fn hold_profiler(server: &TestServer, seconds: u64) -> tokio::net::TcpStream {
-    use tokio::io::AsyncReadExt as _;
-    let http = krabka_pprof_tests::unpooled_client();
-    let probe = server.url("/debug/pprof/profile?seconds=1");
-    for _ in 0..20 {
-        let mut raw = start_raw_profile(server, seconds).await;
-        let status = http.get(&probe).send().await.unwrap().status();
-        if status == StatusCode::CONFLICT {
-            return raw;
-        }
-        assert_eq!(status, StatusCode::OK);
-        let mut answer = Vec::new();
-        raw.read_to_end(&mut answer).await.unwrap();
-        assert!(
-            answer.starts_with(b"HTTP/1.1 409"),
-            "{}",
-            String::from_utf8_lossy(&answer)
-        );
-    }
-    panic!("the {seconds} s profile never got the profiler in 20 attempts");
-}
-
 #[tokio::test]
 async fn a_client_that_hangs_up_frees_the_profiler() {
     let _serial = serial().await;
@@ -216,23 +178,30 @@ async fn a_client_that_hangs_up_frees_the_profiler() {
     let http = client();
     let probe = server.url("/debug/pprof/profile?seconds=1");
 
-    let hung_up = hold_profiler(&server, 30).await;
+    let hung_up = server.hold_profiler("seconds=30").await;
     let hung_up_at = Instant::now();
     drop(hung_up);
 
-    // The server sees the EOF, drops the handler and with it the busy guard. Poll until a
-    // new profile is accepted; a leaked guard would keep answering 409 for 30 s.
+    // The server sees the EOF and drops the handler, and with it the lease: the sampler
+    // stops on the blocking pool and the next request is accepted at once. Probes, each
+    // sent within 200 ms of the hang-up, until one is accepted; a leaked lease would keep
+    // answering 409 for 30 s.
+    let mut refusals = 0;
     loop {
+        let sent_after = hung_up_at.elapsed();
+        assert!(
+            sent_after <= Duration::from_millis(200),
+            "the profiler was still busy 200 ms after its client hung up ({refusals} 409s)"
+        );
         let response = http.get(&probe).send().await.unwrap();
         if response.status() == StatusCode::OK {
-            decode(&response.bytes().await.unwrap());
+            let profile = decode(&response.bytes().await.unwrap());
+            assert!(profile.duration_nanos >= 1_000_000_000);
             break;
         }
         assert_eq!(response.status(), StatusCode::CONFLICT);
-        assert!(
-            hung_up_at.elapsed() < Duration::from_secs(15),
-            "the profiler is still busy long after its client hung up"
-        );
+        refusals += 1;
+        // Bounded by the 200 ms above; each probe is a round trip to the server.
         tokio::task::yield_now().await;
     }
 }
@@ -241,7 +210,7 @@ async fn a_client_that_hangs_up_frees_the_profiler() {
 async fn go_tool_pprof_shows_the_409_sentence() {
     let _serial = serial().await;
     let server = TestServer::start(app);
-    let running = hold_profiler(&server, 10).await;
+    let running = server.hold_profiler("seconds=10").await;
     let url = server.url("/debug/pprof/profile?seconds=1");
     let output = tokio::task::spawn_blocking(move || {
         std::process::Command::new("go")

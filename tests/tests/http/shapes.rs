@@ -149,3 +149,49 @@ async fn router_builders_without_the_attribute() {
         .unwrap();
     assert!(response.text().await.unwrap().contains("above 60 means 60"));
 }
+
+#[pprof_routes]
+fn inner_annotated() -> Router {
+    Router::new().route("/", get(|| async { "inner" }))
+}
+
+/// A router that already has the profiling routes gets them a second time.
+#[pprof_routes]
+fn outer_annotated() -> Router {
+    inner_annotated()
+}
+
+/// The app's own route where the profiling routes go.
+#[pprof_routes]
+fn own_route_under_the_prefix() -> Router {
+    Router::new().route("/debug/pprof/profile", get(|| async { "mine" }))
+}
+
+/// The panic's message, from a function that must panic.
+fn panic_message(build: fn() -> Router) -> String {
+    let panic = std::panic::catch_unwind(build).expect_err("building the router must panic");
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .expect("a text message")
+}
+
+#[test]
+fn routes_already_under_the_prefix_panic_at_startup_naming_both_fixes() {
+    for build in [outer_annotated as fn() -> Router, own_route_under_the_prefix] {
+        let message = panic_message(build);
+        for part in [
+            "#[pprof_routes]",
+            "already has a route where the profiling routes go, under `/debug/pprof`",
+            // axum's own words, kept.
+            "Overlapping method route",
+            "annotate only the outermost one",
+            "give the attribute another `prefix = \"...\"`",
+        ] {
+            assert!(message.contains(part), "{part:?} in {message}");
+        }
+    }
+    // The inner router alone is fine, and so is the prefix moved away.
+    drop(inner_annotated());
+}
