@@ -307,6 +307,50 @@ pub fn unpooled_client() -> reqwest::Client {
         .expect("an HTTP client")
 }
 
+/// Sends `GET url`, then `HEAD url`: HEAD must answer the same status and headers,
+/// without a body. Redirects are not followed. Returns the status.
+pub async fn assert_head_like_get(url: &str) -> reqwest::StatusCode {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("an HTTP client");
+    let get = http.get(url).send().await.unwrap();
+    let head = http.head(url).send().await.unwrap();
+    let status = get.status();
+    assert_eq!(head.status(), status, "HEAD {url}");
+    for name in [
+        "content-type",
+        "content-disposition",
+        "x-content-type-options",
+        "x-go-pprof",
+        "location",
+        "www-authenticate",
+    ] {
+        assert_eq!(
+            head.headers().get(name),
+            get.headers().get(name),
+            "{name} of HEAD {url}"
+        );
+    }
+    assert_eq!(
+        head.headers().contains_key("retry-after"),
+        get.headers().contains_key("retry-after"),
+        "retry-after of HEAD {url}"
+    );
+    let body = get.bytes().await.unwrap();
+    assert!(
+        status.is_redirection() || !body.is_empty(),
+        "GET {url} sent no body"
+    );
+    assert!(
+        head.bytes().await.unwrap().is_empty(),
+        "HEAD {url} sent a body"
+    );
+    status
+}
+
 /// A fresh file path under the system temp dir.
 pub fn temp_path(name: &str) -> PathBuf {
     use std::sync::atomic::AtomicU64;

@@ -19,10 +19,17 @@ use std::time::{Duration, Instant};
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 
+#[cfg(feature = "heap-profiling")]
 #[global_allocator]
 static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;
 
-#[pprof_routes(heap = true, heap_default = "2s", heap_max = "5s")]
+// With the tests crate's `heap-profiling` feature off (the HTTP tests' second run), the
+// apps are those of a build without it: no `heap = true`, the system allocator.
+#[cfg_attr(
+    feature = "heap-profiling",
+    pprof_routes(heap = true, heap_default = "2s", heap_max = "5s")
+)]
+#[cfg_attr(not(feature = "heap-profiling"), pprof_routes)]
 fn app() -> Router {
     Router::new().route("/", get(|| async { "child" })).route(
         "/keep",
@@ -44,16 +51,34 @@ fn keep_16_mib_in_child() -> usize {
     kept.len()
 }
 
-#[pprof_routes(token_env = "KRABKA_PPROF_TEST_TOKEN", cpu_max = "10s", heap = true)]
+#[cfg_attr(
+    feature = "heap-profiling",
+    pprof_routes(token_env = "KRABKA_PPROF_TEST_TOKEN", cpu_max = "10s", heap = true)
+)]
+#[cfg_attr(
+    not(feature = "heap-profiling"),
+    pprof_routes(token_env = "KRABKA_PPROF_TEST_TOKEN", cpu_max = "10s")
+)]
 fn token_app() -> Router {
     Router::new().route("/", get(|| async { "child" }))
 }
 
-#[pprof_routes(
-    token_env = "KRABKA_PPROF_TEST_TOKEN",
-    guard = krabka_pprof_tests::internal_only,
-    heap = true,
-    cpu_max = "10s"
+#[cfg_attr(
+    feature = "heap-profiling",
+    pprof_routes(
+        token_env = "KRABKA_PPROF_TEST_TOKEN",
+        guard = krabka_pprof_tests::internal_only,
+        heap = true,
+        cpu_max = "10s"
+    )
+)]
+#[cfg_attr(
+    not(feature = "heap-profiling"),
+    pprof_routes(
+        token_env = "KRABKA_PPROF_TEST_TOKEN",
+        guard = krabka_pprof_tests::internal_only,
+        cpu_max = "10s"
+    )
 )]
 fn token_guard_app() -> Router {
     Router::new().route("/", get(|| async { "child" }))
@@ -225,6 +250,7 @@ fn serve(router: Router) {
 fn main() {
     krabka_pprof_tests::choose_sampler();
     match std::env::args().nth(1).as_deref() {
+        #[cfg(feature = "heap-profiling")]
         Some("config") => {
             // One allocation so that jemalloc has initialised and read its configuration.
             std::hint::black_box(vec![1u8; 4096]);

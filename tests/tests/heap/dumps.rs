@@ -6,8 +6,8 @@ use std::hint::black_box;
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    TestServer, assert_valid_xml, client, decode, go_pprof_top, sample_types, serial, stacks,
-    string,
+    TestServer, assert_head_like_get, assert_valid_xml, client, decode, go_pprof_top, sample_types,
+    serial, stacks, string,
 };
 use reqwest::StatusCode;
 
@@ -161,4 +161,28 @@ async fn bad_seconds_are_400_even_when_sampling_is_active() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(response.headers()["x-go-pprof"], "1");
     assert!(response.text().await.unwrap().contains("above 30 means 30"));
+}
+
+/// `HEAD` on the heap routes: what `GET` answers, without the body.
+#[tokio::test]
+async fn head_answers_the_heap_routes_like_get_without_a_body() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    for path in [
+        "/debug/pprof/heap",
+        "/debug/pprof/allocs",
+        "/debug/pprof/heap?format=text",
+        #[cfg(feature = "flamegraph")]
+        "/debug/pprof/heap?format=svg",
+    ] {
+        assert_eq!(
+            assert_head_like_get(&server.url(path)).await,
+            StatusCode::OK,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        assert_head_like_get(&server.url("/debug/pprof/heap?seconds=x")).await,
+        StatusCode::BAD_REQUEST
+    );
 }

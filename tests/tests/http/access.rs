@@ -15,6 +15,7 @@ async fn a_bearer_token_is_required_and_checked_first() {
     for path in [
         "/debug/pprof/profile?seconds=abc",
         "/debug/pprof/",
+        #[cfg(feature = "heap-profiling")]
         "/debug/pprof/heap",
     ] {
         let missing = http.get(child.url(path)).send().await.unwrap();
@@ -58,15 +59,21 @@ async fn a_bearer_token_is_required_and_checked_first() {
 async fn parca_and_alloy_bearer_headers_are_accepted() {
     let child = ChildServer::start(CHILD, "serve-token", &[(VAR, Some("s3cret-token"))]);
     // Both scrapers use prometheus/common's HTTP client: `Authorization: Bearer <token>`,
-    // no Accept-Encoding.
+    // no Accept-Encoding. What they scrape by default: `/allocs`, and the CPU profile where
+    // heap profiling is compiled out.
+    let path = if cfg!(feature = "heap-profiling") {
+        "/debug/pprof/allocs"
+    } else {
+        "/debug/pprof/profile?seconds=1"
+    };
     for agent in ["conprof/v0.23.0", "Alloy/v1.11.0 (linux; binary)"] {
         let request = format!(
-            "GET /debug/pprof/allocs HTTP/1.1\r\nHost: {}\r\nUser-Agent: {agent}\r\n\
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {agent}\r\n\
              Authorization: Bearer s3cret-token\r\nConnection: close\r\n\r\n",
             child.addr
         );
         let (status, headers, body) = raw_request(child.addr, &request).await;
-        if cfg!(target_env = "musl") {
+        if cfg!(all(target_env = "musl", feature = "heap-profiling")) {
             // Heap profiles need glibc: past the token, the route's own 503, not a 401.
             assert_eq!(status, 503, "{agent}: {}", String::from_utf8_lossy(&body));
             assert!(String::from_utf8_lossy(&body).contains("glibc"));
@@ -140,9 +147,14 @@ async fn with_a_token_and_a_guard_the_token_is_checked_first() {
     let html = index.text().await.unwrap();
     for said in [
         "bearer token from <code>KRABKA_PPROF_TEST_TOKEN</code>, and a guard function",
+        #[cfg(feature = "heap-profiling")]
         "<code>heap</code>",
+        #[cfg(feature = "heap-profiling")]
         "<code>allocs</code>",
+        #[cfg(feature = "heap-profiling")]
         "on (<code>/heap</code>, <code>/allocs</code>)",
+        #[cfg(not(feature = "heap-profiling"))]
+        "off (enable with <code>heap = true</code>)",
     ] {
         assert!(html.contains(said), "the index page says {said:?}:\n{html}");
     }
@@ -154,7 +166,10 @@ async fn with_a_token_and_a_guard_the_token_is_checked_first() {
         .send()
         .await
         .unwrap();
-    if cfg!(target_env = "musl") {
+    if cfg!(not(feature = "heap-profiling")) {
+        // A build without heap profiling has no heap route at all.
+        assert_eq!(heap.status(), StatusCode::NOT_FOUND);
+    } else if cfg!(target_env = "musl") {
         // Past both checks, the heap route's own answer: it needs glibc.
         assert_eq!(heap.status(), StatusCode::SERVICE_UNAVAILABLE);
     } else {

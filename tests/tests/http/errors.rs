@@ -2,7 +2,7 @@
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::{TestServer, client, decode, serial};
+use krabka_pprof_tests::{TestServer, assert_head_like_get, client, decode, serial};
 use reqwest::StatusCode;
 
 #[pprof_routes(cpu_max = "5s")]
@@ -84,12 +84,14 @@ async fn only_get_and_head_are_routes() {
     assert_eq!(response.headers()["allow"], "GET,HEAD");
 }
 
-#[pprof_routes(heap = true)]
+#[cfg_attr(feature = "heap-profiling", pprof_routes(heap = true))]
+#[cfg_attr(not(feature = "heap-profiling"), pprof_routes)]
 fn heap_app() -> Router {
     Router::new()
 }
 
 /// This test binary allocates with the system allocator, not jemalloc.
+#[cfg(feature = "heap-profiling")]
 #[tokio::test]
 async fn heap_without_jemalloc_is_a_503_naming_the_fix() {
     let server = TestServer::start(heap_app);
@@ -118,4 +120,64 @@ async fn heap_without_jemalloc_is_a_503_naming_the_fix() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}
+
+/// `HEAD` on every route of the CPU side: what `GET` answers, headers and status,
+/// without the body (a HEAD on `/profile` takes the profile, as Go's handler does).
+#[tokio::test]
+async fn head_answers_every_route_like_get_without_a_body() {
+    let _serial = serial().await;
+    let server = TestServer::start(heap_app);
+    for (path, status) in [
+        ("/debug/pprof", StatusCode::MOVED_PERMANENTLY),
+        ("/debug/pprof/", StatusCode::OK),
+        ("/debug/pprof/profile?seconds=1", StatusCode::OK),
+        ("/debug/pprof/profile?seconds=1&format=text", StatusCode::OK),
+        #[cfg(feature = "flamegraph")]
+        ("/debug/pprof/profile?seconds=1&format=svg", StatusCode::OK),
+        ("/debug/pprof/profile?seconds=x", StatusCode::BAD_REQUEST),
+        // This binary's allocator is not jemalloc: the heap routes' 503.
+        #[cfg(feature = "heap-profiling")]
+        ("/debug/pprof/heap", StatusCode::SERVICE_UNAVAILABLE),
+        #[cfg(feature = "heap-profiling")]
+        ("/debug/pprof/allocs", StatusCode::SERVICE_UNAVAILABLE),
+    ] {
+        assert_eq!(
+            assert_head_like_get(&server.url(path)).await,
+            status,
+            "{path}"
+        );
+    }
+    let started = std::time::Instant::now();
+    let head = client()
+        .head(server.url("/debug/pprof/profile?seconds=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), StatusCode::OK);
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(2),
+        "HEAD took the whole profile"
+    );
+}
+
+/// A build without `heap-profiling` has no heap routes, and `heap = true` does not
+/// compile there (the ui case `heap_without_feature`).
+#[cfg(not(feature = "heap-profiling"))]
+#[tokio::test]
+async fn without_heap_profiling_the_heap_routes_are_absent() {
+    let server = TestServer::start(heap_app);
+    for route in ["/debug/pprof/heap", "/debug/pprof/allocs"] {
+        let response = client().get(server.url(route)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{route}");
+    }
+    let index = client()
+        .get(server.url("/debug/pprof/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(index.contains("off (enable with <code>heap = true</code>)"));
 }

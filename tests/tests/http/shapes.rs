@@ -179,7 +179,10 @@ fn panic_message(build: fn() -> Router) -> String {
 
 #[test]
 fn routes_already_under_the_prefix_panic_at_startup_naming_both_fixes() {
-    for build in [outer_annotated as fn() -> Router, own_route_under_the_prefix] {
+    for build in [
+        outer_annotated as fn() -> Router,
+        own_route_under_the_prefix,
+    ] {
         let message = panic_message(build);
         for part in [
             "#[pprof_routes]",

@@ -141,6 +141,7 @@ async fn index_is_valid_html_and_every_link_works() {
 
     let expected = [
         "profile?seconds=5",
+        #[cfg(feature = "flamegraph")]
         "profile?seconds=5&format=svg",
         "profile?seconds=5&format=text",
     ];
@@ -174,18 +175,21 @@ async fn cpu_flamegraph_and_text_name_the_hot_function() {
     let server = TestServer::start(app);
     let burner = Burner::start(1, Duration::from_secs(20));
     let http = client();
-    let svg = http
-        .get(server.url("/debug/pprof/profile?seconds=1&format=svg"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(svg.headers()["content-type"], "image/svg+xml");
-    let svg = svg.text().await.unwrap();
-    assert_valid_xml(&svg);
-    assert!(
-        svg.contains("krabka_hot_spin"),
-        "the flamegraph names the hot function"
-    );
+    #[cfg(feature = "flamegraph")]
+    {
+        let svg = http
+            .get(server.url("/debug/pprof/profile?seconds=1&format=svg"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(svg.headers()["content-type"], "image/svg+xml");
+        let svg = svg.text().await.unwrap();
+        assert_valid_xml(&svg);
+        assert!(
+            svg.contains("krabka_hot_spin"),
+            "the flamegraph names the hot function"
+        );
+    }
 
     let text = http
         .get(server.url("/debug/pprof/profile?seconds=1&format=text"))
@@ -220,4 +224,32 @@ async fn cpu_flamegraph_and_text_name_the_hot_function() {
         .parse()
         .unwrap();
     assert!(cum_percent > 80.0, "{text}");
+}
+
+/// A build without `flamegraph` refuses `format=svg` with a 400 naming the feature, and
+/// its index page offers no flamegraph.
+#[cfg(not(feature = "flamegraph"))]
+#[tokio::test]
+async fn without_the_flamegraph_feature_svg_is_a_400_naming_it() {
+    let server = TestServer::start(app);
+    let response = client()
+        .get(server.url("/debug/pprof/profile?seconds=1&format=svg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains("svg needs krabka-pprof's `flamegraph` feature"),
+        "{text}"
+    );
+    let index = client()
+        .get(server.url("/debug/pprof/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!index.contains("format=svg"), "{index}");
 }
