@@ -5,9 +5,10 @@ use std::hint::black_box;
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::queries::{self, Route};
 use krabka_pprof_tests::{
-    TestServer, assert_head_like_get, assert_valid_xml, client, decode, go_pprof_top, sample_types,
-    serial, stacks, string,
+    TestServer, assert_head_like_get, assert_valid_xml, client, decode, go_pprof_top, raw_request,
+    sample_types, serial, stacks, string,
 };
 use reqwest::StatusCode;
 
@@ -184,5 +185,58 @@ async fn head_answers_the_heap_routes_like_get_without_a_body() {
     assert_eq!(
         assert_head_like_get(&server.url("/debug/pprof/heap?seconds=x")).await,
         StatusCode::BAD_REQUEST
+    );
+}
+
+/// Any query string on `/heap` (sampling active, so `seconds` is read but not waited on):
+/// what the contract accepts gets a profile, everything else a 400 with a sentence, never
+/// a 5xx.
+#[test]
+fn any_query_on_the_heap_route_gets_the_contracts_answer() {
+    use proptest::prelude::*;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _serial = runtime.block_on(serial());
+    let server = TestServer::start(app);
+    let addr = server.addr;
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(256));
+    // How many of each answer: both must be common, or the strategy has gone lopsided.
+    let answers = [
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    ];
+    runner
+        .run(&queries::query(), |query| {
+            let request = format!(
+                "GET /debug/pprof/heap?{query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            );
+            let (status, headers, body) = runtime.block_on(raw_request(addr, &request));
+            answers[usize::from(status == 200)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let content_type = headers
+                .iter()
+                .find(|(k, _)| k == "content-type")
+                .map(|(_, v)| v.as_str())
+                .unwrap_or("");
+            if queries::contract_accepts(&query, Route::Heap) {
+                prop_assert_eq!(status, 200, "{}: {}", query, String::from_utf8_lossy(&body));
+                match content_type {
+                    "application/octet-stream" => drop(decode(&body)),
+                    "image/svg+xml" => assert_valid_xml(std::str::from_utf8(&body).unwrap()),
+                    "text/plain; charset=utf-8" => {
+                        prop_assert!(String::from_utf8_lossy(&body).contains("flat%"));
+                    }
+                    other => prop_assert!(false, "{}: {}", query, other),
+                }
+            } else {
+                let text = String::from_utf8_lossy(&body);
+                prop_assert_eq!(status, 400, "{}: {}", query, text);
+                prop_assert!(text.len() > 20 && text.ends_with('\n'), "{:?}", text);
+            }
+            Ok(())
+        })
+        .unwrap();
+    let [refused, accepted] = answers.map(std::sync::atomic::AtomicUsize::into_inner);
+    assert!(
+        accepted >= 40 && refused >= 40,
+        "{accepted} accepted and {refused} refused of 256"
     );
 }

@@ -2,7 +2,9 @@
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::{TestServer, assert_head_like_get, client, decode, serial};
+use krabka_pprof_tests::queries::{self, Route};
+use krabka_pprof_tests::{TestServer, assert_head_like_get, client, decode, raw_request, serial};
+use proptest::prelude::*;
 use reqwest::StatusCode;
 
 #[pprof_routes(cpu_max = "5s")]
@@ -180,4 +182,57 @@ async fn without_heap_profiling_the_heap_routes_are_absent() {
         .await
         .unwrap();
     assert!(index.contains("off (enable with <code>heap = true</code>)"));
+}
+
+#[pprof_routes(cpu_max = "60s")]
+fn long_app() -> Router {
+    Router::new()
+}
+
+/// Any query string on `/profile`, while another profile holds the profiler: what the
+/// contract accepts gets the 409 any valid request gets then, everything else a 400; each
+/// with a sentence in Go's error format, never a 5xx. (A query that forces is left out: it
+/// would stop the held profile and wait for its own.)
+#[test]
+fn any_query_on_the_cpu_route_gets_the_contracts_answer() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _serial = runtime.block_on(serial());
+    let server = TestServer::start(long_app);
+    let held = runtime.block_on(server.hold_profiler("seconds=60"));
+    let addr = server.addr;
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(256));
+    // How many of each answer: both must be common, or the strategy has gone lopsided.
+    let answers = [
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    ];
+    let strategy = queries::query().prop_filter("forces", |q| !queries::forces(q));
+    runner
+        .run(&strategy, |query| {
+            let request = format!(
+                "GET /debug/pprof/profile?{query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            );
+            let (status, headers, body) = runtime.block_on(raw_request(addr, &request));
+            answers[usize::from(status == 409)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let text = String::from_utf8_lossy(&body);
+            let expected = if queries::contract_accepts(&query, Route::Cpu) {
+                409
+            } else {
+                400
+            };
+            prop_assert_eq!(status, expected, "{}: {}", query, text);
+            prop_assert!(
+                headers.iter().any(|(k, v)| k == "x-go-pprof" && v == "1"),
+                "X-Go-Pprof"
+            );
+            prop_assert!(text.len() > 20 && text.ends_with('\n'), "a sentence: {:?}", text);
+            Ok(())
+        })
+        .unwrap();
+    let [refused, accepted] = answers.map(std::sync::atomic::AtomicUsize::into_inner);
+    assert!(
+        accepted >= 40 && refused >= 40,
+        "{accepted} accepted and {refused} refused of 256"
+    );
+    drop(held);
 }

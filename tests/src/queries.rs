@@ -1,0 +1,159 @@
+//! Arbitrary query strings for the routes' property tests, and what the HTTP contract
+//! (`krabka-pprof/docs/http.md`) says of each: accepted, or refused with a 400.
+
+use proptest::prelude::*;
+
+/// The parameters the routes read, and some they ignore (Go's `debug` and `gc`).
+const KEYS: &[&str] = &["seconds", "frequency", "format", "force", "debug", "gc"];
+
+/// Values that sit on the contract's edges.
+const VALUES: &[&str] = &[
+    "",
+    "0",
+    "1",
+    "30",
+    "59",
+    "60",
+    "61",
+    "999",
+    "1000",
+    "1001",
+    "-1",
+    "+1",
+    "1.5",
+    " 1",
+    "1e3",
+    "0x10",
+    "007",
+    "true",
+    "false",
+    "TRUE",
+    "svg",
+    "text",
+    "pprof",
+    "proto",
+    "top",
+    "flamegraph",
+    "SVG",
+    "\u{663}",
+    "١٢",
+    "18446744073709551615",
+    "18446744073709551616",
+    "99999999999999999999999",
+];
+
+/// Raw pieces that are not well-formed pairs: stray separators, broken escapes, bytes
+/// that decode to invalid UTF-8.
+const RAW: &[&str] = &[
+    "&", "&&", "=", "==", ";", "+", "%", "%zz", "%FF", "%C3%28", "%00",
+];
+
+/// Percent-encodes everything but unreserved characters, so the request line stays valid
+/// HTTP whatever the text.
+fn encode(text: &str) -> String {
+    let mut out = String::new();
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+fn piece() -> impl Strategy<Value = String> {
+    let key = prop_oneof![
+        4 => proptest::sample::select(KEYS).prop_map(str::to_owned),
+        1 => "[a-z]{1,8}",
+        1 => any::<String>(),
+    ];
+    let value = prop_oneof![
+        3 => proptest::sample::select(VALUES).prop_map(str::to_owned),
+        2 => any::<u64>().prop_map(|n| n.to_string()),
+        1 => (0u32..2000).prop_map(|n| n.to_string()),
+        1 => any::<String>(),
+    ];
+    prop_oneof![
+        6 => (key.clone(), value).prop_map(|(k, v)| format!("{}={}", encode(&k), encode(&v))),
+        1 => key.prop_map(|k| encode(&k)),
+        1 => proptest::sample::select(RAW).prop_map(str::to_owned),
+    ]
+}
+
+/// A query string of up to six pieces joined by `&`, as it goes on the request line.
+pub fn query() -> impl Strategy<Value = String> {
+    proptest::collection::vec(piece(), 0..6).prop_map(|pieces| pieces.join("&"))
+}
+
+/// The pairs a server decodes from `query` (`application/x-www-form-urlencoded`, invalid
+/// UTF-8 replaced), in order.
+pub fn decoded(query: &str) -> Vec<(String, String)> {
+    reqwest::Url::parse(&format!("http://127.0.0.1/?{query}"))
+        .expect("a URL")
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+/// Which route's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `/profile`: `seconds`, `frequency`, `format`, `force`.
+    Cpu,
+    /// `/heap`, `/allocs`: `seconds`, `format`.
+    Heap,
+}
+
+/// Whether the HTTP contract accepts `query` on `route`: each parameter the route reads
+/// given at most once; `seconds` a whole number of digits that fits 64 bits; `frequency`
+/// 1 to 1000; `format` one of the views this build has; `force` true, false, 1 or 0.
+/// Others are ignored.
+pub fn contract_accepts(query: &str, route: Route) -> bool {
+    let read: &[&str] = match route {
+        Route::Cpu => &["seconds", "frequency", "format", "force"],
+        Route::Heap => &["seconds", "format", "frequency", "force"],
+    };
+    let pairs = decoded(query);
+    for key in read {
+        let values: Vec<&str> = pairs
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        let Some(&value) = values.first() else {
+            continue;
+        };
+        if values.len() > 1 {
+            return false;
+        }
+        let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+        let ok = match *key {
+            "seconds" => digits && value.parse::<u64>().is_ok(),
+            "frequency" => {
+                route == Route::Heap
+                    || (digits
+                        && value
+                            .parse::<u64>()
+                            .is_ok_and(|hz| (1..=1000).contains(&hz)))
+            }
+            "format" => {
+                matches!(value, "pprof" | "proto" | "text" | "top")
+                    || (cfg!(feature = "flamegraph") && matches!(value, "svg" | "flamegraph"))
+            }
+            "force" => route == Route::Heap || matches!(value, "true" | "false" | "1" | "0"),
+            _ => unreachable!(),
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether `query` asks a CPU profile to stop the running one.
+pub fn forces(query: &str) -> bool {
+    decoded(query)
+        .iter()
+        .any(|(k, v)| k == "force" && matches!(v.as_str(), "true" | "1"))
+}
