@@ -264,3 +264,127 @@ fn thread_name(tid: u32) -> String {
         .map(|name| name.trim_end().to_owned())
         .unwrap_or_else(|_| format!("thread {tid}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::{Duration, SystemTime};
+
+    use super::report_profile;
+    use crate::cpu::sampler::{Collected, Report, StackKey, Tally};
+    use crate::objects::Objects;
+
+    /// A session's collection: one stack in this test's own code, and what was lost.
+    fn collected(stack: Tally, lost: Tally) -> Collected {
+        let here = collected as fn(Tally, Tally) -> Collected as usize as u64;
+        let mut stacks = HashMap::new();
+        stacks.insert(
+            StackKey {
+                tid: std::process::id(),
+                flags: 0,
+                frames: vec![here].into_boxed_slice(),
+            },
+            stack,
+        );
+        Collected {
+            stacks,
+            lost,
+            started: SystemTime::now(),
+            duration: Duration::from_secs(1),
+            cpu_time: Duration::from_millis(500),
+            frequency: 100,
+            objects: Objects::current(),
+            threads: Vec::new(),
+            report: Report::default(),
+        }
+    }
+
+    /// The values of the sample whose only frame is named `name`.
+    fn marker_values(profile: &crate::proto::Profile, name: &str) -> Option<Vec<i64>> {
+        let function = profile
+            .function
+            .iter()
+            .find(|f| profile.string_table[f.name as usize] == name)?;
+        let location = profile
+            .location
+            .iter()
+            .find(|l| l.line.iter().any(|line| line.function_id == function.id))?;
+        profile
+            .sample
+            .iter()
+            .find(|s| s.location_id == [location.id])
+            .map(|s| s.value.clone())
+    }
+
+    #[test]
+    fn lost_samples_are_a_marker_with_their_periods() {
+        let (profile, capped) = report_profile(collected(
+            Tally {
+                samples: 20,
+                periods: 20,
+            },
+            Tally {
+                samples: 3,
+                periods: 5,
+            },
+        ));
+        assert_eq!(
+            marker_values(&profile, "[lost: sample buffer full]"),
+            Some(vec![3, 5 * 10_000_000]),
+            "3 samples standing for 5 periods of 10 ms"
+        );
+        assert!(
+            !capped,
+            "25 periods from 23 signals is within the 1/8 margin"
+        );
+        let none = report_profile(collected(
+            Tally {
+                samples: 20,
+                periods: 20,
+            },
+            Tally::default(),
+        ))
+        .0;
+        assert_eq!(marker_values(&none, "[lost: sample buffer full]"), None);
+    }
+
+    #[test]
+    fn samples_standing_for_more_periods_keep_their_cpu_time_and_say_so() {
+        let (profile, capped) = report_profile(collected(
+            Tally {
+                samples: 10,
+                periods: 40,
+            },
+            Tally::default(),
+        ));
+        assert!(capped);
+        let total: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
+        assert_eq!(
+            total,
+            40 * 10_000_000,
+            "cpu/nanoseconds counts periods, not signals"
+        );
+        let counts: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+        assert_eq!(counts, 10, "samples/count counts signals");
+        let comments: Vec<&str> = profile
+            .comment
+            .iter()
+            .map(|&i| profile.string_table[i as usize].as_str())
+            .collect();
+        assert!(
+            comments
+                .iter()
+                .any(|c| c.starts_with("10 signals stood for 40 periods")),
+            "{comments:?}"
+        );
+        // At the margin: 45 periods from 40 signals is not a cap.
+        let (_, capped) = report_profile(collected(
+            Tally {
+                samples: 40,
+                periods: 45,
+            },
+            Tally::default(),
+        ));
+        assert!(!capped);
+    }
+}
