@@ -16,6 +16,7 @@ pub(crate) const KEYS: &[&str] = &[
     "cpu_default",
     "cpu_max",
     "frequency",
+    "max_windows",
     "blocklist",
     "heap",
     "heap_default",
@@ -39,6 +40,7 @@ pub(crate) struct Args {
     pub(crate) cpu_default: Option<Spanned<Duration>>,
     pub(crate) cpu_max: Option<Spanned<Duration>>,
     pub(crate) frequency: Option<Spanned<u32>>,
+    pub(crate) max_windows: Option<Spanned<u32>>,
     pub(crate) blocklist: Option<Spanned<Vec<String>>>,
     pub(crate) heap: Option<Spanned<bool>>,
     pub(crate) heap_default: Option<Spanned<Duration>>,
@@ -125,7 +127,19 @@ impl Args {
             "cpu_max" => self.cpu_max = Some(duration_value(key, &value)?),
             "heap_default" => self.heap_default = Some(duration_value(key, &value)?),
             "heap_max" => self.heap_max = Some(duration_value(key, &value)?),
-            "frequency" => self.frequency = Some(frequency_value(&value)?),
+            "frequency" => {
+                self.frequency = Some(integer_value(
+                    key,
+                    " in Hz",
+                    99,
+                    rules::check_frequency,
+                    &value,
+                )?);
+            }
+            "max_windows" => {
+                self.max_windows =
+                    Some(integer_value(key, "", 8, rules::check_max_windows, &value)?);
+            }
             "blocklist" => self.blocklist = Some(blocklist_value(&value)?),
             "heap" => self.heap = Some(bool_value(key, &value)?),
             "prefix" => self.prefix = Some(prefix_value(&value)?),
@@ -184,6 +198,7 @@ fn example(key: &str) -> &'static str {
         "heap_default" => "\"10s\"",
         "heap_max" => "\"30s\"",
         "frequency" => "99",
+        "max_windows" => "8",
         "blocklist" => "[\"libc\", \"libgcc\", \"pthread\", \"vdso\"]",
         "prefix" => "\"/debug/pprof\"",
         "guard" => "crate::auth::is_admin",
@@ -277,10 +292,17 @@ fn duration_value(key: &str, expr: &Expr) -> syn::Result<Spanned<Duration>> {
     })
 }
 
-fn frequency_value(expr: &Expr) -> syn::Result<Spanned<u32>> {
-    let in_range = |found: &str| {
-        rules::check_frequency(found).map_err(|message| syn::Error::new(expr.span(), message))
-    };
+/// An integer key (`frequency`, `max_windows`): a plain decimal literal, checked by
+/// `check` as written; `unit` and `example` shape the messages for other tokens.
+fn integer_value(
+    key: &str,
+    unit: &str,
+    example: u32,
+    check: fn(&str) -> Result<u32, String>,
+    expr: &Expr,
+) -> syn::Result<Spanned<u32>> {
+    let in_range =
+        |found: &str| check(found).map_err(|message| syn::Error::new(expr.span(), message));
     match expr {
         Expr::Lit(ExprLit {
             lit: Lit::Int(int), ..
@@ -289,7 +311,7 @@ fn frequency_value(expr: &Expr) -> syn::Result<Spanned<u32>> {
                 return Err(syn::Error::new(
                     int.span(),
                     format!(
-                        "`frequency` takes a plain integer in Hz; drop the `{}` suffix",
+                        "`{key}` takes a plain integer{unit}; drop the `{}` suffix",
                         int.suffix()
                     ),
                 ));
@@ -329,7 +351,7 @@ fn frequency_value(expr: &Expr) -> syn::Result<Spanned<u32>> {
         }) => Err(syn::Error::new(
             text.span(),
             format!(
-                "`frequency` takes an integer in Hz, found a string; write `frequency = {}`",
+                "`{key}` takes an integer{unit}, found a string; write `{key} = {}`",
                 text.value()
                     .trim_end_matches("Hz")
                     .trim_end_matches("hz")
@@ -339,7 +361,7 @@ fn frequency_value(expr: &Expr) -> syn::Result<Spanned<u32>> {
         other => Err(syn::Error::new(
             other.span(),
             format!(
-                "`frequency` takes an integer in Hz such as 99, found {}",
+                "`{key}` takes an integer{unit} such as {example}, found {}",
                 describe(other)
             ),
         )),
@@ -593,6 +615,41 @@ mod tests {
         );
         assert!(messages(quote!(frequency = "99Hz"))[0].contains("write `frequency = 99`"));
         assert!(messages(quote!(frequency = 99u8))[0].contains("drop the `u8` suffix"));
+    }
+
+    #[test]
+    fn max_windows_bounds_and_types() {
+        assert_eq!(
+            parse_ok(quote!(max_windows = 1)).max_windows.unwrap().value,
+            1
+        );
+        assert_eq!(
+            parse_ok(quote!(max_windows = 64))
+                .max_windows
+                .unwrap()
+                .value,
+            64
+        );
+        assert_eq!(
+            messages(quote!(max_windows = 0)),
+            ["`max_windows` must be between 1 and 64, found 0"]
+        );
+        assert_eq!(
+            messages(quote!(max_windows = 65)),
+            ["`max_windows` must be between 1 and 64, found 65"]
+        );
+        assert_eq!(
+            messages(quote!(max_windows = "8")),
+            ["`max_windows` takes an integer, found a string; write `max_windows = 8`"]
+        );
+        assert_eq!(
+            messages(quote!(max_windows = 8usize)),
+            ["`max_windows` takes a plain integer; drop the `usize` suffix"]
+        );
+        assert_eq!(
+            messages(quote!(max_windows = true)),
+            ["`max_windows` takes an integer such as 8, found a bool"]
+        );
     }
 
     #[test]

@@ -238,6 +238,10 @@ fn config_expr(args: &Args, krate: &TokenStream) -> TokenStream {
         let hz = v.value;
         calls.extend(quote_spanned!(v.span=> .with_frequency(#hz)));
     }
+    if let Some(v) = &args.max_windows {
+        let windows = v.value;
+        calls.extend(quote_spanned!(v.span=> .with_max_windows(#windows)));
+    }
     if let Some(v) = &args.blocklist {
         let names = &v.value;
         calls.extend(quote_spanned!(v.span=> .with_blocklist(&[#(#names),*])));

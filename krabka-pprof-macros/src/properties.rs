@@ -114,12 +114,13 @@ proptest! {
     }
 
     #[test]
-    fn durations_and_frequency_are_judged_as_the_runtime_judges_them(
+    fn durations_frequency_and_windows_are_judged_as_the_runtime_judges_them(
         cpu_max in prop::option::of(millis()),
         cpu_default in prop::option::of(millis()),
         heap_max in prop::option::of(millis()),
         heap_default in prop::option::of(millis()),
         frequency in prop::option::of(prop_oneof![0u32..1_100, any::<u32>()]),
+        max_windows in prop::option::of(prop_oneof![0u32..70, any::<u32>()]),
     ) {
         let mut attr = vec!["heap = true".to_owned()];
         let mut config = ProfilingConfig::new().with_heap(true);
@@ -142,6 +143,10 @@ proptest! {
         if let Some(hz) = frequency {
             attr.push(format!("frequency = {hz}"));
             config = config.with_frequency(hz);
+        }
+        if let Some(windows) = max_windows {
+            attr.push(format!("max_windows = {windows}"));
+            config = config.with_max_windows(windows);
         }
         agree(&attr.join(", "), &config)?;
     }

@@ -13,7 +13,7 @@
 //! `fail/token_env_not_a_variable_name`, `fail/all_value_errors_at_once`,
 //! `fail/cpu_default_below_one_second`, `fail/heap_max_above_one_hour`,
 //! `fail/heap_default_above_heap_max`, `fail/prefix_with_empty_segment`,
-//! `fail/prefix_with_colon_segment`,
+//! `fail/prefix_with_colon_segment`, `fail/max_windows_zero`, `fail/max_windows_above_64`,
 //! `pass/every_key_at_its_bounds` and `pass/cpu_max_below_builtin_default`; and
 //! `src/properties.rs` checks, value by value, that these rules accept exactly what
 //! `validate` accepts.
@@ -34,6 +34,10 @@ pub(crate) const MAX_DURATION: Duration = Duration::from_secs(3600);
 pub(crate) const MIN_FREQUENCY: u32 = 1;
 /// `MAX_FREQUENCY` in config.rs.
 pub(crate) const MAX_FREQUENCY: u32 = 1000;
+/// `MIN_WINDOWS` in config.rs.
+pub(crate) const MIN_WINDOWS: u32 = 1;
+/// `MAX_WINDOWS` in config.rs.
+pub(crate) const MAX_WINDOWS: u32 = 64;
 /// `cpu_max` in `ProfilingConfig::new()`.
 pub(crate) const DEFAULT_CPU_MAX: Duration = Duration::from_secs(60);
 /// `heap_max` in `ProfilingConfig::new()`.
@@ -97,6 +101,17 @@ pub(crate) fn check_frequency(found: &str) -> Result<u32, String> {
         }
         _ => Err(format!(
             "`frequency` must be between {MIN_FREQUENCY} and {MAX_FREQUENCY} Hz, found {found}"
+        )),
+    }
+}
+
+/// `max_windows` lies within `MIN_WINDOWS ..= MAX_WINDOWS` (the `WindowsOutOfRange` check
+/// in `ProfilingConfig::validate`). `found` as in [`check_frequency`].
+pub(crate) fn check_max_windows(found: &str) -> Result<u32, String> {
+    match found.parse::<u64>() {
+        Ok(n) if (u64::from(MIN_WINDOWS)..=u64::from(MAX_WINDOWS)).contains(&n) => Ok(n as u32),
+        _ => Err(format!(
+            "`max_windows` must be between {MIN_WINDOWS} and {MAX_WINDOWS}, found {found}"
         )),
     }
 }

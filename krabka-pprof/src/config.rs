@@ -26,6 +26,11 @@ pub const MIN_FREQUENCY: u32 = 1;
 /// The highest sampling frequency, in Hz. Above it the signal handler's own cost starts to
 /// distort what it measures.
 pub const MAX_FREQUENCY: u32 = 1000;
+/// The fewest CPU profile windows that may share one sampler: 1 is one profile at a time.
+pub const MIN_WINDOWS: u32 = 1;
+/// The most CPU profile windows that may share one sampler. Each holds its own stack
+/// counts while it is open.
+pub const MAX_WINDOWS: u32 = 64;
 
 /// Settings for the profiling routes.
 ///
@@ -49,6 +54,7 @@ pub struct ProfilingConfig {
     cpu_default: Option<Duration>,
     cpu_max: Duration,
     frequency: u32,
+    max_windows: u32,
     blocklist: &'static [&'static str],
     heap: bool,
     /// `None`: 10 s, or `heap_max` if that is shorter.
@@ -75,6 +81,7 @@ impl ProfilingConfig {
             cpu_default: None,
             cpu_max: Duration::from_secs(60),
             frequency: 99,
+            max_windows: 8,
             blocklist: &[],
             heap: false,
             heap_default: None,
@@ -102,6 +109,15 @@ impl ProfilingConfig {
     /// CPU sampling frequency in Hz when the request has no `frequency`.
     pub const fn with_frequency(mut self, hz: u32) -> Self {
         self.frequency = hz;
+        self
+    }
+
+    /// How many CPU profiles may run at once, sharing one sampler at one frequency (8
+    /// unless set). A request that arrives while a profile runs at the same frequency
+    /// joins it and gets the samples of its own window; past this many it gets 409. `1`
+    /// is one profile at a time.
+    pub const fn with_max_windows(mut self, windows: u32) -> Self {
+        self.max_windows = windows;
         self
     }
 
@@ -170,6 +186,10 @@ impl ProfilingConfig {
     pub const fn frequency(&self) -> u32 {
         self.frequency
     }
+    /// See [`with_max_windows`](Self::with_max_windows).
+    pub const fn max_windows(&self) -> u32 {
+        self.max_windows
+    }
     /// See [`with_blocklist`](Self::with_blocklist).
     pub const fn blocklist(&self) -> &'static [&'static str] {
         self.blocklist
@@ -221,6 +241,11 @@ impl ProfilingConfig {
         if self.frequency < MIN_FREQUENCY || self.frequency > MAX_FREQUENCY {
             return Err(ConfigError::FrequencyOutOfRange {
                 found: self.frequency,
+            });
+        }
+        if self.max_windows < MIN_WINDOWS || self.max_windows > MAX_WINDOWS {
+            return Err(ConfigError::WindowsOutOfRange {
+                found: self.max_windows,
             });
         }
         let mut index = 0;
@@ -400,6 +425,11 @@ pub enum ConfigError {
         /// The value.
         found: u32,
     },
+    /// A `max_windows` outside 1 ..= 64.
+    WindowsOutOfRange {
+        /// The value.
+        found: u32,
+    },
     /// An empty or blank library name in the blocklist.
     BlankBlocklistEntry {
         /// Its position.
@@ -444,6 +474,9 @@ impl ConfigError {
             ConfigError::FrequencyOutOfRange { .. } => {
                 "krabka-pprof: `frequency` must be between 1 and 1000 Hz"
             }
+            ConfigError::WindowsOutOfRange { .. } => {
+                "krabka-pprof: `max_windows` must be between 1 and 64"
+            }
             ConfigError::BlankBlocklistEntry { .. } => {
                 "krabka-pprof: `blocklist` entries must be non-empty library names"
             }
@@ -485,6 +518,10 @@ impl fmt::Display for ConfigError {
             ConfigError::FrequencyOutOfRange { found } => write!(
                 f,
                 "`frequency` must be between {MIN_FREQUENCY} and {MAX_FREQUENCY} Hz, found {found}"
+            ),
+            ConfigError::WindowsOutOfRange { found } => write!(
+                f,
+                "`max_windows` must be between {MIN_WINDOWS} and {MAX_WINDOWS}, found {found}"
             ),
             ConfigError::BlankBlocklistEntry { index } => write!(
                 f,
@@ -591,6 +628,22 @@ mod tests {
             "`frequency` must be between 1 and 1000 Hz, found 0"
         );
         assert!(c.with_frequency(1001).validate().is_err());
+    }
+
+    #[test]
+    fn max_windows_bounds() {
+        let c = ProfilingConfig::new();
+        assert_eq!(c.max_windows(), 8);
+        assert_eq!(c.with_max_windows(1).validate(), Ok(()));
+        assert_eq!(c.with_max_windows(64).validate(), Ok(()));
+        assert_eq!(
+            c.with_max_windows(0).validate().unwrap_err().to_string(),
+            "`max_windows` must be between 1 and 64, found 0"
+        );
+        assert_eq!(
+            c.with_max_windows(65).validate().unwrap_err().rule(),
+            "krabka-pprof: `max_windows` must be between 1 and 64"
+        );
     }
 
     #[test]

@@ -1,14 +1,17 @@
-//! One CPU profile at a time in a process, whichever sampler takes it: the lease (an
-//! RAII guard the request owns: 409, `force=true`, freed when the client hangs up), what
-//! a request asks for and how it fails, and the choice of sampler. The request side of
+//! One sampler session at a time in a process, whichever sampler runs it: the lease (an
+//! RAII guard the session owns: 409, `force=true`, freed when its last request ends or
+//! hangs up), what a request asks for and how it fails, and the choice of sampler. With
+//! this crate's sampler several requests share a session, each with its own *window*
+//! (`linux.rs`); the `pprof` crate's serves one request per session. The request side of
 //! each sampler is its own file: `linux.rs` for this crate's (signal path in `sampler.rs`,
 //! thread table in `threads.rs`, timers in `timers.rs`, stack reads in `memory.rs`),
 //! `pprof_rs.rs` for the `pprof` crate's. Everything that can take more than microseconds
 //! runs on the blocking pool.
 //!
-//! Names: a *lease* is a request's hold on the profiler; a *slot* is the sampler's
+//! Names: a *lease* is a session's hold on the profiler; a *slot* is the sampler's
 //! scratch memory for one signal handler; a *session* is one start-to-stop run of the
-//! sampler.
+//! sampler; a *window* is one request's part of a session, from its arrival for its
+//! `seconds`.
 
 // Without a sampler every request is a 503: the busy state goes unused there.
 #![cfg_attr(not(any(sampler, pprof_rs)), allow(dead_code))]
@@ -22,6 +25,7 @@ mod threads;
 #[cfg(sampler)]
 mod timers;
 
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -45,6 +49,8 @@ pub(crate) struct CpuRequest {
     pub(crate) blocklist: &'static [&'static str],
     /// Stop a running profile early instead of answering 409.
     pub(crate) force: bool,
+    /// How many windows may share one session (`max_windows`).
+    pub(crate) max_windows: u32,
 }
 
 /// Why a CPU profile could not be produced.
@@ -55,6 +61,13 @@ pub(crate) enum CpuError {
     /// A profile started with `?force=true` is running, which a `?force=true` request
     /// does not stop; it ends in `retry_after`.
     ForcedRunning { retry_after: Duration },
+    /// The session runs at another frequency; it ends in `retry_after`.
+    OtherFrequency { running: u32, retry_after: Duration },
+    /// `max_windows` windows share the session already; the first ends in `retry_after`.
+    Full {
+        max_windows: u32,
+        retry_after: Duration,
+    },
     /// Profiling cannot run here (this target, or this process as it is now); the
     /// sentence says why.
     Unavailable(&'static str),
@@ -62,17 +75,89 @@ pub(crate) enum CpuError {
     Failed(String),
 }
 
-/// The running profile, if any. Process-wide: there is one `SIGPROF` timer per process,
-/// whatever the number of routers.
+/// State of this process, never of its parent: a child made by `fork` gets a fresh one
+/// the first time it looks, because it inherits the parent's memory as it was, a lock
+/// taken by one of the parent's threads included, and that thread does not exist in the
+/// child. The parent's copy is left alone (leaked) in the child.
+pub(crate) struct PerProcess<T> {
+    current: AtomicPtr<(u32, T)>,
+    init: fn() -> T,
+}
+
+impl<T: Sync> PerProcess<T> {
+    pub(crate) const fn new(init: fn() -> T) -> Self {
+        PerProcess {
+            current: AtomicPtr::new(std::ptr::null_mut()),
+            init,
+        }
+    }
+
+    /// This process's state.
+    pub(crate) fn get(&self) -> &T {
+        let pid = std::process::id();
+        loop {
+            let current = self.current.load(Ordering::Acquire);
+            // SAFETY: a published state is never freed (see below).
+            if let Some((owner, state)) = unsafe { current.as_ref() }
+                && *owner == pid
+            {
+                return state;
+            }
+            let fresh = Box::into_raw(Box::new((pid, (self.init)())));
+            match self
+                .current
+                .compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire)
+            {
+                // The state replaced, if any, was the parent's: it stays allocated, so a
+                // reference the parent's threads held before `fork` can never dangle.
+                // SAFETY: just published, and never freed.
+                Ok(_) => return unsafe { &(*fresh).1 },
+                // Another thread of this process published first; this one was never
+                // shared.
+                // SAFETY: `fresh` came from `Box::into_raw` above.
+                Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+            }
+        }
+    }
+}
+
+/// The profiler of this process: the running session's lease, if any, and the
+/// notification of its release.
+struct Profiler {
+    running: Mutex<Option<Running>>,
+    /// Notified every time the profiler is freed, for requests waiting on it.
+    released: Notify,
+}
+
+/// Process-wide: there is one `SIGPROF` disposition per process, whatever the number of
+/// routers.
+static PROFILER: PerProcess<Profiler> = PerProcess::new(|| Profiler {
+    running: Mutex::new(None),
+    released: Notify::new(),
+});
+
+fn running() -> std::sync::MutexGuard<'static, Option<Running>> {
+    PROFILER
+        .get()
+        .running
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Notified every time the profiler is freed.
+pub(crate) fn released() -> &'static Notify {
+    &PROFILER.get().released
+}
+
 struct Running {
-    /// The process that took the profiler: a child made by `fork` inherits a copy of this
-    /// state, which it must not take for a profile of its own running.
-    pid: u32,
     ends_at: Instant,
     /// Notified by a `?force=true` request: the running profile stops early.
     stop_early: Arc<Notify>,
     /// Started by a `?force=true` request.
     forced: bool,
+    /// Its last window has closed and the sampler is stopping: a request waits for it
+    /// rather than being refused.
+    ending: bool,
 }
 
 /// Why the profiler could not be taken: the running profile's end, its early-stop switch,
@@ -81,11 +166,8 @@ struct Taken {
     busy: CpuError,
     stop_early: Arc<Notify>,
     forced: bool,
+    ending: bool,
 }
-
-static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
-/// Notified every time the profiler is freed, for `?force=true` requests waiting on it.
-static RELEASED: Notify = Notify::const_new();
 
 /// Holds the process's CPU profiler for one request; dropping it frees the profiler, so
 /// a client that hangs up (axum drops the handler future) frees it at once.
@@ -95,10 +177,9 @@ pub(crate) struct CpuLease {
 
 impl CpuLease {
     fn try_acquire(duration: Duration, forced: bool) -> Result<CpuLease, Taken> {
-        let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut running = running();
         let now = Instant::now();
-        let pid = std::process::id();
-        if let Some(current) = running.as_ref().filter(|r| r.pid == pid) {
+        if let Some(current) = running.as_ref() {
             let busy = CpuError::Busy {
                 retry_after: current.ends_at.saturating_duration_since(now),
             };
@@ -106,14 +187,15 @@ impl CpuLease {
                 busy,
                 stop_early: current.stop_early.clone(),
                 forced: current.forced,
+                ending: current.ending,
             });
         }
         let stop_early = Arc::new(Notify::new());
         *running = Some(Running {
-            pid,
             ends_at: now + duration,
             stop_early: stop_early.clone(),
             forced,
+            ending: false,
         });
         Ok(CpuLease { stop_early })
     }
@@ -127,12 +209,19 @@ impl CpuLease {
     pub(crate) async fn acquire(duration: Duration, force: bool) -> Result<CpuLease, CpuError> {
         let deadline = tokio::time::Instant::now() + FORCE_WAIT;
         loop {
-            let released = RELEASED.notified();
+            let released = released().notified();
             tokio::pin!(released);
             // Registered before looking, so a release in between is not missed.
             released.as_mut().enable();
             match CpuLease::try_acquire(duration, force) {
                 Ok(lease) => return Ok(lease),
+                Err(Taken { ending: true, .. }) => {
+                    if tokio::time::timeout_at(deadline, released).await.is_err() {
+                        return Err(CpuError::Failed(
+                            "the last CPU profile's sampler did not stop".into(),
+                        ));
+                    }
+                }
                 Err(taken) if !force => return Err(taken.busy),
                 Err(Taken {
                     busy: CpuError::Busy { retry_after },
@@ -152,14 +241,33 @@ impl CpuLease {
     }
 }
 
+impl CpuLease {
+    /// The session now runs until `ends_at` at least (a window joined it).
+    #[cfg(sampler)]
+    pub(crate) fn extend(&self, ends_at: Instant) {
+        if let Some(running) = running().as_mut() {
+            running.ends_at = running.ends_at.max(ends_at);
+        }
+    }
+
+    /// The session's last window has closed: requests wait for the sampler to stop
+    /// instead of getting 409.
+    #[cfg(sampler)]
+    pub(crate) fn ending(&self) {
+        if let Some(running) = running().as_mut() {
+            running.ending = true;
+        }
+    }
+}
+
 /// How long a `?force=true` request waits for the running profile to stop: it stops at
 /// its next scheduling point, then needs the blocking pool to stop the sampler.
 const FORCE_WAIT: Duration = Duration::from_secs(10);
 
 impl Drop for CpuLease {
     fn drop(&mut self) {
-        *RUNNING.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        RELEASED.notify_waiters();
+        *running() = None;
+        released().notify_waiters();
     }
 }
 
@@ -173,19 +281,18 @@ where
     crate::on_blocking_pool(f, CpuError::Failed).await
 }
 
-/// What a request holds while its sampler (`S`: this crate's or the `pprof` crate's)
-/// runs. If the request is dropped (the client hung up), the sampler is stopped and freed
+/// What a request holds while the `pprof` crate's sampler (`S`) runs. If the request is dropped (the client hung up), the sampler is stopped and freed
 /// on the blocking pool (stopping deletes timers or restores the signal disposition,
 /// waits for handlers, frees buffers: no work for an async worker), and only then is the
 /// lease freed, so the next request never finds the sampler still stopping. A request
 /// that finishes takes both out first.
-#[cfg(any(sampler, pprof_rs))]
+#[cfg(pprof_rs)]
 struct Hold<S: Send + 'static> {
     sampler: Option<S>,
     lease: Option<CpuLease>,
 }
 
-#[cfg(any(sampler, pprof_rs))]
+#[cfg(pprof_rs)]
 impl<S: Send + 'static> Drop for Hold<S> {
     fn drop(&mut self) {
         let (sampler, lease) = (self.sampler.take(), self.lease.take());
@@ -260,6 +367,7 @@ mod tests {
             frequency: 99,
             blocklist: &[],
             force: false,
+            max_windows: 1,
         };
         // The client hangs up 300 ms into its 10 s window: the request's future is dropped.
         let cancelled =

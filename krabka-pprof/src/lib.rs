@@ -43,8 +43,8 @@ mod symbols;
 mod views;
 
 pub use config::{
-    ConfigError, DurationField, Guard, MAX_DURATION, MAX_FREQUENCY, MIN_DURATION, MIN_FREQUENCY,
-    ProfilingConfig,
+    ConfigError, DurationField, Guard, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION,
+    MIN_FREQUENCY, MIN_WINDOWS, ProfilingConfig,
 };
 #[cfg(all(feature = "heap-profiling", not(target_env = "msvc")))]
 pub use heap::Jemalloc;

@@ -129,6 +129,7 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
         handler_p99_ns = field::Empty,
         rate_capped = field::Empty,
         handler_replaced = field::Empty,
+        windows = field::Empty,
     );
     async move {
         if let Some(refusal) = shared.access.refusal(&parts) {
@@ -163,6 +164,7 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
         frequency: query.frequency,
         blocklist: config.blocklist(),
         force: query.force,
+        max_windows: config.max_windows(),
     };
     let format = query.format;
     let subtitle = format!("{} s at {} Hz", query.duration.as_secs(), query.frequency);
@@ -171,7 +173,13 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     });
     match rendered.await {
         Ok(view) => response::view(view, "profile"),
-        Err(CpuError::Busy { retry_after }) => {
+        Err(
+            CpuError::Busy { retry_after }
+            | CpuError::Full {
+                max_windows: 1,
+                retry_after,
+            },
+        ) => {
             span.record("outcome", "busy");
             tracing::debug!("refused: a CPU profile is already running");
             busy(
@@ -187,6 +195,36 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
                 retry_after,
                 "a CPU profile started with force=true is running and ends in about {}s; \
                  force=true does not stop another forced profile, retry after that",
+            )
+        }
+        Err(CpuError::OtherFrequency {
+            running,
+            retry_after,
+        }) => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: a CPU profile runs at {running} Hz");
+            busy(
+                retry_after,
+                &format!(
+                    "a CPU profile is running at {running} Hz and ends in about {{}}s; a \
+                     request at {running} Hz joins it at once, another frequency must wait \
+                     for it, or add force=true to stop it early",
+                ),
+            )
+        }
+        Err(CpuError::Full {
+            max_windows,
+            retry_after,
+        }) => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: {max_windows} CPU profiles are running");
+            busy(
+                retry_after,
+                &format!(
+                    "{max_windows} CPU profiles are running, the most this app allows at once \
+                     (max_windows); the first ends in about {{}}s, retry after that, or add \
+                     force=true to stop them early",
+                ),
             )
         }
         Err(CpuError::Unavailable(reason)) => unavailable(reason),

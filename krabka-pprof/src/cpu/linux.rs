@@ -1,91 +1,362 @@
-//! The request side of this crate's own sampler (Linux on x86_64 and aarch64): starts a
-//! [`Sampler`](sampler::Sampler) session for one request, drains it while the window
-//! runs, stops it on the blocking pool (also when the client hangs up), and turns what it
-//! collected into the pprof `Profile`, with the markers and comments that say what the
-//! profile cannot show.
+//! The request side of this crate's own sampler (Linux on x86_64 and aarch64): requests
+//! share one [`Sampler`](sampler::Sampler) session, each with a *window* of its own (from
+//! its arrival, for its `seconds`) that gets exactly the samples taken while it was open.
+//! The session starts with its first window and stops, on the blocking pool, when its
+//! last one closes or hangs up. What a window collected becomes the pprof `Profile`, with
+//! the markers and comments that say what the profile cannot show.
+//!
+//! A request at another frequency than the running session's gets 409 (or, with
+//! `force=true`, closes every window early and starts its own session); past
+//! `max_windows` windows, 409 too.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use super::{CpuError, CpuLease, CpuRequest, Hold, Profile, blocking, sampler};
+use tokio::sync::Notify;
 
-/// Takes one CPU profile and hands it to `render` on the blocking pool.
+use super::{
+    CpuError, CpuLease, CpuRequest, FORCE_WAIT, PerProcess, Profile, blocking, released, sampler,
+};
+use sampler::{DRAIN_EVERY, Sampler, StartError, WindowStart};
+
+/// This process's sessions (a child made by `fork` starts with none; see [`PerProcess`]).
+struct Sessions {
+    /// The session windows join, if one runs. Never held across an await: a window that
+    /// leaves (also from a `Drop`, also while its runtime shuts down) takes it at once.
+    shared: Mutex<Option<Arc<Shared>>>,
+    /// Held by the request that starts a session, until the session is in `shared`: two
+    /// requests never start two sessions, and a request that arrives meanwhile joins.
+    starting: tokio::sync::Mutex<()>,
+}
+
+static SESSIONS: PerProcess<Sessions> = PerProcess::new(|| Sessions {
+    shared: Mutex::new(None),
+    starting: tokio::sync::Mutex::const_new(()),
+});
+
+fn shared_slot() -> std::sync::MutexGuard<'static, Option<Arc<Shared>>> {
+    SESSIONS
+        .get()
+        .shared
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One running session: its sampler, the windows open on it, and the lease. Fields drop
+/// in order, so the sampler has stopped before the lease frees the profiler.
+struct Shared {
+    sampler: Sampler,
+    windows: Mutex<Windows>,
+    /// When the session was last drained, in milliseconds since `started`: every open
+    /// window ticks, and the first that finds a drain due claims it.
+    drained_at: AtomicU64,
+    started: Instant,
+    lease: CpuLease,
+}
+
+#[derive(Default)]
+struct Windows {
+    open: Vec<Window>,
+    /// No window may join: the last one closed, or a forced request is taking over.
+    closing: bool,
+}
+
+/// One open window, as other requests see it.
+struct Window {
+    id: u64,
+    ends_at: Instant,
+    stop_early: Arc<Notify>,
+    forced: bool,
+    /// The most windows open at once while this one was.
+    shared_with: usize,
+}
+
+impl Shared {
+    /// Registers a window; `None` if the session is closing.
+    fn join(&self, request: &CpuRequest, id: u64) -> Option<Arc<Notify>> {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        if windows.closing {
+            return None;
+        }
+        let ends_at = Instant::now() + request.duration;
+        let stop_early = Arc::new(Notify::new());
+        windows.open.push(Window {
+            id,
+            ends_at,
+            stop_early: stop_early.clone(),
+            forced: request.force,
+            shared_with: 0,
+        });
+        let count = windows.open.len();
+        for window in &mut windows.open {
+            window.shared_with = window.shared_with.max(count);
+        }
+        drop(windows);
+        self.lease.extend(ends_at);
+        Some(stop_early)
+    }
+
+    /// Removes a window; returns how many windows shared the session while it was open,
+    /// and whether it was the last (then the session is closing).
+    fn leave(&self, id: u64) -> (usize, bool) {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        let shared_with = windows
+            .open
+            .iter()
+            .position(|w| w.id == id)
+            .map_or(1, |at| windows.open.swap_remove(at).shared_with);
+        let last = windows.open.is_empty();
+        if last {
+            windows.closing = true;
+            self.lease.ending();
+        }
+        (shared_with, last)
+    }
+
+    /// Why `request` cannot join, if it cannot: another frequency, or no room.
+    fn refusal(&self, request: &CpuRequest) -> Option<CpuError> {
+        let windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let last_end = windows.open.iter().map(|w| w.ends_at).max().unwrap_or(now);
+        if windows.open.iter().any(|w| w.forced) && request.force {
+            let other = request.frequency != self.sampler.frequency()
+                || windows.open.len() >= request.max_windows as usize;
+            if other {
+                return Some(CpuError::ForcedRunning {
+                    retry_after: last_end.saturating_duration_since(now),
+                });
+            }
+        }
+        if request.frequency != self.sampler.frequency() {
+            return Some(CpuError::OtherFrequency {
+                running: self.sampler.frequency(),
+                retry_after: last_end.saturating_duration_since(now),
+            });
+        }
+        if windows.open.len() >= request.max_windows as usize {
+            let first_end = windows.open.iter().map(|w| w.ends_at).min().unwrap_or(now);
+            return Some(CpuError::Full {
+                max_windows: request.max_windows,
+                retry_after: first_end.saturating_duration_since(now),
+            });
+        }
+        None
+    }
+
+    /// Closes every window early (`force=true`): each caller gets what its window had.
+    fn close_all(&self) {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        windows.closing = true;
+        for window in &windows.open {
+            window.stop_early.notify_one();
+        }
+    }
+
+    /// Whether a drain is due now; if so, the caller does it.
+    fn claim_drain(&self) -> bool {
+        let now = self.started.elapsed().as_millis() as u64;
+        let last = self.drained_at.load(Ordering::Relaxed);
+        let due = last + (DRAIN_EVERY.as_millis() as u64) * 3 / 4;
+        now >= due
+            && self
+                .drained_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    fn is_closing(&self) -> bool {
+        self.windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closing
+    }
+}
+
+/// Forgets a session whose last window has left, so the next request starts a new one.
+/// Whoever drops the last reference then stops the sampler and frees the lease.
+fn forget_session(shared: &Arc<Shared>) {
+    let mut slot = shared_slot();
+    if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, shared)) {
+        *slot = None;
+    }
+}
+
+/// A request's window while it runs. If the request is dropped (the client hung up), the
+/// window leaves the session on the blocking pool, ending the session if it was the last.
+struct WindowGuard {
+    shared: Option<Arc<Shared>>,
+    id: u64,
+    start: Option<WindowStart>,
+}
+
+impl Drop for WindowGuard {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
+        // Leaving takes two short locks, done here so that it happens even while the
+        // runtime shuts down; stopping the sampler (if this was the last reference) goes
+        // to the blocking pool, or happens here if there is none.
+        if let Some(start) = self.start.take() {
+            shared.sampler.forget_window(&start);
+        }
+        if shared.leave(self.id).1 {
+            forget_session(&shared);
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(shared))),
+            Err(_) => drop(shared),
+        }
+    }
+}
+
+/// What a request does about the running session.
+enum Next {
+    Joined(Arc<Shared>, Arc<Notify>),
+    /// Wait for the session to end, then look again.
+    Wait,
+    Start,
+}
+
+/// Starts a session's sampler (on the blocking pool).
+fn start(frequency: u32, blocklist: &'static [&'static str]) -> Result<Sampler, CpuError> {
+    Sampler::start(frequency, blocklist).map_err(|err| match err {
+        // A cancelled request's sampler may still be stopping.
+        StartError::Running => CpuError::Busy {
+            retry_after: Duration::from_secs(1),
+        },
+        StartError::ForeignHandler => CpuError::Unavailable(
+            "another SIGPROF handler is installed in this process (another profiler?); \
+             stop it, or remove it, to take CPU profiles here",
+        ),
+        StartError::System(call, error) => CpuError::Failed(format!("{call} failed: {error}")),
+    })
+}
+
+/// Takes one CPU profile (a window of the running session, or a new session) and hands
+/// it to `render` on the blocking pool.
 pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
 where
     F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
     R: Send + 'static,
 {
-    use sampler::{DRAIN_EVERY, Sampler, StartError};
-
-    let lease = CpuLease::acquire(request.duration, request.force).await?;
-    let stop_early = lease.stop_early.clone();
-    let sampler = blocking(move || {
-        Sampler::start(request.frequency, request.blocklist).map_err(|err| match err {
-            // A cancelled request's sampler may still be stopping on the blocking pool.
-            StartError::Running => CpuError::Busy {
-                retry_after: Duration::from_secs(1),
+    static NEXT_WINDOW: AtomicU64 = AtomicU64::new(1);
+    let id = NEXT_WINDOW.fetch_add(1, Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + FORCE_WAIT;
+    let (shared, stop_early) = loop {
+        let released = released().notified();
+        tokio::pin!(released);
+        // Registered before looking, so a session that ends in between is not missed.
+        released.as_mut().enable();
+        // Decided under the slot's lock, which is released before any await.
+        let decision = match shared_slot().as_ref() {
+            Some(running) if !running.is_closing() => match running.refusal(&request) {
+                Some(refusal)
+                    if !request.force || matches!(refusal, CpuError::ForcedRunning { .. }) =>
+                {
+                    return Err(refusal);
+                }
+                Some(_) => {
+                    // Take over: every window closes early with what it has, and this
+                    // request starts a session of its own once the sampler is free.
+                    running.close_all();
+                    Next::Wait
+                }
+                None => match running.join(&request, id) {
+                    Some(stop_early) => Next::Joined(running.clone(), stop_early),
+                    None => Next::Wait,
+                },
             },
-            StartError::ForeignHandler => CpuError::Unavailable(
-                "another SIGPROF handler is installed in this process (another profiler?); \
-                 stop it, or remove it, to take CPU profiles here",
-            ),
-            StartError::System(call, error) => CpuError::Failed(format!("{call} failed: {error}")),
-        })
-    })
-    .await?;
-    // Shared with the drains, which run on the blocking pool like the rest of the work.
-    let mut running = Hold {
-        sampler: Some(Arc::new(sampler)),
-        lease: Some(lease),
+            // Ending: its sampler is stopping; wait for it.
+            Some(_) => Next::Wait,
+            None => Next::Start,
+        };
+        match decision {
+            Next::Joined(shared, stop_early) => break (shared, stop_early),
+            Next::Wait => {}
+            Next::Start => {
+                let starting = SESSIONS.get().starting.lock().await;
+                if shared_slot().is_some() {
+                    // Another request started a session meanwhile: join it.
+                    continue;
+                }
+                let lease = CpuLease::acquire(request.duration, request.force).await?;
+                // The lease travels with the start: a request dropped meanwhile leaves both
+                // to the blocking task, which drops the sampler before the lease.
+                let (sampler, lease) =
+                    blocking(move || Ok((start(request.frequency, request.blocklist)?, lease)))
+                        .await?;
+                let shared = Arc::new(Shared {
+                    sampler,
+                    windows: Mutex::new(Windows::default()),
+                    drained_at: AtomicU64::new(0),
+                    started: Instant::now(),
+                    lease,
+                });
+                let stop_early = shared.join(&request, id).expect("a new session is open");
+                *shared_slot() = Some(shared.clone());
+                drop(starting);
+                break (shared, stop_early);
+            }
+        }
+        if tokio::time::timeout_at(deadline, released).await.is_err() {
+            return Err(CpuError::Failed(
+                "the running CPU profile did not stop when asked to".into(),
+            ));
+        }
     };
-    let deadline = tokio::time::Instant::now() + request.duration;
-    let mut drain =
-        tokio::time::interval_at(deadline - request.duration + DRAIN_EVERY, DRAIN_EVERY);
+    let mut window = WindowGuard {
+        shared: Some(shared.clone()),
+        id,
+        start: None,
+    };
+    let opening = shared.clone();
+    window.start = Some(blocking(move || Ok(opening.sampler.open_window())).await?);
+    let end = tokio::time::Instant::now() + request.duration;
+    let mut tick = tokio::time::interval_at(end - request.duration + DRAIN_EVERY, DRAIN_EVERY);
     let mut draining: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
-            () = tokio::time::sleep_until(deadline) => break,
+            () = tokio::time::sleep_until(end) => break,
             () = stop_early.notified() => break,
-            _ = drain.tick() => {
-                // One drain at a time; a slow one just makes the next fold more.
-                if draining.as_ref().is_none_or(|d| d.is_finished()) {
-                    let sampler = running.sampler.clone();
-                    draining = Some(tokio::task::spawn_blocking(move || {
-                        if let Some(sampler) = sampler {
-                            sampler.drain();
-                        }
-                    }));
+            _ = tick.tick() => {
+                // Whichever window finds a drain due does it; one at a time per window,
+                // and a slow one just makes the next fold more.
+                if draining.as_ref().is_none_or(|d| d.is_finished()) && shared.claim_drain() {
+                    let shared = shared.clone();
+                    draining = Some(tokio::task::spawn_blocking(move || shared.sampler.drain()));
                 }
             }
         }
     }
-    if let Some(draining) = draining {
-        let _ = draining.await;
-    }
-    let Some(Ok(sampler)) = running.sampler.take().map(Arc::try_unwrap) else {
-        return Err(CpuError::Failed(
-            "a drain of the sampler did not finish".into(),
-        ));
-    };
-    let lease = running.lease.take();
+    // Closed on the blocking pool from here on, whatever happens to the request.
+    let start = window.start.take().expect("opened above");
+    window.shared = None;
     let (rendered, report) = blocking(move || {
-        let collected = sampler.stop();
-        drop(lease);
+        let collected = shared.sampler.close_window(start);
+        let (shared_with, last) = shared.leave(id);
+        if last {
+            forget_session(&shared);
+        }
+        // The last reference stops the sampler, then frees the lease.
+        drop(shared);
         let report = collected.report.clone();
         let (profile, capped) = report_profile(collected);
-        Ok((render(profile), (report, capped)))
+        Ok((render(profile), (report, capped, shared_with)))
     })
     .await?;
-    log_report(&report.0, report.1);
+    log_report(&report.0, report.1, report.2);
     rendered
 }
 
 /// Puts what the sampler noticed into the request's span, and says what a reader of
 /// the profile must know (a reader other than the usual one, a capped rate, a handler
 /// replaced) at `warn` or `info`.
-fn log_report(report: &sampler::Report, capped: bool) {
+fn log_report(report: &sampler::Report, capped: bool, shared_with: usize) {
     let span = tracing::Span::current();
+    span.record("windows", shared_with);
     span.record("stack_reader", report.reader);
     span.record("threads_timed", report.threads_timed);
     span.record("foreign_signals", report.foreign_signals);

@@ -109,7 +109,7 @@ pub(crate) struct Tally {
     pub(crate) periods: u64,
 }
 
-/// What a finished session collected.
+/// What one window of a session collected.
 pub(crate) struct Collected {
     pub(crate) stacks: HashMap<StackKey, Tally>,
     /// Samples dropped because the buffer was full.
@@ -344,9 +344,78 @@ struct Session {
 
 #[derive(Default)]
 struct Drained {
-    stacks: HashMap<StackKey, Tally>,
+    /// The open windows, each with the stacks drained since it opened. A record drained
+    /// while no window is open counts for none.
+    windows: Vec<(u64, HashMap<StackKey, Tally>)>,
     /// Per buffer: words already folded in since its last reset.
     done: [usize; 2],
+    /// Scratch for a fold shared by several windows.
+    fresh: HashMap<StackKey, Tally>,
+}
+
+impl Drained {
+    /// Folds records `from..to` of `buffer` into every open window.
+    fn fold(&mut self, buffer: &Buffer, from: usize, to: usize) {
+        match self.windows.as_mut_slice() {
+            [] => fold(buffer, from, to, &mut self.fresh),
+            [(_, only)] => return fold(buffer, from, to, only),
+            [rest @ .., (_, last)] => {
+                fold(buffer, from, to, &mut self.fresh);
+                for (_, stacks) in rest {
+                    for (key, tally) in &self.fresh {
+                        let sum = stacks.entry(key.clone()).or_default();
+                        sum.samples += tally.samples;
+                        sum.periods += tally.periods;
+                    }
+                }
+                for (key, tally) in self.fresh.drain() {
+                    let sum = last.entry(key).or_default();
+                    sum.samples += tally.samples;
+                    sum.periods += tally.periods;
+                }
+            }
+        }
+        self.fresh.clear();
+    }
+}
+
+/// The session's running counts at one moment; a window's are the difference between
+/// its close and its open.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    lost: Tally,
+    foreign: u64,
+    unwound: u64,
+    direct: u64,
+    complete: u64,
+    frames: u64,
+}
+
+impl Counts {
+    fn since(self, start: Counts) -> Counts {
+        Counts {
+            lost: Tally {
+                samples: self.lost.samples.saturating_sub(start.lost.samples),
+                periods: self.lost.periods.saturating_sub(start.lost.periods),
+            },
+            foreign: self.foreign.saturating_sub(start.foreign),
+            unwound: self.unwound.saturating_sub(start.unwound),
+            direct: self.direct.saturating_sub(start.direct),
+            complete: self.complete.saturating_sub(start.complete),
+            frames: self.frames.saturating_sub(start.frames),
+        }
+    }
+}
+
+/// Where a window began: what [`Sampler::close_window`] subtracts.
+pub(crate) struct WindowStart {
+    id: u64,
+    started: SystemTime,
+    started_at: Instant,
+    cpu: Duration,
+    counts: Counts,
+    /// Each tracked thread's CPU clock.
+    threads: HashMap<u32, Duration>,
 }
 
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
@@ -366,18 +435,16 @@ pub(crate) struct Sampler {
     timers: Mutex<Option<Timers>>,
     handler_replaced: AtomicBool,
     reader_why: String,
-    started: SystemTime,
-    started_at: Instant,
-    cpu_at_start: Duration,
     frequency: u32,
+    next_window: AtomicU64,
 }
 
 // SAFETY: `Session` is `Sync` (atomics, a mutex, and slots guarded by their flag), and the
 // sampler only hands out shared references to it until it takes it back in `stop`/`drop`.
 // The library handles are only passed to `dlclose`, from whichever thread drops them.
 unsafe impl Send for Sampler {}
-// SAFETY: `&Sampler` only allows `drain`, which goes through the session's and the timers'
-// mutexes.
+// SAFETY: `&Sampler` only allows `drain` and the window calls, which go through the
+// session's and the timers' mutexes.
 unsafe impl Sync for Sampler {}
 
 /// A `dlopen` reference to a loaded library, released on drop.
@@ -529,9 +596,6 @@ impl Sampler {
             drop(unsafe { Box::from_raw(pointer) });
             return Err(StartError::Running);
         }
-        let started = SystemTime::now();
-        let started_at = Instant::now();
-        let cpu_at_start = process_cpu_time();
         // SAFETY: the session lives until `retire` below or the sampler's `take_session`.
         let threads = unsafe { &(*pointer).threads };
         let timers = match Timers::start(id, frequency, threads) {
@@ -548,87 +612,131 @@ impl Sampler {
             timers: Mutex::new(Some(timers)),
             handler_replaced: AtomicBool::new(false),
             reader_why: reader.why,
-            started,
-            started_at,
-            cpu_at_start,
             frequency,
+            next_window: AtomicU64::new(1),
         })
+    }
+
+    /// The frequency the timers run at.
+    pub(crate) fn frequency(&self) -> u32 {
+        self.frequency
+    }
+
+    /// The session itself, while it runs.
+    fn session(&self) -> Option<&Session> {
+        // SAFETY: the session lives until `take_session`, which needs `&mut self`.
+        (!self.session.is_null()).then(|| unsafe { &*self.session })
+    }
+
+    /// Opens a window: every sample recorded from now on counts for it, until it closes.
+    /// The records before are drained first (for the windows already open).
+    pub(crate) fn open_window(&self) -> WindowStart {
+        let id = self.next_window.fetch_add(1, Ordering::Relaxed);
+        let threads = self
+            .timers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(Timers::clocks)
+            .unwrap_or_default();
+        let mut counts = Counts::default();
+        if let Some(session) = self.session() {
+            let mut drained = session.drain_inactive();
+            counts = session.counts();
+            drained.windows.push((id, HashMap::new()));
+        }
+        WindowStart {
+            id,
+            started: SystemTime::now(),
+            started_at: Instant::now(),
+            cpu: process_cpu_time(),
+            counts,
+            threads,
+        }
+    }
+
+    /// Closes a window and returns what it collected: every sample recorded while it was
+    /// open, and the session's counts, clocks and report over that time.
+    pub(crate) fn close_window(&self, start: WindowStart) -> Collected {
+        let duration = start.started_at.elapsed();
+        let cpu_time = process_cpu_time().saturating_sub(start.cpu);
+        let (threads, threads_timed, timer_shortfall) = {
+            let timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+            match timers.as_ref() {
+                Some(timers) => (
+                    timers.cpu_since(&start.threads),
+                    timers.tracked(),
+                    timers.shortfall.clone(),
+                ),
+                None => (Vec::new(), 0, None),
+            }
+        };
+        let mut stacks = HashMap::new();
+        let mut counts = Counts::default();
+        let mut handler_nanos = (0, 0);
+        if let Some(session) = self.session() {
+            let mut drained = session.drain_inactive();
+            counts = session.counts().since(start.counts);
+            handler_nanos = (session.costs.quantile(0.5), session.costs.quantile(0.99));
+            if let Some(at) = drained.windows.iter().position(|(id, _)| *id == start.id) {
+                stacks = drained.windows.swap_remove(at).1;
+            }
+        }
+        let report = Report {
+            reader: self.session().map_or("none", |s| s.memory.name()),
+            reader_why: self.reader_why.clone(),
+            foreign_signals: counts.foreign,
+            handler_replaced: self.handler_replaced.load(Ordering::Relaxed) || !handler_is_ours(),
+            threads_timed,
+            timer_shortfall,
+            handler_nanos,
+            unwound: counts.unwound,
+            direct: counts.direct,
+            complete: counts.complete,
+            mean_depth: if counts.unwound == 0 {
+                0.0
+            } else {
+                counts.frames as f64 / counts.unwound as f64
+            },
+        };
+        Collected {
+            stacks,
+            lost: counts.lost,
+            started: start.started,
+            duration,
+            cpu_time,
+            frequency: self.frequency,
+            objects: self.objects.clone(),
+            threads,
+            report,
+        }
+    }
+
+    /// Closes a window without collecting it (its client hung up).
+    pub(crate) fn forget_window(&self, start: &WindowStart) {
+        if let Some(session) = self.session() {
+            let mut drained = session
+                .drained
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            drained.windows.retain(|(id, _)| *id != start.id);
+        }
     }
 
     /// Folds the records written so far into the stack counts, and gives threads that
     /// started since the last drain their own timers. If another handler replaced ours,
     /// the timers stop: their signals would only disturb the other profiler.
     pub(crate) fn drain(&self) {
-        if self.session.is_null() {
+        let Some(session) = self.session() else {
             return;
-        }
-        // SAFETY: the session lives until `take_session`, which needs `&mut self`.
-        let session = unsafe { &*self.session };
-        session.drain_inactive();
+        };
+        drop(session.drain_inactive());
         let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
         if !handler_is_ours() {
             self.handler_replaced.store(true, Ordering::Relaxed);
             drop(timers.take());
         } else if let Some(timers) = timers.as_mut() {
             timers.refresh(&session.threads);
-        }
-    }
-
-    /// Stops sampling and returns what was collected.
-    pub(crate) fn stop(mut self) -> Collected {
-        let replaced = self.handler_replaced.load(Ordering::Relaxed) || !handler_is_ours();
-        let timers = self
-            .timers
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let (timer_shortfall, threads_timed) = timers
-            .as_ref()
-            .map_or((None, 0), |t| (t.shortfall.clone(), t.tracked()));
-        let threads = timers.map(Timers::stop).unwrap_or_default();
-        let duration = self.started_at.elapsed();
-        let cpu_time = process_cpu_time().saturating_sub(self.cpu_at_start);
-        let session = self.take_session().expect("a sampler stops once");
-        let mut drained = session
-            .drained
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
-        for (index, buffer) in session.buffers.iter().enumerate() {
-            // No handler runs any more: everything up to the cursor is complete.
-            let cursor = (buffer.state.load(Ordering::Acquire) & CURSOR_MASK) as usize;
-            fold(buffer, drained.done[index], cursor, &mut drained.stacks);
-        }
-        let unwound = session.costs.unwound.load(Ordering::Relaxed);
-        let report = Report {
-            reader: session.memory.name(),
-            reader_why: std::mem::take(&mut self.reader_why),
-            foreign_signals: session.foreign.load(Ordering::Relaxed),
-            handler_replaced: replaced,
-            threads_timed,
-            timer_shortfall,
-            handler_nanos: (session.costs.quantile(0.5), session.costs.quantile(0.99)),
-            unwound,
-            direct: session.costs.direct.load(Ordering::Relaxed),
-            complete: session.costs.complete.load(Ordering::Relaxed),
-            mean_depth: if unwound == 0 {
-                0.0
-            } else {
-                session.costs.frames.load(Ordering::Relaxed) as f64 / unwound as f64
-            },
-        };
-        Collected {
-            stacks: drained.stacks,
-            lost: Tally {
-                samples: session.lost.load(Ordering::Relaxed),
-                periods: session.lost_periods.load(Ordering::Relaxed),
-            },
-            started: self.started,
-            duration,
-            cpu_time,
-            frequency: self.frequency,
-            objects: std::mem::take(&mut self.objects),
-            threads,
-            report,
         }
     }
 
@@ -751,7 +859,10 @@ impl Session {
 
     /// Swaps the buffers and folds the one that was active into the counts. One drainer at
     /// a time (the mutex); handlers never take it.
-    fn drain_inactive(&self) {
+    /// Swaps the buffers and folds everything the handlers wrote before the swap into
+    /// the open windows. Returns the drained state still locked, so that a window opened
+    /// or closed under it starts or ends exactly at the swap.
+    fn drain_inactive(&self) -> std::sync::MutexGuard<'_, Drained> {
         let mut drained = self.drained.lock().unwrap_or_else(PoisonError::into_inner);
         let old = self.active.load(Ordering::Acquire);
         self.active.store(1 - old, Ordering::Release);
@@ -766,9 +877,9 @@ impl Session {
                 std::thread::yield_now();
             };
             let cursor = (state & CURSOR_MASK) as usize;
-            let Drained { stacks, done } = &mut *drained;
-            fold(buffer, done[old], cursor, stacks);
-            done[old] = cursor.min(buffer.words.len());
+            let from = drained.done[old];
+            drained.fold(buffer, from, cursor);
+            drained.done[old] = cursor.min(buffer.words.len());
             // Reset, unless a late handler (one that read `active` before the swap) has
             // reserved more space meanwhile; then fold that too.
             if buffer
@@ -776,9 +887,24 @@ impl Session {
                 .compare_exchange(state, 0, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                done[old] = 0;
-                return;
+                drained.done[old] = 0;
+                return drained;
             }
+        }
+    }
+
+    /// The running counts, read under the drained state's lock.
+    fn counts(&self) -> Counts {
+        Counts {
+            lost: Tally {
+                samples: self.lost.load(Ordering::Relaxed),
+                periods: self.lost_periods.load(Ordering::Relaxed),
+            },
+            foreign: self.foreign.load(Ordering::Relaxed),
+            unwound: self.costs.unwound.load(Ordering::Relaxed),
+            direct: self.costs.direct.load(Ordering::Relaxed),
+            complete: self.costs.complete.load(Ordering::Relaxed),
+            frames: self.costs.frames.load(Ordering::Relaxed),
         }
     }
 
@@ -1269,33 +1395,53 @@ pub(crate) mod tests {
     #[test]
     fn buffer_records_round_trip_and_overflow_is_counted() {
         let session = test_session(10);
+        // Drained while no window is open: counts for none.
+        session.write(6, 0, 1, &[4]);
+        drop(session.drain_inactive());
+        session
+            .drained
+            .lock()
+            .unwrap()
+            .windows
+            .push((1, HashMap::new()));
         session.write(7, 0, 1, &[1, 2, 3]);
         session.write(7, 0, 3, &[1, 2, 3]);
         session.write(8, FLAG_BLOCKLISTED, 2, &[9, 9, 9]); // does not fit: 5 + 5 + 5 > 10
-        session.drain_inactive();
+        drop(session.drain_inactive());
+        // A second window from here on: the later record counts for both.
+        session
+            .drained
+            .lock()
+            .unwrap()
+            .windows
+            .push((2, HashMap::new()));
         session.write(9, FLAG_TRUNCATED, 1, &[5]);
-        session.drain_inactive();
-        let drained = session.drained.lock().unwrap();
+        let drained = session.drain_inactive();
+        let (first, second) = (&drained.windows[0].1, &drained.windows[1].1);
         let key = |tid, flags, frames: &[u64]| StackKey {
             tid,
             flags,
             frames: frames.into(),
         };
         assert_eq!(
-            drained.stacks.get(&key(7, 0, &[1, 2, 3])),
+            first.get(&key(7, 0, &[1, 2, 3])),
             Some(&Tally {
                 samples: 2,
                 periods: 4
             })
         );
+        let truncated = Some(&Tally {
+            samples: 1,
+            periods: 1,
+        });
+        assert_eq!(first.get(&key(9, FLAG_TRUNCATED, &[5])), truncated);
+        assert_eq!(first.len(), 2);
+        assert_eq!(second.get(&key(9, FLAG_TRUNCATED, &[5])), truncated);
         assert_eq!(
-            drained.stacks.get(&key(9, FLAG_TRUNCATED, &[5])),
-            Some(&Tally {
-                samples: 1,
-                periods: 1
-            })
+            second.len(),
+            1,
+            "the window opened later has the later record only"
         );
-        assert_eq!(drained.stacks.len(), 2);
         assert_eq!(session.lost.load(Ordering::Relaxed), 1);
         assert_eq!(session.lost_periods.load(Ordering::Relaxed), 2);
         assert!(
@@ -1436,6 +1582,7 @@ pub(crate) mod tests {
             std::thread::yield_now();
         }
         let sampler = Sampler::start(1000, &[]).expect("a sampler");
+        let window = sampler.open_window();
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut samples = 0;
         while samples < 200 && Instant::now() < deadline {
@@ -1447,7 +1594,8 @@ pub(crate) mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         let used = thread.join().unwrap();
-        let collected = sampler.stop();
+        let collected = sampler.close_window(window);
+        drop(sampler);
         assert!(samples >= 100, "{samples} samples to judge by");
         eprintln!(
             "signal frame + handler: {used} bytes below the interrupted sp; handler {:?} ns",

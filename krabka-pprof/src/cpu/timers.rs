@@ -189,22 +189,28 @@ impl Timers {
         }
     }
 
-    /// Deletes every timer and returns the CPU each tracked thread still alive used since
-    /// its timer was armed. Signals already queued may still arrive; the handler ignores
-    /// them once the session is retired (its value no longer matches).
-    pub(crate) fn stop(mut self) -> Vec<ThreadCpu> {
-        let threads = std::mem::take(&mut self.threads);
-        let mut cpu = Vec::with_capacity(threads.len());
-        for (tid, tracked) in threads {
-            delete(tracked.timer);
-            if let Ok(now) = clock_time(tracked.clock) {
-                cpu.push(ThreadCpu {
+    /// Each tracked thread's CPU clock now.
+    pub(crate) fn clocks(&self) -> HashMap<u32, Duration> {
+        self.threads
+            .iter()
+            .filter_map(|(&tid, tracked)| Some((tid, clock_time(tracked.clock).ok()?)))
+            .collect()
+    }
+
+    /// The CPU each tracked thread still alive used since `clocks` were read (a thread
+    /// tracked later: since its timer was armed).
+    pub(crate) fn cpu_since(&self, clocks: &HashMap<u32, Duration>) -> Vec<ThreadCpu> {
+        self.threads
+            .iter()
+            .filter_map(|(&tid, tracked)| {
+                let now = clock_time(tracked.clock).ok()?;
+                let since = clocks.get(&tid).copied().unwrap_or(tracked.cpu_at_start);
+                Some(ThreadCpu {
                     tid,
-                    cpu: now.saturating_sub(tracked.cpu_at_start),
-                });
-            }
-        }
-        cpu
+                    cpu: now.saturating_sub(since),
+                })
+            })
+            .collect()
     }
 
     /// How many threads have a timer of their own.

@@ -11,7 +11,8 @@ use krabka_pprof_tests::{
 use reqwest::StatusCode;
 use tokio::io::AsyncReadExt as _;
 
-#[pprof_routes(cpu_max = "20s")]
+// One profile at a time: force and its hand-over (windows.rs tests sharing).
+#[pprof_routes(cpu_max = "20s", max_windows = 1)]
 fn app() -> Router {
     Router::new()
 }

@@ -11,7 +11,8 @@ use krabka_pprof_tests::{
 };
 use reqwest::StatusCode;
 
-#[pprof_routes(frequency = 99)]
+// One profile at a time: the 409 and its hand-over (windows.rs tests sharing).
+#[pprof_routes(frequency = 99, max_windows = 1)]
 fn app() -> Router {
     Router::new().route("/", get(|| async { "ok" }))
 }

@@ -184,7 +184,7 @@ async fn without_heap_profiling_the_heap_routes_are_absent() {
     assert!(index.contains("off (enable with <code>heap = true</code>)"));
 }
 
-#[pprof_routes(cpu_max = "60s")]
+#[pprof_routes(cpu_max = "60s", max_windows = 1)]
 fn long_app() -> Router {
     Router::new()
 }

@@ -11,6 +11,7 @@ fn admit(parts: &axum::http::request::Parts) -> bool {
     cpu_default = "1s",
     cpu_max = "1s",
     frequency = 1,
+    max_windows = 1,
     blocklist = [],
     heap = false,
     prefix = "/p",
@@ -22,7 +23,13 @@ fn low() -> Router {
     Router::new()
 }
 
-#[pprof_routes(cpu_default = "1h", cpu_max = "1h", frequency = 1000, blocklist = ["libc"])]
+#[pprof_routes(
+    cpu_default = "1h",
+    cpu_max = "1h",
+    frequency = 1000,
+    max_windows = 64,
+    blocklist = ["libc"]
+)]
 fn high() -> Router {
     Router::new()
 }
