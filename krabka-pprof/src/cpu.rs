@@ -53,6 +53,39 @@ pub(crate) struct CpuRequest {
     pub(crate) max_windows: u32,
 }
 
+/// What is running now, for the index page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Status {
+    /// The session's frequency, where the sampler shares it.
+    pub(crate) frequency: Option<u32>,
+    /// Windows open on it.
+    pub(crate) windows: usize,
+    /// Until the last one ends.
+    pub(crate) ends_in: Duration,
+}
+
+/// The running CPU profile session of this process, if any.
+pub(crate) fn status() -> Option<Status> {
+    #[cfg(sampler)]
+    if !cfg!(pprof_rs) || !is_pprof_rs_chosen() {
+        return linux::status();
+    }
+    running().as_ref().map(|running| Status {
+        frequency: None,
+        windows: 1,
+        ends_in: running.ends_at.saturating_duration_since(Instant::now()),
+    })
+}
+
+/// Whether this process takes CPU profiles with the `pprof` crate's sampler.
+#[cfg(sampler)]
+fn is_pprof_rs_chosen() -> bool {
+    #[cfg(pprof_rs)]
+    return pprof_rs::chosen();
+    #[cfg(not(pprof_rs))]
+    false
+}
+
 /// Why a CPU profile could not be produced.
 #[derive(Debug)]
 pub(crate) enum CpuError {

@@ -299,5 +299,5 @@ fn index(config: &ProfilingConfig, parts: &Parts) -> Response {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("HOST");
-    response::index(views::index_html(config, host))
+    response::index(views::index_html(config, host, cpu::status()))
 }

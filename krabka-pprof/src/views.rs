@@ -342,7 +342,11 @@ fn escape(text: &str) -> String {
 
 /// The index page: valid HTML5, self-contained, readable without JavaScript. Links are
 /// relative to `{prefix}/`, where the page is served.
-pub(crate) fn index_html(config: &crate::ProfilingConfig, host: &str) -> String {
+pub(crate) fn index_html(
+    config: &crate::ProfilingConfig,
+    host: &str,
+    running: Option<crate::cpu::Status>,
+) -> String {
     let prefix = escape(config.prefix());
     let host = escape(host);
     let secs = |d: std::time::Duration| humantime::format_duration(d).to_string();
@@ -366,11 +370,22 @@ pub(crate) fn index_html(config: &crate::ProfilingConfig, host: &str) -> String 
             format!(" <strong>Not here</strong>: {}.", escape(why))
         })
     };
+    let at_once = if config.max_windows() == 1 {
+        "One at a time: a second request gets 409, unless it adds <code>force=true</code>."
+            .to_owned()
+    } else {
+        format!(
+            "Requests at the same frequency share the sampler, each getting the samples of its \
+             own window, up to {} at once (then 409); another frequency gets 409, unless it \
+             adds <code>force=true</code>, which stops the running ones early (their callers \
+             keep what they had).",
+            config.max_windows()
+        )
+    };
     let mut rows = format!(
         "<tr><td><code>profile</code></td><td>CPU profile of the whole process: samples every \
          thread for <code>seconds</code> (default {}, at most {}) at <code>frequency</code> Hz \
-         (default {}). One at a time: a second request gets 409, unless it adds \
-         <code>force=true</code>.{}</td><td>5 s: {}</td></tr>\n",
+         (default {}). {at_once}{}</td><td>5 s: {}</td></tr>\n",
         secs(config.cpu_default()),
         secs(config.cpu_max()),
         config.frequency(),
@@ -412,6 +427,20 @@ pub(crate) fn index_html(config: &crate::ProfilingConfig, host: &str) -> String 
     } else {
         "off (enable with <code>heap = true</code>)"
     };
+    let now = match running {
+        None => "no CPU profile".to_owned(),
+        Some(status) => format!(
+            "a CPU profile{}, {} window{} open, the last ending in {}",
+            status
+                .frequency
+                .map_or(String::new(), |hz| format!(" at {hz} Hz")),
+            status.windows,
+            if status.windows == 1 { "" } else { "s" },
+            secs(std::time::Duration::from_secs(
+                status.ends_in.as_secs_f64().ceil() as u64
+            )),
+        ),
+    };
     let formats = if svg {
         "pprof (default), svg, text"
     } else {
@@ -447,8 +476,10 @@ pre {{ padding: .6rem; overflow-x: auto; }}
 <tbody>
 <tr><th scope=\"row\">CPU profile length</th><td>default {cpu_default}, at most {cpu_max}</td></tr>
 <tr><th scope=\"row\">Sampling frequency</th><td>{frequency} Hz unless <code>frequency</code> asks otherwise (1 to 1000)</td></tr>
+<tr><th scope=\"row\">CPU profiles at once</th><td>{max_windows}, sharing one sampler at one frequency</td></tr>
 <tr><th scope=\"row\">Heap profiling</th><td>{heap}</td></tr>
 <tr><th scope=\"row\">Access</th><td>{access}</td></tr>
+<tr><th scope=\"row\">Running now</th><td>{now}</td></tr>
 </tbody>
 </table>
 <h2>From a terminal</h2>
@@ -462,6 +493,7 @@ curl -o cpu.pb.gz 'http://{host}{prefix}/profile?seconds=10'</pre>
         cpu_default = secs(config.cpu_default()),
         cpu_max = secs(config.cpu_max()),
         frequency = config.frequency(),
+        max_windows = config.max_windows(),
     )
 }
 
@@ -609,8 +641,47 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn index_says_what_runs_now_and_how_requests_share() {
+        let config = crate::ProfilingConfig::new();
+        let idle = index_html(&config, "host", None);
+        assert!(idle.contains("<td>no CPU profile</td>"), "{idle}");
+        assert!(idle.contains("up to 8 at once (then 409)"), "{idle}");
+        assert!(idle.contains("<td>8, sharing one sampler at one frequency</td>"));
+        let busy = index_html(
+            &config,
+            "host",
+            Some(crate::cpu::Status {
+                frequency: Some(99),
+                windows: 2,
+                ends_in: std::time::Duration::from_millis(4_200),
+            }),
+        );
+        assert!(
+            busy.contains("a CPU profile at 99 Hz, 2 windows open, the last ending in 5s"),
+            "{busy}"
+        );
+        let one = index_html(
+            &config.with_max_windows(1),
+            "host",
+            Some(crate::cpu::Status {
+                frequency: None,
+                windows: 1,
+                ends_in: std::time::Duration::ZERO,
+            }),
+        );
+        assert!(
+            one.contains("One at a time: a second request gets 409"),
+            "{one}"
+        );
+        assert!(
+            one.contains("a CPU profile, 1 window open, the last ending in 0s"),
+            "{one}"
+        );
+    }
+
+    #[test]
     fn index_says_which_routes_cannot_work_here() {
-        let html = index_html(&crate::ProfilingConfig::new().with_heap(true), "host");
+        let html = index_html(&crate::ProfilingConfig::new().with_heap(true), "host", None);
         assert_eq!(
             html.matches("<strong>Not here</strong>").count(),
             usize::from(crate::cpu::UNAVAILABLE.is_some())
@@ -635,7 +706,7 @@ pub(crate) mod tests {
 
     #[test]
     fn index_escapes_what_it_echoes() {
-        let html = index_html(&crate::ProfilingConfig::new(), "<evil>\"host");
+        let html = index_html(&crate::ProfilingConfig::new(), "<evil>\"host", None);
         assert!(html.contains("&lt;evil&gt;&quot;host"));
         assert!(!html.contains("<evil>"));
         assert!(html.starts_with("<!DOCTYPE html>"));

@@ -212,6 +212,22 @@ impl Drop for WindowGuard {
     }
 }
 
+/// The running session, if any: its frequency, its open windows, the latest end.
+pub(crate) fn status() -> Option<super::Status> {
+    let slot = shared_slot();
+    let shared = slot.as_ref()?;
+    let windows = shared
+        .windows
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let last_end = windows.open.iter().map(|w| w.ends_at).max()?;
+    Some(super::Status {
+        frequency: Some(shared.sampler.frequency()),
+        windows: windows.open.len(),
+        ends_in: last_end.saturating_duration_since(Instant::now()),
+    })
+}
+
 /// What a request does about the running session.
 enum Next {
     Joined(Arc<Shared>, Arc<Notify>),
@@ -343,7 +359,7 @@ where
         // The last reference stops the sampler, then frees the lease.
         drop(shared);
         let report = collected.report.clone();
-        let (profile, capped) = report_profile(collected);
+        let (profile, capped) = report_profile(collected, shared_with);
         Ok((render(profile), (report, capped, shared_with)))
     })
     .await?;
@@ -389,7 +405,7 @@ fn log_report(report: &sampler::Report, capped: bool, shared_with: usize) {
 /// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
 /// sample per distinct (thread, stack); and whether the kernel capped the rate (the
 /// samples stand for more periods than there were signals).
-fn report_profile(collected: sampler::Collected) -> (Profile, bool) {
+fn report_profile(collected: sampler::Collected, shared_with: usize) -> (Profile, bool) {
     use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
     use sampler::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
 
@@ -496,6 +512,12 @@ fn report_profile(collected: sampler::Collected) -> (Profile, bool) {
              rate, and each sample carries the CPU time it stands for"
         ));
     }
+    if shared_with > 1 {
+        comments.push(format!(
+            "{shared_with} windows shared the sampler while this one was open; this profile \
+             holds the samples of its own window only"
+        ));
+    }
     if report.handler_replaced {
         comments
             .push("another SIGPROF handler replaced this profiler's during the window".to_owned());
@@ -541,9 +563,13 @@ mod tests {
     use std::collections::HashMap;
     use std::time::{Duration, SystemTime};
 
-    use super::report_profile;
     use crate::cpu::sampler::{Collected, Report, StackKey, Tally};
     use crate::objects::Objects;
+
+    /// The profile of a window that had the sampler to itself.
+    fn report_profile(collected: Collected) -> (crate::proto::Profile, bool) {
+        super::report_profile(collected, 1)
+    }
 
     /// A session's collection: one stack in this test's own code, and what was lost.
     fn collected(stack: Tally, lost: Tally) -> Collected {

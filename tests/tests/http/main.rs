@@ -12,3 +12,4 @@ mod scrapers;
 mod shapes;
 mod truth;
 mod views;
+mod windows;
