@@ -4,7 +4,8 @@
 //!
 //! - M1 resident memory of the service: before the first profile, peak during a 10 s profile
 //!   at 99 Hz under load, and 2 s after the response;
-//! - M2 throughput of a trivial route while a 99 Hz profile runs, against idle;
+//! - M2 throughput of a trivial route while a 99 Hz profile runs, against idle (M1 and M2
+//!   also with 8 concurrent profiles sharing the sampler);
 //! - M3 throughput with the attribute mounted but idle, against the same app without it;
 //! - M4 time from the end of the sampling window to the last byte of the response, for the
 //!   first request of a process and for later ones;
@@ -205,8 +206,12 @@ fn run(options: &Options) {
     if options.wants("M1") || options.wants("M4") {
         figures::m1_m4::memory_and_latency(options, &mut rows);
     }
+    if options.wants("M1") {
+        rows.extend(figures::m1_m4::memory_with_windows(options, 8));
+    }
     if options.wants("M2") {
-        rows.push(figures::m2::profiling_overhead(options));
+        rows.push(figures::m2::profiling_overhead(options, 1));
+        rows.push(figures::m2::profiling_overhead(options, 8));
     }
     if options.wants("M3") {
         rows.extend(figures::m3::idle_overhead(options));

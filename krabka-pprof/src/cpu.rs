@@ -67,7 +67,7 @@ pub(crate) struct Status {
 /// The running CPU profile session of this process, if any.
 pub(crate) fn status() -> Option<Status> {
     #[cfg(sampler)]
-    if !cfg!(pprof_rs) || !is_pprof_rs_chosen() {
+    if shares_windows() {
         return linux::status();
     }
     running().as_ref().map(|running| Status {
@@ -75,6 +75,15 @@ pub(crate) fn status() -> Option<Status> {
         windows: 1,
         ends_in: running.ends_at.saturating_duration_since(Instant::now()),
     })
+}
+
+/// Whether requests share the sampler (this crate's does; the `pprof` crate's serves one
+/// request at a time).
+pub(crate) fn shares_windows() -> bool {
+    #[cfg(sampler)]
+    return !is_pprof_rs_chosen();
+    #[cfg(not(sampler))]
+    false
 }
 
 /// Whether this process takes CPU profiles with the `pprof` crate's sampler.
@@ -94,9 +103,12 @@ pub(crate) enum CpuError {
     /// A profile started with `?force=true` is running, which a `?force=true` request
     /// does not stop; it ends in `retry_after`.
     ForcedRunning { retry_after: Duration },
-    /// The session runs at another frequency; it ends in `retry_after`.
+    /// The session runs at another frequency; it ends in `retry_after`. (Only this
+    /// crate's sampler shares sessions.)
+    #[cfg_attr(not(sampler), allow(dead_code))]
     OtherFrequency { running: u32, retry_after: Duration },
     /// `max_windows` windows share the session already; the first ends in `retry_after`.
+    #[cfg_attr(not(sampler), allow(dead_code))]
     Full {
         max_windows: u32,
         retry_after: Duration,
@@ -202,9 +214,13 @@ struct Taken {
     ending: bool,
 }
 
-/// Holds the process's CPU profiler for one request; dropping it frees the profiler, so
-/// a client that hangs up (axum drops the handler future) frees it at once.
+/// Holds the process's CPU profiler for one session (one request, with the `pprof`
+/// crate's sampler); dropping it frees the profiler, so a client that hangs up (axum
+/// drops the handler future) frees it at once.
 pub(crate) struct CpuLease {
+    /// Notified when a forced request stops the session. This crate's sampler stops its
+    /// windows itself (`linux.rs`); the `pprof` crate's request waits on this.
+    #[cfg_attr(not(pprof_rs), allow(dead_code))]
     stop_early: Arc<Notify>,
 }
 

@@ -370,7 +370,7 @@ pub(crate) fn index_html(
             format!(" <strong>Not here</strong>: {}.", escape(why))
         })
     };
-    let at_once = if config.max_windows() == 1 {
+    let at_once = if config.max_windows() == 1 || !crate::cpu::shares_windows() {
         "One at a time: a second request gets 409, unless it adds <code>force=true</code>."
             .to_owned()
     } else {
@@ -476,7 +476,7 @@ pre {{ padding: .6rem; overflow-x: auto; }}
 <tbody>
 <tr><th scope=\"row\">CPU profile length</th><td>default {cpu_default}, at most {cpu_max}</td></tr>
 <tr><th scope=\"row\">Sampling frequency</th><td>{frequency} Hz unless <code>frequency</code> asks otherwise (1 to 1000)</td></tr>
-<tr><th scope=\"row\">CPU profiles at once</th><td>{max_windows}, sharing one sampler at one frequency</td></tr>
+<tr><th scope=\"row\">CPU profiles at once</th><td>{at_once_setting}</td></tr>
 <tr><th scope=\"row\">Heap profiling</th><td>{heap}</td></tr>
 <tr><th scope=\"row\">Access</th><td>{access}</td></tr>
 <tr><th scope=\"row\">Running now</th><td>{now}</td></tr>
@@ -493,7 +493,15 @@ curl -o cpu.pb.gz 'http://{host}{prefix}/profile?seconds=10'</pre>
         cpu_default = secs(config.cpu_default()),
         cpu_max = secs(config.cpu_max()),
         frequency = config.frequency(),
-        max_windows = config.max_windows(),
+        at_once_setting = if crate::cpu::shares_windows() {
+            format!(
+                "{}, sharing one sampler at one frequency",
+                config.max_windows()
+            )
+        } else {
+            "1 (this platform's sampler, the <code>pprof</code> crate's, serves one at a time)"
+                .to_owned()
+        },
     )
 }
 

@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use super::{
     CpuError, CpuLease, CpuRequest, FORCE_WAIT, PerProcess, Profile, blocking, released, sampler,
 };
-use sampler::{DRAIN_EVERY, Sampler, StartError, WindowStart};
+use sampler::{DRAIN_EVERY, Sampler, StartError};
 
 /// This process's sessions (a child made by `fork` starts with none; see [`PerProcess`]).
 struct Sessions {
@@ -166,6 +166,16 @@ impl Shared {
                 .is_ok()
     }
 
+    /// Whether window `id` is still open (it has not left).
+    fn is_open(&self, id: u64) -> bool {
+        self.windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .open
+            .iter()
+            .any(|w| w.id == id)
+    }
+
     fn is_closing(&self) -> bool {
         self.windows
             .lock()
@@ -188,7 +198,6 @@ fn forget_session(shared: &Arc<Shared>) {
 struct WindowGuard {
     shared: Option<Arc<Shared>>,
     id: u64,
-    start: Option<WindowStart>,
 }
 
 impl Drop for WindowGuard {
@@ -196,13 +205,14 @@ impl Drop for WindowGuard {
         let Some(shared) = self.shared.take() else {
             return;
         };
-        // Leaving takes two short locks, done here so that it happens even while the
-        // runtime shuts down; stopping the sampler (if this was the last reference) goes
-        // to the blocking pool, or happens here if there is none.
-        if let Some(start) = self.start.take() {
-            shared.sampler.forget_window(&start);
-        }
-        if shared.leave(self.id).1 {
+        // Leaving takes short locks, done here so that it happens even while the runtime
+        // shuts down; stopping the sampler (if this was the last reference) goes to the
+        // blocking pool, or happens here if there is none. Leave, then forget: a window
+        // still being opened on the blocking pool either sees it left and forgets itself,
+        // or was opened before and is forgotten here.
+        let last = shared.leave(self.id).1;
+        shared.sampler.forget_window(self.id);
+        if last {
             forget_session(&shared);
         }
         match tokio::runtime::Handle::try_current() {
@@ -326,10 +336,17 @@ where
     let mut window = WindowGuard {
         shared: Some(shared.clone()),
         id,
-        start: None,
     };
     let opening = shared.clone();
-    window.start = Some(blocking(move || Ok(opening.sampler.open_window())).await?);
+    let start = blocking(move || {
+        let start = opening.sampler.open_window(id);
+        if !opening.is_open(id) {
+            // Its client hung up meanwhile (see `WindowGuard`).
+            opening.sampler.forget_window(id);
+        }
+        Ok(start)
+    })
+    .await?;
     let end = tokio::time::Instant::now() + request.duration;
     let mut tick = tokio::time::interval_at(end - request.duration + DRAIN_EVERY, DRAIN_EVERY);
     let mut draining: Option<tokio::task::JoinHandle<()>> = None;
@@ -348,7 +365,6 @@ where
         }
     }
     // Closed on the blocking pool from here on, whatever happens to the request.
-    let start = window.start.take().expect("opened above");
     window.shared = None;
     let (rendered, report) = blocking(move || {
         let collected = shared.sampler.close_window(start);

@@ -436,7 +436,6 @@ pub(crate) struct Sampler {
     handler_replaced: AtomicBool,
     reader_why: String,
     frequency: u32,
-    next_window: AtomicU64,
 }
 
 // SAFETY: `Session` is `Sync` (atomics, a mutex, and slots guarded by their flag), and the
@@ -613,7 +612,6 @@ impl Sampler {
             handler_replaced: AtomicBool::new(false),
             reader_why: reader.why,
             frequency,
-            next_window: AtomicU64::new(1),
         })
     }
 
@@ -628,10 +626,9 @@ impl Sampler {
         (!self.session.is_null()).then(|| unsafe { &*self.session })
     }
 
-    /// Opens a window: every sample recorded from now on counts for it, until it closes.
-    /// The records before are drained first (for the windows already open).
-    pub(crate) fn open_window(&self) -> WindowStart {
-        let id = self.next_window.fetch_add(1, Ordering::Relaxed);
+    /// Opens window `id`: every sample recorded from now on counts for it, until it
+    /// closes. The records before are drained first (for the windows already open).
+    pub(crate) fn open_window(&self, id: u64) -> WindowStart {
         let threads = self
             .timers
             .lock()
@@ -712,14 +709,15 @@ impl Sampler {
         }
     }
 
-    /// Closes a window without collecting it (its client hung up).
-    pub(crate) fn forget_window(&self, start: &WindowStart) {
+    /// Closes window `id` without collecting it (its client hung up); nothing if it is
+    /// not open.
+    pub(crate) fn forget_window(&self, id: u64) {
         if let Some(session) = self.session() {
             let mut drained = session
                 .drained
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            drained.windows.retain(|(id, _)| *id != start.id);
+            drained.windows.retain(|(open, _)| *open != id);
         }
     }
 
@@ -1582,7 +1580,7 @@ pub(crate) mod tests {
             std::thread::yield_now();
         }
         let sampler = Sampler::start(1000, &[]).expect("a sampler");
-        let window = sampler.open_window();
+        let window = sampler.open_window(1);
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut samples = 0;
         while samples < 200 && Instant::now() < deadline {
