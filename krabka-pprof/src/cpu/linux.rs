@@ -333,11 +333,14 @@ where
             ));
         }
     };
+    // From here the request's only reference to the session is its window's, so that the
+    // sampler is never stopped on an async worker, whenever the request is dropped.
     let mut window = WindowGuard {
-        shared: Some(shared.clone()),
+        shared: Some(shared),
         id,
     };
-    let opening = shared.clone();
+    let session = window.shared.as_ref().expect("set above");
+    let opening = session.clone();
     let start = blocking(move || {
         let start = opening.sampler.open_window(id);
         if !opening.is_open(id) {
@@ -357,15 +360,15 @@ where
             _ = tick.tick() => {
                 // Whichever window finds a drain due does it; one at a time per window,
                 // and a slow one just makes the next fold more.
-                if draining.as_ref().is_none_or(|d| d.is_finished()) && shared.claim_drain() {
-                    let shared = shared.clone();
-                    draining = Some(tokio::task::spawn_blocking(move || shared.sampler.drain()));
+                if draining.as_ref().is_none_or(|d| d.is_finished()) && session.claim_drain() {
+                    let session = session.clone();
+                    draining = Some(tokio::task::spawn_blocking(move || session.sampler.drain()));
                 }
             }
         }
     }
     // Closed on the blocking pool from here on, whatever happens to the request.
-    window.shared = None;
+    let shared = window.shared.take().expect("set above");
     let (rendered, report) = blocking(move || {
         let collected = shared.sampler.close_window(start);
         let (shared_with, last) = shared.leave(id);
