@@ -94,6 +94,8 @@ async fn spans_and_refusals() {
         "format=\"pprof\"",
         &format!("bytes={}", body.len()),
         "outcome=\"ok\"",
+        // The only window of its session.
+        "windows=1",
     ] {
         assert!(has_field(line, field), "missing {field} in {line}");
     }
