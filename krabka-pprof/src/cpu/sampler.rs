@@ -42,11 +42,12 @@
 //! 3 KiB of the interrupted thread's stack besides the kernel's signal frame, whatever the
 //! stack's depth (measured by a test).
 //!
-//! Off the signal path, a drain (called about every 100 ms while the window runs, and at
-//! the end) gives new threads their timers, swaps the two buffers, waits for handlers still
-//! writing to the old one, and folds its records into a map from stack to count and
-//! weight. Memory is therefore bounded by the buffer size and the number of distinct
-//! stacks, not by the profile's length.
+//! Off the signal path, a drain (called about every 100 ms while a window is open, and
+//! when one opens or closes) gives new threads their timers, swaps the two buffers, waits
+//! for handlers still writing to the old one, and folds its records into each open
+//! window's map from stack to count and weight. A window opened or closed at a swap gets
+//! exactly the records written while it was open. Memory is therefore bounded by the
+//! buffer size and the distinct stacks of the open windows, not by their length.
 //!
 //! Stopping deletes the timers, clears the session pointer, waits until no handler is
 //! running, and only then frees the session. The handler stays installed between
