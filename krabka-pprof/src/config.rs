@@ -547,6 +547,37 @@ mod tests {
     const S: fn(u64) -> Duration = Duration::from_secs;
 
     #[test]
+    fn every_setting_reads_back_what_was_set() {
+        fn admit(parts: &axum::http::request::Parts) -> bool {
+            parts.method == axum::http::Method::GET
+        }
+        let c = ProfilingConfig::new()
+            .with_cpu_default(S(5))
+            .with_cpu_max(S(7))
+            .with_frequency(250)
+            .with_max_windows(3)
+            .with_blocklist(&["libc"])
+            .with_heap(true)
+            .with_heap_default(S(2))
+            .with_heap_max(S(4))
+            .with_prefix("/pp")
+            .with_guard(admit)
+            .with_token_env("PPROF_TOKEN");
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!((c.cpu_default(), c.cpu_max()), (S(5), S(7)));
+        assert_eq!((c.frequency(), c.max_windows()), (250, 3));
+        assert_eq!(c.blocklist(), ["libc"]);
+        assert!(c.heap());
+        assert_eq!((c.heap_default(), c.heap_max()), (S(2), S(4)));
+        assert_eq!(c.prefix(), "/pp");
+        let guard = c.guard().expect("the guard set");
+        let (get, _) = axum::http::Request::get("/").body(()).unwrap().into_parts();
+        let (post, _) = axum::http::Request::post("/").body(()).unwrap().into_parts();
+        assert!(guard(&get) && !guard(&post), "the function set, not another");
+        assert_eq!(c.token_env(), Some("PPROF_TOKEN"));
+    }
+
+    #[test]
     fn defaults_are_valid_and_documented() {
         let c = ProfilingConfig::default();
         assert_eq!(c.validate(), Ok(()));

@@ -52,8 +52,10 @@ pub(super) fn parse(reader: impl std::io::BufRead) -> Result<Parsed, String> {
             let Some(addresses) = pending.take() else {
                 continue; // the process-wide total before the first stack
             };
+            // `t*: <objects>: <bytes> [<allocated objects>: <allocated bytes>]`: only the
+            // first two are read, so the brackets need no separating.
             let mut numbers = rest
-                .split(|c: char| c == ':' || c == '[' || c == ']' || c.is_whitespace())
+                .split(|c: char| c == ':' || c.is_whitespace())
                 .filter(|s| !s.is_empty());
             let objects: f64 = numbers
                 .next()
@@ -271,6 +273,9 @@ MAPPED_LIBRARIES:
         assert!(parse("heap_v1/x\n".as_bytes()).is_err());
         assert!(parse("heap_v2/524288\n@ 0xzz\n".as_bytes()).is_err());
         assert!(parse("heap_v2/524288\n@ 0x10\nt*: NaN: 1 [0: 0]\n".as_bytes()).is_err());
+        // Either count alone not a number is enough.
+        assert!(parse("heap_v2/524288\n@ 0x10\nt*: inf: 4096 [0: 0]\n".as_bytes()).is_err());
+        assert!(parse("heap_v2/524288\n@ 0x10\nt*: 1: inf [0: 0]\n".as_bytes()).is_err());
         // A tiny ratio: 1 - exp(-x) rounds to 0 (an infinite weight); exp_m1 does not.
         let tiny = "heap_v2/524288\n@ 0x10\nt*: 1: 1e-12 [0: 0]\n";
         let parsed = parse(tiny.as_bytes()).unwrap();
@@ -312,6 +317,9 @@ MAPPED_LIBRARIES:
             "<core::option::Option<my_app::X> as my_app::Load>::load",
             "<my_app::Name as alloc::borrow::ToOwned>::to_owned",
             "my_app::fill_name_index::{{closure}}",
+            // A space before ` as ` inside the type: the split is at ` as `, so the trait
+            // (the program's) is judged, not `core::fmt::Formatter as my_app::Emit`.
+            "<&mut core::fmt::Formatter as my_app::Emit>::emit",
         ] {
             assert!(!is_allocator_frame(kept), "{kept}");
         }

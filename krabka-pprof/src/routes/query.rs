@@ -241,7 +241,8 @@ mod tests {
         assert_eq!(parse("").unwrap().frequency, 99);
         assert_eq!(parse("frequency=1").unwrap().frequency, 1);
         assert_eq!(parse("frequency=1000").unwrap().frequency, 1000);
-        for bad in ["0", "1001", "-5", "x", "", "99.5"] {
+        // `+5` and ` 5` parse as u32 in Rust but are not what the contract accepts.
+        for bad in ["0", "1001", "-5", "x", "", "99.5", "%2B5", "+5", "%205"] {
             let err = parse(&format!("frequency={bad}")).unwrap_err();
             assert!(err.contains("from 1 to 1000"), "{bad}: {err}");
         }
