@@ -682,7 +682,97 @@ mod tests {
             messages(quote!(heap)),
             ["`heap` needs a value: write `heap = true`"]
         );
-        assert!(messages(quote!(cpu_max))[0].contains("cpu_max = \"60s\""));
+        // Every other key's message shows a value it takes.
+        for (key, value) in [
+            ("cpu_default", "\"30s\""),
+            ("cpu_max", "\"60s\""),
+            ("frequency", "99"),
+            ("max_windows", "8"),
+            ("blocklist", "[\"libc\", \"libgcc\", \"pthread\", \"vdso\"]"),
+            ("heap_default", "\"10s\""),
+            ("heap_max", "\"30s\""),
+            ("prefix", "\"/debug/pprof\""),
+            ("guard", "crate::auth::is_admin"),
+            ("token_env", "\"PPROF_TOKEN\""),
+            ("crate", "\"::krabka_pprof\""),
+        ] {
+            let attr: TokenStream = key.parse().unwrap();
+            assert_eq!(
+                messages(attr),
+                [format!("`{key}` needs a value: write `{key} = {value}`")]
+            );
+        }
+        assert_eq!(KEYS.len(), 12, "a new key needs its example above");
+        // An unknown key without a value is unknown first.
+        assert!(
+            messages(quote!(cpu_maxx))[0]
+                .starts_with("unknown key `cpu_maxx`; did you mean `cpu_max`?")
+        );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_kind_is_named() {
+        // Each kind of token, named in the message.
+        for (attr, found) in [
+            (quote!(cpu_max = ["60s"]), "found an array"),
+            (quote!(cpu_max = some::path), "found a path"),
+            (quote!(cpu_max = -x), "found an expression"),
+            (quote!(cpu_max = 1.5), "found a float"),
+            (quote!(cpu_max = true), "found a bool"),
+            (quote!(token_env = 5), "found an integer"),
+            (quote!(heap = "yes"), "found a string"),
+        ] {
+            let found_in = messages(attr.clone());
+            assert!(found_in[0].ends_with(found), "{attr}: {found_in:?}");
+        }
+        // An integer is read as seconds only where a duration is asked for.
+        assert_eq!(
+            messages(quote!(cpu_max = 60)),
+            ["`cpu_max` takes a duration string, found an integer; write `cpu_max = \"60s\"`"]
+        );
+        assert_eq!(
+            messages(quote!(prefix = 5)),
+            ["`prefix` takes a path string such as \"/debug/pprof\", found an integer"]
+        );
+        // A negated non-literal is an expression, not a negative number.
+        assert_eq!(
+            messages(quote!(frequency = -x)),
+            ["`frequency` takes an integer in Hz such as 99, found an expression"]
+        );
+        // Only "true" and "false" in quotes are taken for a quoted bool.
+        assert_eq!(
+            messages(quote!(heap = "true")),
+            ["`heap` takes a bool, found a string; write `heap = true` without quotes"]
+        );
+        assert_eq!(
+            messages(quote!(heap = "yes")),
+            ["`heap` takes `true` or `false`, found a string"]
+        );
+        // A qualified path (`<T as Trait>::f`) is not a plain function path.
+        assert!(
+            messages(quote!(guard = <T as Trait>::admit))[0]
+                .starts_with("`guard` takes a path to a `fn(&axum::http::request::Parts) -> bool`")
+        );
+    }
+
+    #[test]
+    fn suggestions_are_within_two_edits() {
+        assert!(
+            messages(quote!(cpu_maxxx = "1s"))[0].contains("did you mean `cpu_max`?"),
+            "two extra letters"
+        );
+        assert!(
+            !messages(quote!(cpu_maxxxx = "1s"))[0].contains("did you mean"),
+            "three are too many"
+        );
+    }
+
+    #[test]
+    fn the_root_is_not_a_prefix() {
+        assert_eq!(
+            messages(quote!(prefix = "/")),
+            ["`prefix` must name a path below the root such as \"/debug/pprof\", found \"/\""]
+        );
     }
 
     #[test]

@@ -572,8 +572,14 @@ mod tests {
         assert_eq!(c.prefix(), "/pp");
         let guard = c.guard().expect("the guard set");
         let (get, _) = axum::http::Request::get("/").body(()).unwrap().into_parts();
-        let (post, _) = axum::http::Request::post("/").body(()).unwrap().into_parts();
-        assert!(guard(&get) && !guard(&post), "the function set, not another");
+        let (post, _) = axum::http::Request::post("/")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(
+            guard(&get) && !guard(&post),
+            "the function set, not another"
+        );
         assert_eq!(c.token_env(), Some("PPROF_TOKEN"));
     }
 

@@ -209,10 +209,19 @@ mod tests {
             " 5",
             "0x10",
             "18446744073709551616",
+            // `+5` once decoded, which u64 parses.
+            "%2B5",
         ] {
             let err = parse(&format!("seconds={bad}")).unwrap_err();
             assert!(err.contains("whole number of seconds"), "{bad}: {err}");
         }
+        // Only a number too large for 64 bits is called too large.
+        assert!(!parse("seconds=").unwrap_err().contains("too large"));
+        assert!(
+            parse("seconds=18446744073709551616")
+                .unwrap_err()
+                .contains("too large")
+        );
         assert!(
             parse("seconds=1&seconds=2")
                 .unwrap_err()
