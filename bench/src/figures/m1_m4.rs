@@ -157,12 +157,13 @@ pub fn memory_with_windows(options: &Options, windows: usize) -> Vec<Row> {
             measured: format!("{:+.1} MB", peak / MB),
             verdict: Verdict::at_most(peak, 8.0 * MB),
         },
+        // For context: the target for concurrent windows is on the peak (issue 11).
         Row {
             id: "M1",
             figure: format!("RSS growth retained 2 s after {windows} concurrent profiles"),
-            target: "≤ 2 MB",
+            target: "—",
             measured: format!("{:+.1} MB", after / MB),
-            verdict: Verdict::at_most(after, 2.0 * MB),
+            verdict: Verdict::NoTarget,
         },
     ]
 }
