@@ -1,7 +1,11 @@
 //! Arbitrary query strings for the routes' property tests, and what the HTTP contract
 //! (`krabka-pprof/docs/http.md`) says of each: accepted, or refused with a 400.
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use proptest::prelude::*;
+use proptest::test_runner::{TestCaseError, TestRunner};
 
 /// The parameters the routes read, and some they ignore (Go's `debug` and `gc`).
 const KEYS: &[&str] = &["seconds", "frequency", "format", "force", "debug", "gc"];
@@ -156,4 +160,64 @@ pub fn forces(query: &str) -> bool {
     decoded(query)
         .iter()
         .any(|(k, v)| k == "force" && matches!(v.as_str(), "true" | "1"))
+}
+
+/// One answer of a route: status, headers (lowercased names) and body.
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The body as text, for messages.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// A refusal in Go's error format: `X-Go-Pprof: 1` and a sentence ending in a newline.
+    pub fn is_a_sentence(&self) -> bool {
+        let text = self.text();
+        self.headers
+            .iter()
+            .any(|(k, v)| k == "x-go-pprof" && v == "1")
+            && text.len() > 20
+            && text.ends_with('\n')
+    }
+}
+
+/// Sends 256 of `queries` to `GET {path}?{query}` on `addr` (raw HTTP, so the request line
+/// is exactly what was drawn), and checks each answer with `check`, which says whether the
+/// query was accepted. Both answers must come at least 40 times, or the strategy has gone
+/// lopsided and proves little.
+pub fn check_routes_answers(
+    runtime: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    path: &str,
+    queries: impl Strategy<Value = String>,
+    check: impl Fn(&str, &Answer) -> Result<bool, TestCaseError>,
+) {
+    let counts = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    TestRunner::new(ProptestConfig::with_cases(256))
+        .run(&queries, |query| {
+            let request =
+                format!("GET {path}?{query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+            let (status, headers, body) = runtime.block_on(crate::raw_request(addr, &request));
+            let accepted = check(
+                &query,
+                &Answer {
+                    status,
+                    headers,
+                    body,
+                },
+            )?;
+            counts[usize::from(accepted)].fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+        .unwrap();
+    let [refused, accepted] = counts.map(AtomicUsize::into_inner);
+    assert!(
+        accepted >= 40 && refused >= 40,
+        "{accepted} accepted and {refused} refused of 256"
+    );
 }

@@ -118,6 +118,18 @@ impl TestServer {
         panic!("the profile ({query}) never got the profiler in 20 attempts");
     }
 
+    /// The body of `GET path`, as text (the index page, say).
+    pub async fn text(&self, path: &str) -> String {
+        client()
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

@@ -7,8 +7,8 @@ use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::queries::{self, Route};
 use krabka_pprof_tests::{
-    TestServer, assert_head_like_get, assert_valid_xml, client, decode, go_pprof_top, raw_request,
-    sample_types, serial, stacks, string,
+    TestServer, assert_head_like_get, assert_valid_xml, client, decode, go_pprof_top, sample_types,
+    serial, stacks, string,
 };
 use reqwest::StatusCode;
 
@@ -197,46 +197,31 @@ fn any_query_on_the_heap_route_gets_the_contracts_answer() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let _serial = runtime.block_on(serial());
     let server = TestServer::start(app);
-    let addr = server.addr;
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(256));
-    // How many of each answer: both must be common, or the strategy has gone lopsided.
-    let answers = [
-        std::sync::atomic::AtomicUsize::new(0),
-        std::sync::atomic::AtomicUsize::new(0),
-    ];
-    runner
-        .run(&queries::query(), |query| {
-            let request = format!(
-                "GET /debug/pprof/heap?{query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-            );
-            let (status, headers, body) = runtime.block_on(raw_request(addr, &request));
-            answers[usize::from(status == 200)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let content_type = headers
+    queries::check_routes_answers(
+        &runtime,
+        server.addr,
+        "/debug/pprof/heap",
+        queries::query(),
+        |query, answer| {
+            let accepted = queries::contract_accepts(query, Route::Heap);
+            if !accepted {
+                prop_assert_eq!(answer.status, 400, "{}: {}", query, answer.text());
+                prop_assert!(answer.is_a_sentence(), "{:?}", answer.text());
+                return Ok(false);
+            }
+            prop_assert_eq!(answer.status, 200, "{}: {}", query, answer.text());
+            let content_type = answer
+                .headers
                 .iter()
                 .find(|(k, _)| k == "content-type")
-                .map(|(_, v)| v.as_str())
-                .unwrap_or("");
-            if queries::contract_accepts(&query, Route::Heap) {
-                prop_assert_eq!(status, 200, "{}: {}", query, String::from_utf8_lossy(&body));
-                match content_type {
-                    "application/octet-stream" => drop(decode(&body)),
-                    "image/svg+xml" => assert_valid_xml(std::str::from_utf8(&body).unwrap()),
-                    "text/plain; charset=utf-8" => {
-                        prop_assert!(String::from_utf8_lossy(&body).contains("flat%"));
-                    }
-                    other => prop_assert!(false, "{}: {}", query, other),
-                }
-            } else {
-                let text = String::from_utf8_lossy(&body);
-                prop_assert_eq!(status, 400, "{}: {}", query, text);
-                prop_assert!(text.len() > 20 && text.ends_with('\n'), "{:?}", text);
+                .map_or("", |(_, v)| v.as_str());
+            match content_type {
+                "application/octet-stream" => drop(decode(&answer.body)),
+                "image/svg+xml" => assert_valid_xml(&answer.text()),
+                "text/plain; charset=utf-8" => prop_assert!(answer.text().contains("flat%")),
+                other => prop_assert!(false, "{}: {}", query, other),
             }
-            Ok(())
-        })
-        .unwrap();
-    let [refused, accepted] = answers.map(std::sync::atomic::AtomicUsize::into_inner);
-    assert!(
-        accepted >= 40 && refused >= 40,
-        "{accepted} accepted and {refused} refused of 256"
+            Ok(true)
+        },
     );
 }

@@ -3,7 +3,7 @@
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::queries::{self, Route};
-use krabka_pprof_tests::{TestServer, assert_head_like_get, client, decode, raw_request, serial};
+use krabka_pprof_tests::{TestServer, assert_head_like_get, client, decode, serial};
 use proptest::prelude::*;
 use reqwest::StatusCode;
 
@@ -173,14 +173,7 @@ async fn without_heap_profiling_the_heap_routes_are_absent() {
         let response = client().get(server.url(route)).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::NOT_FOUND, "{route}");
     }
-    let index = client()
-        .get(server.url("/debug/pprof/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let index = server.text("/debug/pprof/").await;
     assert!(index.contains("off (enable with <code>heap = true</code>)"));
 }
 
@@ -199,40 +192,19 @@ fn any_query_on_the_cpu_route_gets_the_contracts_answer() {
     let _serial = runtime.block_on(serial());
     let server = TestServer::start(long_app);
     let held = runtime.block_on(server.hold_profiler("seconds=60"));
-    let addr = server.addr;
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(256));
-    // How many of each answer: both must be common, or the strategy has gone lopsided.
-    let answers = [
-        std::sync::atomic::AtomicUsize::new(0),
-        std::sync::atomic::AtomicUsize::new(0),
-    ];
-    let strategy = queries::query().prop_filter("forces", |q| !queries::forces(q));
-    runner
-        .run(&strategy, |query| {
-            let request = format!(
-                "GET /debug/pprof/profile?{query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-            );
-            let (status, headers, body) = runtime.block_on(raw_request(addr, &request));
-            answers[usize::from(status == 409)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let text = String::from_utf8_lossy(&body);
-            let expected = if queries::contract_accepts(&query, Route::Cpu) {
-                409
-            } else {
-                400
-            };
-            prop_assert_eq!(status, expected, "{}: {}", query, text);
-            prop_assert!(
-                headers.iter().any(|(k, v)| k == "x-go-pprof" && v == "1"),
-                "X-Go-Pprof"
-            );
-            prop_assert!(text.len() > 20 && text.ends_with('\n'), "a sentence: {:?}", text);
-            Ok(())
-        })
-        .unwrap();
-    let [refused, accepted] = answers.map(std::sync::atomic::AtomicUsize::into_inner);
-    assert!(
-        accepted >= 40 && refused >= 40,
-        "{accepted} accepted and {refused} refused of 256"
+    let forcing = queries::query().prop_filter("forces", |q| !queries::forces(q));
+    queries::check_routes_answers(
+        &runtime,
+        server.addr,
+        "/debug/pprof/profile",
+        forcing,
+        |query, answer| {
+            let accepted = queries::contract_accepts(query, Route::Cpu);
+            let expected = if accepted { 409 } else { 400 };
+            prop_assert_eq!(answer.status, expected, "{}: {}", query, answer.text());
+            prop_assert!(answer.is_a_sentence(), "{:?}", answer.text());
+            Ok(accepted)
+        },
     );
     drop(held);
 }

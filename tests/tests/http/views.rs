@@ -243,13 +243,6 @@ async fn without_the_flamegraph_feature_svg_is_a_400_naming_it() {
         text.contains("svg needs krabka-pprof's `flamegraph` feature"),
         "{text}"
     );
-    let index = client()
-        .get(server.url("/debug/pprof/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let index = server.text("/debug/pprof/").await;
     assert!(!index.contains("format=svg"), "{index}");
 }

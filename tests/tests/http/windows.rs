@@ -36,14 +36,7 @@ async fn wait_for_windows(server: &TestServer, windows: usize) {
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let index = unpooled_client()
-            .get(server.url("/debug/pprof/"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let index = server.text("/debug/pprof/").await;
         if index.contains(&said) {
             return;
         }
