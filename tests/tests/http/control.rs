@@ -67,7 +67,7 @@ async fn force_ends_the_running_profile_early_and_both_get_profiles() {
     let server = TestServer::start(app);
     let probe = unpooled_client();
     // A 20 s profile holds the profiler (on its own connection, sent first).
-    let mut long = server.hold_profiler("seconds=20").await;
+    let long = server.hold_profiler("seconds=20").await;
     let forced = probe
         .get(server.url("/debug/pprof/profile?seconds=1&force=true"))
         .send()
@@ -77,14 +77,7 @@ async fn force_ends_the_running_profile_early_and_both_get_profiles() {
     decode(&forced.bytes().await.unwrap());
 
     // The stopped profile still answers, with a valid profile of the time it had.
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(15), long.read_to_end(&mut raw))
-        .await
-        .expect("the stopped profile answers long before its 20 s")
-        .unwrap();
-    let (status, _, body) = parse_response(&raw);
-    assert_eq!(status, 200);
-    let stopped = decode(&body);
+    let stopped = stopped_profile(long).await;
     assert!(
         stopped.duration_nanos < 15_000_000_000,
         "it stopped early: {} ns",
@@ -143,7 +136,7 @@ async fn the_guard_refuses_before_the_query_is_read() {
 async fn of_two_forces_at_once_one_runs_whole_and_the_other_gets_409() {
     let _serial = serial().await;
     let server = TestServer::start(app);
-    let mut long = server.hold_profiler("seconds=20").await;
+    let long = server.hold_profiler("seconds=20").await;
     let http = unpooled_client();
     let force = server.url("/debug/pprof/profile?seconds=2&force=true");
     let (a, b) = tokio::join!(http.get(&force).send(), http.get(&force).send());
@@ -172,14 +165,20 @@ async fn of_two_forces_at_once_one_runs_whole_and_the_other_gets_409() {
         won.duration_nanos
     );
     // The stopped profile answers with what it had.
+    assert!(stopped_profile(long).await.duration_nanos < 15_000_000_000);
+}
+
+/// The answer of a 20 s profile that a forced request stopped: a 200 with a valid
+/// profile, long before its 20 s.
+async fn stopped_profile(mut connection: tokio::net::TcpStream) -> krabka_pprof_tests::Profile {
     let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(15), long.read_to_end(&mut raw))
+    tokio::time::timeout(Duration::from_secs(15), connection.read_to_end(&mut raw))
         .await
         .expect("the stopped profile answers long before its 20 s")
         .unwrap();
     let (status, _, body) = parse_response(&raw);
     assert_eq!(status, 200);
-    assert!(decode(&body).duration_nanos < 15_000_000_000);
+    decode(&body)
 }
 
 /// A force that arrives while the running profile's window closes, stops, or renders:
