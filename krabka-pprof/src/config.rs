@@ -548,7 +548,7 @@ mod tests {
 
     #[test]
     fn every_setting_reads_back_what_was_set() {
-        fn admit(parts: &axum::http::request::Parts) -> bool {
+        fn admit(parts: &Parts) -> bool {
             parts.method == axum::http::Method::GET
         }
         let c = ProfilingConfig::new()
