@@ -74,11 +74,15 @@ struct Window {
 }
 
 impl Shared {
-    /// Registers a window; `None` if the session is closing.
-    fn join(&self, request: &CpuRequest, id: u64) -> Option<Arc<Notify>> {
+    /// Registers a window for `request`, or says why not; decided under one lock, so a
+    /// window leaving meanwhile cannot turn "closing, wait" into a refusal.
+    fn join(&self, request: &CpuRequest, id: u64) -> Verdict {
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         if windows.closing {
-            return None;
+            return Verdict::Closing;
+        }
+        if let Some(refusal) = refusal(&windows, self.sampler.frequency(), request) {
+            return Verdict::Refused(refusal);
         }
         let ends_at = Instant::now() + request.duration;
         let stop_early = Arc::new(Notify::new());
@@ -95,7 +99,7 @@ impl Shared {
         }
         drop(windows);
         self.lease.extend(ends_at);
-        Some(stop_early)
+        Verdict::Joined(stop_early)
     }
 
     /// Removes a window; returns how many windows shared the session while it was open,
@@ -113,36 +117,6 @@ impl Shared {
             self.lease.ending();
         }
         (shared_with, last)
-    }
-
-    /// Why `request` cannot join, if it cannot: another frequency, or no room.
-    fn refusal(&self, request: &CpuRequest) -> Option<CpuError> {
-        let windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        let last_end = windows.open.iter().map(|w| w.ends_at).max().unwrap_or(now);
-        if windows.open.iter().any(|w| w.forced) && request.force {
-            let other = request.frequency != self.sampler.frequency()
-                || windows.open.len() >= request.max_windows as usize;
-            if other {
-                return Some(CpuError::ForcedRunning {
-                    retry_after: last_end.saturating_duration_since(now),
-                });
-            }
-        }
-        if request.frequency != self.sampler.frequency() {
-            return Some(CpuError::OtherFrequency {
-                running: self.sampler.frequency(),
-                retry_after: last_end.saturating_duration_since(now),
-            });
-        }
-        if windows.open.len() >= request.max_windows as usize {
-            let first_end = windows.open.iter().map(|w| w.ends_at).min().unwrap_or(now);
-            return Some(CpuError::Full {
-                max_windows: request.max_windows,
-                retry_after: first_end.saturating_duration_since(now),
-            });
-        }
-        None
     }
 
     /// Closes every window early (`force=true`): each caller gets what its window had.
@@ -175,13 +149,44 @@ impl Shared {
             .iter()
             .any(|w| w.id == id)
     }
+}
 
-    fn is_closing(&self) -> bool {
-        self.windows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .closing
+/// What [`Shared::join`] decided.
+enum Verdict {
+    Joined(Arc<Notify>),
+    /// The session is ending (or being taken over): wait for it.
+    Closing,
+    Refused(CpuError),
+}
+
+/// Why `request` cannot join a session running at `frequency` with these windows, if it
+/// cannot: another frequency, or no room.
+fn refusal(windows: &Windows, frequency: u32, request: &CpuRequest) -> Option<CpuError> {
+    let now = Instant::now();
+    let last_end = windows.open.iter().map(|w| w.ends_at).max().unwrap_or(now);
+    if windows.open.iter().any(|w| w.forced) && request.force {
+        let other =
+            request.frequency != frequency || windows.open.len() >= request.max_windows as usize;
+        if other {
+            return Some(CpuError::ForcedRunning {
+                retry_after: last_end.saturating_duration_since(now),
+            });
+        }
     }
+    if request.frequency != frequency {
+        return Some(CpuError::OtherFrequency {
+            running: frequency,
+            retry_after: last_end.saturating_duration_since(now),
+        });
+    }
+    if windows.open.len() >= request.max_windows as usize {
+        let first_end = windows.open.iter().map(|w| w.ends_at).min().unwrap_or(now);
+        return Some(CpuError::Full {
+            max_windows: request.max_windows,
+            retry_after: first_end.saturating_duration_since(now),
+        });
+    }
+    None
 }
 
 /// Forgets a session whose last window has left, so the next request starts a new one.
@@ -243,7 +248,49 @@ enum Next {
     Joined(Arc<Shared>, Arc<Notify>),
     /// Wait for the session to end, then look again.
     Wait,
+    /// Close the running windows early and start a session of this request's own.
+    TakeOver,
     Start,
+}
+
+/// A freshly started sampler and its lease, on their way from the blocking pool to the
+/// request. Dropped on an async worker (the request went away after the start finished),
+/// it sends both back to the blocking pool, the sampler first.
+struct Started(Option<(Sampler, CpuLease)>);
+
+impl Started {
+    fn new(sampler: Sampler, lease: CpuLease) -> Started {
+        Started(Some((sampler, lease)))
+    }
+
+    fn into_session(mut self) -> Arc<Shared> {
+        let (sampler, lease) = self.0.take().expect("taken once");
+        Arc::new(Shared {
+            sampler,
+            windows: Mutex::new(Windows::default()),
+            drained_at: AtomicU64::new(0),
+            started: Instant::now(),
+            lease,
+        })
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let Some((sampler, lease)) = self.0.take() else {
+            return;
+        };
+        // Requests wait for it rather than being refused meanwhile.
+        lease.ending();
+        let stop = move || {
+            drop(sampler);
+            drop(lease);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(stop)),
+            Err(_) => stop(),
+        }
+    }
 }
 
 /// Starts a session's sampler (on the blocking pool).
@@ -271,6 +318,10 @@ where
     static NEXT_WINDOW: AtomicU64 = AtomicU64::new(1);
     let id = NEXT_WINDOW.fetch_add(1, Ordering::Relaxed);
     let deadline = tokio::time::Instant::now() + FORCE_WAIT;
+    // A forced request that takes over holds `starting` from the moment it closes the
+    // running windows until its own session runs, so that no other request starts a
+    // session in between (which it would then have to stop in turn).
+    let mut starting: Option<tokio::sync::MutexGuard<'static, ()>> = None;
     let (shared, stop_early) = loop {
         let released = released().notified();
         tokio::pin!(released);
@@ -278,52 +329,63 @@ where
         released.as_mut().enable();
         // Decided under the slot's lock, which is released before any await.
         let decision = match shared_slot().as_ref() {
-            Some(running) if !running.is_closing() => match running.refusal(&request) {
-                Some(refusal)
+            Some(running) => match running.join(&request, id) {
+                Verdict::Joined(stop_early) => Next::Joined(running.clone(), stop_early),
+                Verdict::Closing => Next::Wait,
+                Verdict::Refused(refusal)
                     if !request.force || matches!(refusal, CpuError::ForcedRunning { .. }) =>
                 {
                     return Err(refusal);
                 }
-                Some(_) => {
-                    // Take over: every window closes early with what it has, and this
-                    // request starts a session of its own once the sampler is free.
-                    running.close_all();
-                    Next::Wait
-                }
-                None => match running.join(&request, id) {
-                    Some(stop_early) => Next::Joined(running.clone(), stop_early),
-                    None => Next::Wait,
-                },
+                // Take over: every window closes early with what it has, and this
+                // request starts a session of its own once the sampler is free.
+                Verdict::Refused(_) => Next::TakeOver,
             },
-            // Ending: its sampler is stopping; wait for it.
-            Some(_) => Next::Wait,
             None => Next::Start,
         };
         match decision {
             Next::Joined(shared, stop_early) => break (shared, stop_early),
             Next::Wait => {}
+            Next::TakeOver => {
+                if starting.is_none() {
+                    starting = Some(SESSIONS.get().starting.lock().await);
+                    // Looked at again under `starting`: the session may have changed.
+                    continue;
+                }
+                if let Some(running) = shared_slot().as_ref() {
+                    running.close_all();
+                }
+            }
             Next::Start => {
-                let starting = SESSIONS.get().starting.lock().await;
+                let guard = match starting.take() {
+                    Some(guard) => guard,
+                    None => SESSIONS.get().starting.lock().await,
+                };
                 if shared_slot().is_some() {
-                    // Another request started a session meanwhile: join it.
+                    // Another session runs now: look at it again (holding `starting`
+                    // still, if this request takes over).
+                    if request.force {
+                        starting = Some(guard);
+                    }
                     continue;
                 }
                 let lease = CpuLease::acquire(request.duration, request.force).await?;
-                // The lease travels with the start: a request dropped meanwhile leaves both
-                // to the blocking task, which drops the sampler before the lease.
-                let (sampler, lease) =
-                    blocking(move || Ok((start(request.frequency, request.blocklist)?, lease)))
-                        .await?;
-                let shared = Arc::new(Shared {
-                    sampler,
-                    windows: Mutex::new(Windows::default()),
-                    drained_at: AtomicU64::new(0),
-                    started: Instant::now(),
-                    lease,
-                });
-                let stop_early = shared.join(&request, id).expect("a new session is open");
+                // The lease travels with the start, in a `Started` that stops the sampler
+                // and frees the lease on the blocking pool if this request is dropped
+                // before it takes them out.
+                let started = blocking(move || {
+                    Ok(Started::new(
+                        start(request.frequency, request.blocklist)?,
+                        lease,
+                    ))
+                })
+                .await?;
+                let shared = started.into_session();
+                let Verdict::Joined(stop_early) = shared.join(&request, id) else {
+                    unreachable!("a new session at the request's frequency has room for it");
+                };
                 *shared_slot() = Some(shared.clone());
-                drop(starting);
+                drop(guard);
                 break (shared, stop_early);
             }
         }

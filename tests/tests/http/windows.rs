@@ -258,3 +258,46 @@ async fn past_max_windows_a_request_gets_409() {
     }
     assert!(shared(&a) && shared(&b));
 }
+
+/// A forced request at another frequency closes the running window; a plain request at
+/// the old frequency arrives the moment that window answers, while the forced one is
+/// still starting its session. It must not start a session of its own in between (which
+/// the forced request would then stop): it waits, and gets the 409 for another frequency.
+#[tokio::test]
+async fn a_takeover_is_not_overtaken_by_a_request_at_the_old_frequency() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let (closed, on_close) = tokio::sync::oneshot::channel();
+    let first = async {
+        let profile = profile_after(&server, "seconds=10", Duration::ZERO).await;
+        closed.send(()).unwrap();
+        profile
+    };
+    let ask = |query: &'static str| {
+        let url = server.url(&format!("/debug/pprof/profile?{query}"));
+        async move { unpooled_client().get(url).send().await.unwrap() }
+    };
+    let forced = async {
+        wait_for_windows(&server, 1).await;
+        ask("seconds=2&frequency=50&force=true").await
+    };
+    let plain = async {
+        on_close.await.unwrap();
+        ask("seconds=1").await
+    };
+    let (first, forced, plain) = tokio::join!(first, forced, plain);
+    assert!(
+        first.duration_nanos < 9_000_000_000,
+        "the 10 s window was stopped"
+    );
+    assert_eq!(forced.status(), StatusCode::OK);
+    let forced = decode(&forced.bytes().await.unwrap());
+    assert_eq!(forced.period, 20_000_000);
+    assert!(
+        forced.duration_nanos >= 2_000_000_000,
+        "the forced profile ran whole"
+    );
+    assert_eq!(plain.status(), StatusCode::CONFLICT);
+    let text = plain.text().await.unwrap();
+    assert!(text.contains("running at 50 Hz"), "{text}");
+}
