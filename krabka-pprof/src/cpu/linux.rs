@@ -344,7 +344,11 @@ where
             None => Next::Start,
         };
         match decision {
-            Next::Joined(shared, stop_early) => break (shared, stop_early),
+            Next::Joined(shared, stop_early) => {
+                // A takeover that found it could join after all starts nothing.
+                drop(starting.take());
+                break (shared, stop_early);
+            }
             Next::Wait => {}
             Next::TakeOver => {
                 if starting.is_none() {
