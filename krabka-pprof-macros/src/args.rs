@@ -251,7 +251,6 @@ fn describe(expr: &Expr) -> &'static str {
         },
         Expr::Array(_) => "an array",
         Expr::Path(_) => "a path",
-        Expr::Unary(_) => "an expression",
         _ => "an expression",
     }
 }
