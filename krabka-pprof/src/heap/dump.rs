@@ -276,7 +276,7 @@ MAPPED_LIBRARIES:
         // Either count alone not a number is enough, and is called that.
         for line in ["t*: inf: 4096 [0: 0]", "t*: 1: inf [0: 0]"] {
             let dump = format!("heap_v2/524288\n@ 0x10\n{line}\n");
-            let err = parse(dump.as_bytes()).err().expect("an error");
+            let err = parse(dump.as_bytes()).expect_err("an error");
             assert!(err.contains("counts that are not numbers"), "{line}: {err}");
         }
         // A tiny ratio: 1 - exp(-x) rounds to 0 (an infinite weight); exp_m1 does not.
