@@ -348,14 +348,19 @@ impl<S: Send + 'static> Drop for Hold<S> {
         if sampler.is_none() && lease.is_none() {
             return;
         }
-        let stop = move || {
-            drop(sampler);
-            drop(lease);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(stop)),
-            Err(_) => stop(),
-        }
+        // A tuple drops its fields in order: the sampler stops before the lease frees.
+        drop_off_the_async_worker((sampler, lease));
+    }
+}
+
+/// Drops `value` on the blocking pool (stopping a sampler deletes timers, waits for
+/// handlers, frees buffers: no work for an async worker), or here when there is no
+/// runtime.
+#[cfg(any(sampler, pprof_rs))]
+fn drop_off_the_async_worker<T: Send + 'static>(value: T) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(value))),
+        Err(_) => drop(value),
     }
 }
 

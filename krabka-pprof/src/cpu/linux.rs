@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::{
-    CpuError, CpuLease, CpuRequest, FORCE_WAIT, PerProcess, Profile, blocking, released, sampler,
+    CpuError, CpuLease, CpuRequest, FORCE_WAIT, PerProcess, Profile, blocking,
+    drop_off_the_async_worker, released, sampler,
 };
 use sampler::{DRAIN_EVERY, Sampler, StartError};
 
@@ -220,10 +221,7 @@ impl Drop for WindowGuard {
         if last {
             forget_session(&shared);
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(shared))),
-            Err(_) => drop(shared),
-        }
+        drop_off_the_async_worker(shared);
     }
 }
 
@@ -282,14 +280,8 @@ impl Drop for Started {
         };
         // Requests wait for it rather than being refused meanwhile.
         lease.ending();
-        let stop = move || {
-            drop(sampler);
-            drop(lease);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(stop)),
-            Err(_) => stop(),
-        }
+        // The sampler stops before the lease frees (a tuple drops in order).
+        drop_off_the_async_worker((sampler, lease));
     }
 }
 
