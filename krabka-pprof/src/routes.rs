@@ -6,6 +6,7 @@
 mod access;
 mod query;
 mod response;
+mod tasks;
 
 use std::sync::Arc;
 
@@ -85,6 +86,7 @@ where
             .route(&format!("{prefix}/heap"), handler(Route::Heap))
             .route(&format!("{prefix}/allocs"), handler(Route::Allocs));
     }
+    router = router.route(&format!("{prefix}/tasks"), handler(Route::Tasks));
     router
 }
 
@@ -95,6 +97,7 @@ enum Route {
     Profile,
     Heap,
     Allocs,
+    Tasks,
 }
 
 impl Route {
@@ -105,6 +108,7 @@ impl Route {
             Route::Profile => "/profile",
             Route::Heap => "/heap",
             Route::Allocs => "/allocs",
+            Route::Tasks => "/tasks",
         }
     }
 }
@@ -141,6 +145,7 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
             Route::Index => index(&shared.config, &parts),
             Route::Profile => cpu_profile(&shared.config, &parts).await,
             Route::Heap | Route::Allocs => heap_profile(&shared.config, &parts).await,
+            Route::Tasks => tasks::respond(&parts).await,
         }
     }
     .instrument(span)
