@@ -60,6 +60,7 @@ pub struct ProfilingConfig {
     /// `None`: 10 s, or `heap_max` if that is shorter.
     heap_default: Option<Duration>,
     heap_max: Duration,
+    threads: bool,
     prefix: &'static str,
     guard: Option<Guard>,
     token_env: Option<&'static str>,
@@ -74,8 +75,8 @@ impl Default for ProfilingConfig {
 impl ProfilingConfig {
     /// The defaults: CPU profiles of 30 s unless asked otherwise, at most 60 s, at 99 Hz,
     /// unwinding through every library (an empty blocklist); heap profiling off
-    /// (10 s default window, 30 s max when on); routes under `/debug/pprof`; no guard and
-    /// no token.
+    /// (10 s default window, 30 s max when on); thread dumps on; routes under
+    /// `/debug/pprof`; no guard and no token.
     pub const fn new() -> Self {
         Self {
             cpu_default: None,
@@ -86,6 +87,7 @@ impl ProfilingConfig {
             heap: false,
             heap_default: None,
             heap_max: Duration::from_secs(30),
+            threads: true,
             prefix: "/debug/pprof",
             guard: None,
             token_env: None,
@@ -151,6 +153,13 @@ impl ProfilingConfig {
         self
     }
 
+    /// Serve the thread dumps `/threads`, `/goroutine` and `/tasks` (on unless set);
+    /// `false` leaves them out.
+    pub const fn with_threads(mut self, on: bool) -> Self {
+        self.threads = on;
+        self
+    }
+
     /// Path under which the routes are mounted, such as `/debug/pprof`.
     pub const fn with_prefix(mut self, prefix: &'static str) -> Self {
         self.prefix = prefix;
@@ -208,6 +217,10 @@ impl ProfilingConfig {
     /// See [`with_heap_max`](Self::with_heap_max).
     pub const fn heap_max(&self) -> Duration {
         self.heap_max
+    }
+    /// See [`with_threads`](Self::with_threads).
+    pub const fn threads(&self) -> bool {
+        self.threads
     }
     /// See [`with_prefix`](Self::with_prefix).
     pub const fn prefix(&self) -> &'static str {
@@ -560,6 +573,7 @@ mod tests {
             .with_heap(true)
             .with_heap_default(S(2))
             .with_heap_max(S(4))
+            .with_threads(false)
             .with_prefix("/pp")
             .with_guard(admit)
             .with_token_env("PPROF_TOKEN");
@@ -569,6 +583,7 @@ mod tests {
         assert_eq!(c.blocklist(), ["libc"]);
         assert!(c.heap());
         assert_eq!((c.heap_default(), c.heap_max()), (S(2), S(4)));
+        assert!(!c.threads());
         assert_eq!(c.prefix(), "/pp");
         let guard = c.guard().expect("the guard set");
         let (get, _) = axum::http::Request::get("/").body(()).unwrap().into_parts();
@@ -593,6 +608,7 @@ mod tests {
         assert!(c.blocklist().is_empty(), "unwind through every library");
         assert!(!c.heap());
         assert_eq!((c.heap_default(), c.heap_max()), (S(10), S(30)));
+        assert!(c.threads(), "thread dumps on");
         assert_eq!(c.prefix(), "/debug/pprof");
         assert!(c.guard().is_none() && c.token_env().is_none());
     }
