@@ -366,6 +366,10 @@ fn drop_off_the_async_worker<T: Send + 'static>(value: T) {
 
 #[cfg(sampler)]
 mod linux;
+#[cfg(sampler)]
+pub(crate) use linux::{stack_frames, take_thread_dump};
+#[cfg(sampler)]
+pub(crate) use sampler::{MAX_DUMP_THREADS, Stack as ThreadStack};
 #[cfg(pprof_rs)]
 pub(crate) mod pprof_rs;
 

@@ -38,6 +38,7 @@ mod objects;
 mod profile;
 mod proto;
 mod routes;
+mod stacks;
 #[cfg_attr(not(sampler), allow(dead_code))]
 mod symbols;
 mod views;

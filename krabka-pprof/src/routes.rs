@@ -19,12 +19,13 @@ use axum::routing::get;
 use tracing::{Instrument as _, field};
 
 use self::access::Access;
-use self::query::{CpuQuery, HeapQuery};
+use self::query::{CpuQuery, HeapQuery, ThreadsAnswer, ThreadsQuery};
 use self::response::{bad_request, busy, failed, redirect, unavailable};
 use crate::config::{ConfigError, ProfilingConfig};
 use crate::cpu::{self, CpuError, CpuRequest};
 use crate::heap::{self, HeapError, HeapRequest};
-use crate::views;
+use crate::stacks::{self, DumpError, DumpRequest};
+use crate::views::{self, View, ViewBody};
 
 /// The profiling routes with the default [`ProfilingConfig`], to merge into an app or
 /// serve on an internal listener.
@@ -86,8 +87,14 @@ where
             .route(&format!("{prefix}/heap"), handler(Route::Heap))
             .route(&format!("{prefix}/allocs"), handler(Route::Allocs));
     }
-    router = router.route(&format!("{prefix}/tasks"), handler(Route::Tasks));
-    router
+    if config.threads() {
+        // `/goroutine` is where Parca and Grafana Alloy look by default.
+        router = router
+            .route(&format!("{prefix}/threads"), handler(Route::Threads))
+            .route(&format!("{prefix}/goroutine"), handler(Route::Goroutine))
+            .route(&format!("{prefix}/tasks"), handler(Route::Tasks));
+    }
+    router.route(&format!("{prefix}/cmdline"), handler(Route::Cmdline))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +104,10 @@ enum Route {
     Profile,
     Heap,
     Allocs,
+    Threads,
+    Goroutine,
     Tasks,
+    Cmdline,
 }
 
 impl Route {
@@ -108,7 +118,10 @@ impl Route {
             Route::Profile => "/profile",
             Route::Heap => "/heap",
             Route::Allocs => "/allocs",
+            Route::Threads => "/threads",
+            Route::Goroutine => "/goroutine",
             Route::Tasks => "/tasks",
+            Route::Cmdline => "/cmdline",
         }
     }
 }
@@ -145,7 +158,10 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
             Route::Index => index(&shared.config, &parts),
             Route::Profile => cpu_profile(&shared.config, &parts).await,
             Route::Heap | Route::Allocs => heap_profile(&shared.config, &parts).await,
+            Route::Threads => thread_dump(&shared.config, &parts, "threads").await,
+            Route::Goroutine => thread_dump(&shared.config, &parts, "goroutine").await,
             Route::Tasks => tasks::respond(&parts).await,
+            Route::Cmdline => response::cmdline(stacks::cmdline()),
         }
     }
     .instrument(span)
@@ -293,6 +309,50 @@ async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
         ),
         Err(HeapError::Failed(reason)) => failed(&format!(
             "heap profiling failed: {reason}; retry the request"
+        )),
+    }
+}
+
+/// `/threads` and `/goroutine`: every thread's stack now.
+async fn thread_dump(config: &ProfilingConfig, parts: &Parts, filename: &'static str) -> Response {
+    let span = tracing::Span::current();
+    let query = match ThreadsQuery::parse(parts.uri.query()) {
+        Ok(query) => query,
+        Err(message) => return bad_request(&message),
+    };
+    let answer = query.answer;
+    span.record(
+        "format",
+        match answer {
+            ThreadsAnswer::Profile(format) => format.name(),
+            ThreadsAnswer::Grouped => "debug=1",
+            ThreadsAnswer::Every => "debug=2",
+        },
+    );
+    let request = DumpRequest {
+        deadline: query.deadline,
+        blocklist: config.blocklist(),
+    };
+    let rendered = stacks::dump(request, move |dump| {
+        let samples = dump.threads.len() as i64;
+        let text = |body: String| View {
+            body: ViewBody::Text(body),
+            samples,
+        };
+        match answer {
+            ThreadsAnswer::Profile(format) => {
+                let subtitle = format!("{samples} threads, {} answered", dump.answered);
+                views::render(&dump.profile, format, "Threads", &subtitle)
+            }
+            ThreadsAnswer::Grouped => Ok(text(stacks::grouped_text(&dump))),
+            ThreadsAnswer::Every => Ok(text(stacks::every_thread_text(&dump))),
+        }
+    });
+    match rendered.await {
+        Ok(view) => response::view(view, filename),
+        Err(DumpError::Unavailable(reason)) => unavailable(reason),
+        Err(DumpError::Failed(reason)) => failed(&format!(
+            "the thread dump failed: {reason}; retry the request"
         )),
     }
 }

@@ -300,6 +300,23 @@ fn start(frequency: u32, blocklist: &'static [&'static str]) -> Result<Sampler, 
     })
 }
 
+/// Asks each of `tids` for its stack (see `sampler/dump.rs`); blocks up to `deadline`.
+pub(crate) fn take_thread_dump(
+    tids: &[u32],
+    blocklist: &[&str],
+    deadline: Duration,
+) -> Result<sampler::Taken, crate::stacks::DumpError> {
+    use crate::stacks::DumpError;
+    sampler::take_dump(tids, blocklist, deadline).map_err(|err| match err {
+        StartError::ForeignHandler => DumpError::Unavailable(
+            "another SIGPROF handler is installed in this process (another profiler?), and \
+             thread dumps ask each thread with SIGPROF; stop it, or remove it, to take them",
+        ),
+        StartError::Running => DumpError::Failed("another dump holds the handler".to_owned()),
+        StartError::System(call, error) => DumpError::Failed(format!("{call} failed: {error}")),
+    })
+}
+
 /// Takes one CPU profile (a window of the running session, or a new session) and hands
 /// it to `render` on the blocking pool.
 pub(crate) async fn profile<R, F>(request: CpuRequest, render: F) -> Result<R, CpuError>
@@ -479,12 +496,53 @@ fn log_report(report: &sampler::Report, capped: bool, shared_with: usize) {
     }
 }
 
+/// A stack the sampler recorded (leaf first) as profile frames: return addresses minus
+/// one, so that each lands inside its call, then a marker for each of `flags` (`FLAG_*`)
+/// saying why the stack is shorter than the thread's.
+pub(crate) fn stack_frames(
+    addresses: &[u64],
+    flags: u8,
+    objects: &crate::objects::Objects,
+) -> Vec<crate::profile::Frame> {
+    use crate::profile::Frame;
+    use sampler::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
+
+    let mut frames: Vec<Frame> = addresses
+        .iter()
+        .enumerate()
+        // Return addresses point after the call; minus one lands inside it.
+        .map(|(i, &address)| Frame::Code(if i == 0 { address } else { address - 1 }))
+        .collect();
+    if flags & FLAG_BLOCKLISTED != 0 {
+        let library = addresses
+            .first()
+            .and_then(|pc| objects.find(*pc))
+            .map_or("a blocklisted library", |(_, o)| o.short_name());
+        frames.push(Frame::Marker(format!(
+            "[{library}: blocklisted, not unwound]"
+        )));
+    }
+    if flags & FLAG_NO_SCRATCH != 0 {
+        frames.push(Frame::Marker(
+            "[not unwound: sampler busy on other threads]".into(),
+        ));
+    }
+    if flags & FLAG_NO_STACK_READ != 0 {
+        frames.push(Frame::Marker(
+            "[not unwound: the stack cannot be read here]".into(),
+        ));
+    }
+    if flags & FLAG_TRUNCATED != 0 {
+        frames.push(Frame::Marker("[truncated]".into()));
+    }
+    frames
+}
+
 /// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
 /// sample per distinct (thread, stack); and whether the kernel capped the rate (the
 /// samples stand for more periods than there were signals).
 fn report_profile(collected: sampler::Collected, shared_with: usize) -> (Profile, bool) {
     use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
-    use sampler::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
 
     let period = 1_000_000_000 / i64::from(collected.frequency);
     let mut builder = ProfileBuilder::new(&collected.objects);
@@ -502,36 +560,7 @@ fn report_profile(collected: sampler::Collected, shared_with: usize) -> (Profile
         signals += tally.samples;
         periods += tally.periods;
         *periods_by_thread.entry(stack.tid).or_default() += tally.periods;
-        let mut frames: Vec<Frame> = stack
-            .frames
-            .iter()
-            .enumerate()
-            // Return addresses point after the call; minus one lands inside it.
-            .map(|(i, &address)| Frame::Code(if i == 0 { address } else { address - 1 }))
-            .collect();
-        if stack.flags & FLAG_BLOCKLISTED != 0 {
-            let library = stack
-                .frames
-                .first()
-                .and_then(|pc| collected.objects.find(*pc))
-                .map_or("a blocklisted library", |(_, o)| o.short_name());
-            frames.push(Frame::Marker(format!(
-                "[{library}: blocklisted, not unwound]"
-            )));
-        }
-        if stack.flags & FLAG_NO_SCRATCH != 0 {
-            frames.push(Frame::Marker(
-                "[not unwound: sampler busy on other threads]".into(),
-            ));
-        }
-        if stack.flags & FLAG_NO_STACK_READ != 0 {
-            frames.push(Frame::Marker(
-                "[not unwound: the stack cannot be read here]".into(),
-            ));
-        }
-        if stack.flags & FLAG_TRUNCATED != 0 {
-            frames.push(Frame::Marker("[truncated]".into()));
-        }
+        let frames = stack_frames(&stack.frames, stack.flags, &collected.objects);
         builder.add(
             frames,
             vec![tally.samples as i64, tally.periods as i64 * period],
@@ -629,7 +658,7 @@ fn report_profile(collected: sampler::Collected, shared_with: usize) -> (Profile
 }
 
 /// A thread's name while it lives; its id once it has exited.
-fn thread_name(tid: u32) -> String {
+pub(crate) fn thread_name(tid: u32) -> String {
     std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
         .map(|name| name.trim_end().to_owned())
         .unwrap_or_else(|_| format!("thread {tid}"))

@@ -68,6 +68,11 @@ use framehop::{
     Unwinder as _, UnwinderNative,
 };
 
+mod dump;
+
+pub(crate) use dump::{MAX_DUMP_THREADS, Stack, Taken, take as take_dump};
+
+
 use super::memory::{MAX_PAGES, Memory, PAGE};
 use super::threads::{Thread, Threads};
 use super::timers::{KIND_BACKSTOP, KIND_THREAD, ThreadCpu, Timers, signal_kind};
@@ -236,6 +241,26 @@ struct Slot {
 // SAFETY: `scratch` is only touched by the handler that set `busy` from false to true, until
 // it stores false again.
 unsafe impl Sync for Slot {}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            busy: AtomicBool::new(false),
+            scratch: UnsafeCell::new(Scratch {
+                cache: Cache::new_in(),
+                stack: vec![0u8; MAX_STACK_COPY].into_boxed_slice(),
+                frames: [0; MAX_DEPTH],
+            }),
+        }
+    }
+
+    /// Takes the slot if no handler holds it; async-signal-safe.
+    fn try_take(&self) -> bool {
+        self.busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+}
 
 /// One of the two sample buffers. `state` is `writers << 40 | cursor` (cursor in words).
 struct Buffer {
@@ -509,6 +534,31 @@ fn readable_objects(objects: &Objects) -> (Vec<&LoadedObject>, Vec<Library>) {
     (readable, libraries)
 }
 
+/// An unwinder over the tables of every object the handler may read, and the pins that
+/// keep the libraries among them mapped while it is used.
+fn unwinder_for(objects: &Objects) -> (Unwinder, Vec<Library>) {
+    let mut unwinder = Unwinder::new();
+    let (readable, libraries) = readable_objects(objects);
+    for object in readable {
+        if let Some(module) = framehop_module(object) {
+            unwinder.add_module(module);
+        }
+    }
+    (unwinder, libraries)
+}
+
+/// The code ranges of the objects `blocklist` names, sorted.
+fn blocked_ranges(objects: &Objects, blocklist: &[&str]) -> Box<[Range<u64>]> {
+    let mut blocked = Vec::new();
+    for object in objects.iter() {
+        if blocklist.iter().any(|entry| object.is_named(entry)) {
+            blocked.extend(object.segments.iter().map(|s| s.avma.clone()));
+        }
+    }
+    blocked.sort_by_key(|r| r.start);
+    blocked.into_boxed_slice()
+}
+
 /// The address bits of a code pointer in this process: everything up to the highest bit
 /// any loaded object uses. On aarch64 the bits above may hold a pointer authentication
 /// code in return addresses, which must be stripped before they are looked up.
@@ -530,20 +580,8 @@ impl Sampler {
             return Err(StartError::ForeignHandler);
         }
         let objects = Objects::current();
-        let mut unwinder = Unwinder::new();
-        let mut blocked = Vec::new();
-        let (readable, libraries) = readable_objects(&objects);
-        for object in readable {
-            if let Some(module) = framehop_module(object) {
-                unwinder.add_module(module);
-            }
-        }
-        for object in objects.iter() {
-            if blocklist.iter().any(|entry| object.is_named(entry)) {
-                blocked.extend(object.segments.iter().map(|s| s.avma.clone()));
-            }
-        }
-        blocked.sort_by_key(|r| r.start);
+        let (unwinder, libraries) = unwinder_for(&objects);
+        let blocked = blocked_ranges(&objects, blocklist);
 
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let slots = cpus.clamp(2, 16);
@@ -558,17 +596,8 @@ impl Sampler {
         let session = Box::new(Session {
             id,
             unwinder,
-            blocked: blocked.into_boxed_slice(),
-            slots: (0..slots)
-                .map(|_| Slot {
-                    busy: AtomicBool::new(false),
-                    scratch: UnsafeCell::new(Scratch {
-                        cache: Cache::new_in(),
-                        stack: vec![0u8; MAX_STACK_COPY].into_boxed_slice(),
-                        frames: [0; MAX_DEPTH],
-                    }),
-                })
-                .collect(),
+            blocked,
+            slots: (0..slots).map(|_| Slot::new()).collect(),
             buffers: [Buffer::new(words), Buffer::new(words)],
             active: AtomicUsize::new(0),
             lost: AtomicU64::new(0),
@@ -795,6 +824,7 @@ fn register_fork_handler() {
     static ONCE: Once = Once::new();
     extern "C" fn in_child() {
         SESSION.store(std::ptr::null_mut(), Ordering::SeqCst);
+        dump::DUMP.store(std::ptr::null_mut(), Ordering::SeqCst);
         RUNNING_HANDLERS.store(0, Ordering::SeqCst);
     }
     ONCE.call_once(|| {
@@ -946,36 +976,19 @@ impl Session {
                 copy: stack,
                 copied: 0,
             };
-            let (depth, flags, complete) = {
-                let mut read = |address: u64| reader.read(address);
-                let mut unwinding = self.unwinder.iter_frames(pc, regs, cache, &mut read);
-                let mut depth = 0usize;
-                let mut flags = 0;
-                let mut complete = false;
-                loop {
-                    match unwinding.next() {
-                        Ok(Some(_)) if depth == MAX_DEPTH => {
-                            flags |= FLAG_TRUNCATED;
-                            break;
-                        }
-                        Ok(Some(frame)) => {
-                            let address = frame.address() & self.code_mask;
-                            frames[depth] = address;
-                            depth += 1;
-                            // Do not unwind through a blocklisted library.
-                            if depth > 1 && self.is_blocked(address.wrapping_sub(1)) {
-                                break;
-                            }
-                        }
-                        Ok(None) => {
-                            complete = true;
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                (depth, flags, complete)
-            };
+            let Unwound {
+                depth,
+                flags,
+                complete,
+            } = unwind(
+                &self.unwinder,
+                self.code_mask,
+                &self.blocked,
+                (pc, regs),
+                cache,
+                frames,
+                &mut reader,
+            );
             // An unwind that reached the outermost frame read only this thread's stack:
             // what it copied is known readable for the thread's later samples.
             if let Some(thread) = thread.filter(|_| complete && reader.copied > 0) {
@@ -999,19 +1012,14 @@ impl Session {
     }
 
     fn is_blocked(&self, address: u64) -> bool {
-        let i = self.blocked.partition_point(|r| r.start <= address);
-        i > 0 && self.blocked[i - 1].contains(&address)
+        is_blocked(&self.blocked, address)
     }
 
     fn take_slot(&self, tid: u32) -> Option<&Slot> {
         let n = self.slots.len();
         (0..n)
             .map(|i| &self.slots[(tid as usize + i) % n])
-            .find(|slot| {
-                slot.busy
-                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            })
+            .find(|slot| slot.try_take())
     }
 
     /// Appends one record to the active buffer; async-signal-safe.
@@ -1038,6 +1046,67 @@ impl Session {
             self.lost_periods.fetch_add(periods, Ordering::Relaxed);
         }
         buffer.state.fetch_sub(WRITER, Ordering::Release);
+    }
+}
+
+/// Whether `address` lies in one of the sorted `blocked` ranges.
+fn is_blocked(blocked: &[Range<u64>], address: u64) -> bool {
+    let i = blocked.partition_point(|r| r.start <= address);
+    i > 0 && blocked[i - 1].contains(&address)
+}
+
+/// What [`unwind`] wrote.
+struct Unwound {
+    depth: usize,
+    flags: u8,
+    /// It reached the stack's outermost frame.
+    complete: bool,
+}
+
+/// Unwinds from the interrupted `pc` and registers into `frames` (leaf first), stopping
+/// after the first frame in a blocklisted object and at [`MAX_DEPTH`] (marked
+/// [`FLAG_TRUNCATED`]). Async-signal-safe: framehop with fixed storage, stack reads
+/// through `reader`.
+fn unwind(
+    unwinder: &Unwinder,
+    code_mask: u64,
+    blocked: &[Range<u64>],
+    (pc, regs): (u64, UnwindRegsNative),
+    cache: &mut Cache,
+    frames: &mut [u64; MAX_DEPTH],
+    reader: &mut StackReader<'_>,
+) -> Unwound {
+    let mut read = |address: u64| reader.read(address);
+    let mut unwinding = unwinder.iter_frames(pc, regs, cache, &mut read);
+    let mut depth = 0usize;
+    let mut flags = 0;
+    let mut complete = false;
+    loop {
+        match unwinding.next() {
+            Ok(Some(_)) if depth == MAX_DEPTH => {
+                flags |= FLAG_TRUNCATED;
+                break;
+            }
+            Ok(Some(frame)) => {
+                let address = frame.address() & code_mask;
+                frames[depth] = address;
+                depth += 1;
+                // Do not unwind through a blocklisted library.
+                if depth > 1 && is_blocked(blocked, address.wrapping_sub(1)) {
+                    break;
+                }
+            }
+            Ok(None) => {
+                complete = true;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    Unwound {
+        depth,
+        flags,
+        complete,
     }
 }
 
@@ -1240,8 +1309,11 @@ extern "C" fn on_sigprof(
     // invisible to the interrupted code.
     let errno = unsafe { *libc::__errno_location() };
     RUNNING_HANDLERS.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: the kernel's siginfo is valid for the handler's duration, and at least as
+    // large as the layout read; `context` comes from the kernel.
+    let dumped = !info.is_null() && unsafe { dump::on_signal(&*info.cast(), context) };
     let session = SESSION.load(Ordering::SeqCst);
-    if !session.is_null() {
+    if !dumped && !session.is_null() {
         // SAFETY: a non-null session stays alive until RUNNING_HANDLERS drops to zero
         // after it was cleared (see `retire`); `info` and `context` come from the kernel.
         unsafe { (*session).on_signal(info, context) };

@@ -89,6 +89,73 @@ impl HeapQuery {
     }
 }
 
+/// A `/threads` or `/goroutine` request.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ThreadsQuery {
+    /// What to send: a profile in a [`Format`], or Go's text forms (`debug=1`, `debug=2`).
+    pub(crate) answer: ThreadsAnswer,
+    /// How long to wait for the threads' answers.
+    pub(crate) deadline: Duration,
+}
+
+/// The form of a thread dump.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ThreadsAnswer {
+    Profile(Format),
+    /// `debug=1`: grouped by identical stack, largest group first.
+    Grouped,
+    /// `debug=2`: every thread with its state.
+    Every,
+}
+
+/// The default wait for threads to answer a dump.
+pub(crate) const DUMP_DEADLINE: Duration = Duration::from_millis(100);
+/// The longest wait a dump may ask for.
+const MAX_DUMP_DEADLINE: Duration = Duration::from_secs(10);
+
+impl ThreadsQuery {
+    /// `debug`: 0 (the default: a profile in `format`), 1 or 2 (Go's text forms);
+    /// `format`: as for profiles, only with `debug=0`; `deadline`: a duration such as
+    /// `250ms`, 1 ms to 10 s, default 100 ms.
+    pub(crate) fn parse(query: Option<&str>) -> Result<Self, String> {
+        let params = Params::parse_known(query, Params::THREADS)?;
+        let format = parse_format(&params)?;
+        let answer = match params.get("debug") {
+            None | Some("0") => ThreadsAnswer::Profile(format),
+            Some(debug @ ("1" | "2")) if params.get("format").is_some() => {
+                return Err(format!(
+                    "`debug={debug}` is a text form of its own and takes no `format`: send                      one of them"
+                ));
+            }
+            Some("1") => ThreadsAnswer::Grouped,
+            Some("2") => ThreadsAnswer::Every,
+            Some(other) => {
+                return Err(format!(
+                    "`debug` must be 0 (a profile, the default), 1 (text grouped by stack) \
+                     or 2 (every thread with its state), found {other:?}"
+                ));
+            }
+        };
+        let deadline = match params.get("deadline") {
+            None => DUMP_DEADLINE,
+            Some(text) => match humantime::parse_duration(text) {
+                Ok(deadline)
+                    if (Duration::from_millis(1)..=MAX_DUMP_DEADLINE).contains(&deadline) =>
+                {
+                    deadline
+                }
+                _ => {
+                    return Err(format!(
+                        "`deadline` must be a duration from 1ms to 10s such as \
+                         ?deadline=250ms, found {text:?}"
+                    ));
+                }
+            },
+        };
+        Ok(ThreadsQuery { answer, deadline })
+    }
+}
+
 /// `format`: which view of the profile to send.
 fn parse_format(params: &Params) -> Result<Format, String> {
     #[cfg(feature = "flamegraph")]
@@ -109,12 +176,19 @@ fn parse_format(params: &Params) -> Result<Format, String> {
 struct Params(Vec<(&'static str, String)>);
 
 impl Params {
-    const KNOWN: &'static [&'static str] = &["seconds", "format", "frequency", "force"];
+    /// The parameters of the profile routes.
+    const PROFILES: &'static [&'static str] = &["seconds", "format", "frequency", "force"];
+    /// The parameters of the thread dump routes.
+    const THREADS: &'static [&'static str] = &["debug", "format", "deadline"];
 
     fn parse(query: Option<&str>) -> Result<Params, String> {
+        Params::parse_known(query, Params::PROFILES)
+    }
+
+    fn parse_known(query: Option<&str>, known: &[&'static str]) -> Result<Params, String> {
         let mut found: Vec<(&'static str, String)> = Vec::new();
         for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-            let Some(known) = Self::KNOWN.iter().find(|k| **k == key) else {
+            let Some(known) = known.iter().find(|k| **k == key) else {
                 continue;
             };
             if found.iter().any(|(k, _)| k == known) {

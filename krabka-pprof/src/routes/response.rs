@@ -59,6 +59,8 @@ pub(super) fn view(view: View, filename: &'static str) -> Response {
 fn pprof_response(body: Vec<u8>, filename: &'static str) -> Response {
     let disposition = match filename {
         "heap" => HeaderValue::from_static("attachment; filename=\"heap\""),
+        "threads" => HeaderValue::from_static("attachment; filename=\"threads\""),
+        "goroutine" => HeaderValue::from_static("attachment; filename=\"goroutine\""),
         _ => HeaderValue::from_static("attachment; filename=\"profile\""),
     };
     let mut response = answer(StatusCode::OK, "application/octet-stream", Body::from(body));
@@ -66,6 +68,14 @@ fn pprof_response(body: Vec<u8>, filename: &'static str) -> Response {
         .headers_mut()
         .insert(header::CONTENT_DISPOSITION, disposition);
     response
+}
+
+/// 200 with `/cmdline`'s bytes (arguments separated by NUL), typed as Go types them.
+pub(super) fn cmdline(line: Vec<u8>) -> Response {
+    let span = tracing::Span::current();
+    span.record("bytes", line.len());
+    span.record("outcome", "ok");
+    answer(StatusCode::OK, "text/plain; charset=utf-8", Body::from(line))
 }
 
 /// The index page, HTML that loads nothing from elsewhere.
