@@ -21,6 +21,7 @@ pub(crate) const KEYS: &[&str] = &[
     "heap",
     "heap_default",
     "heap_max",
+    "threads",
     "prefix",
     "guard",
     "token_env",
@@ -45,6 +46,7 @@ pub(crate) struct Args {
     pub(crate) heap: Option<Spanned<bool>>,
     pub(crate) heap_default: Option<Spanned<Duration>>,
     pub(crate) heap_max: Option<Spanned<Duration>>,
+    pub(crate) threads: Option<Spanned<bool>>,
     pub(crate) prefix: Option<Spanned<String>>,
     pub(crate) guard: Option<Spanned<syn::Path>>,
     pub(crate) token_env: Option<Spanned<String>>,
@@ -142,6 +144,7 @@ impl Args {
             }
             "blocklist" => self.blocklist = Some(blocklist_value(&value)?),
             "heap" => self.heap = Some(bool_value(key, &value)?),
+            "threads" => self.threads = Some(bool_value(key, &value)?),
             "prefix" => self.prefix = Some(prefix_value(&value)?),
             "guard" => self.guard = Some(guard_value(&value)?),
             "token_env" => self.token_env = Some(token_env_value(&value)?),
@@ -199,6 +202,7 @@ fn example(key: &str) -> &'static str {
         "heap_max" => "\"30s\"",
         "frequency" => "99",
         "max_windows" => "8",
+        "threads" => "true",
         "blocklist" => "[\"libc\", \"libgcc\", \"pthread\", \"vdso\"]",
         "prefix" => "\"/debug/pprof\"",
         "guard" => "crate::auth::is_admin",
@@ -540,6 +544,7 @@ mod tests {
             heap = true,
             heap_default = "5s",
             heap_max = "1m",
+            threads = false,
             prefix = "/internal/pprof",
             guard = crate::admin::allow,
             token_env = "PPROF_TOKEN",
@@ -552,6 +557,7 @@ mod tests {
         assert!(args.heap.unwrap().value);
         assert_eq!(args.heap_default.unwrap().value, Duration::from_secs(5));
         assert_eq!(args.heap_max.unwrap().value, Duration::from_secs(60));
+        assert!(!args.threads.unwrap().value);
         assert_eq!(args.prefix.unwrap().value, "/internal/pprof");
         assert_eq!(args.token_env.unwrap().value, "PPROF_TOKEN");
         let krate = args.krate.unwrap().value;
@@ -690,6 +696,7 @@ mod tests {
             ("blocklist", "[\"libc\", \"libgcc\", \"pthread\", \"vdso\"]"),
             ("heap_default", "\"10s\""),
             ("heap_max", "\"30s\""),
+            ("threads", "true"),
             ("prefix", "\"/debug/pprof\""),
             ("guard", "crate::auth::is_admin"),
             ("token_env", "\"PPROF_TOKEN\""),
@@ -701,7 +708,7 @@ mod tests {
                 [format!("`{key}` needs a value: write `{key} = {value}`")]
             );
         }
-        assert_eq!(KEYS.len(), 12, "a new key needs its example above");
+        assert_eq!(KEYS.len(), 13, "a new key needs its example above");
         // An unknown key without a value is unknown first.
         assert!(
             messages(quote!(cpu_maxx))[0]
@@ -771,6 +778,33 @@ mod tests {
         assert_eq!(
             messages(quote!(prefix = "/")),
             ["`prefix` must name a path below the root such as \"/debug/pprof\", found \"/\""]
+        );
+    }
+
+    #[test]
+    fn threads_is_a_bool_like_heap() {
+        assert!(parse_ok(quote!(threads = true)).threads.unwrap().value);
+        assert!(!parse_ok(quote!(threads = false)).threads.unwrap().value);
+        assert!(
+            parse_ok(quote!()).threads.is_none(),
+            "unset: the runtime's default"
+        );
+        // No feature needed and no keys tied to it: it parses with and without `heap`.
+        parse_ok(quote!(heap = true, threads = false));
+        assert_eq!(
+            messages(quote!(threads = "false")),
+            ["`threads` takes a bool, found a string; write `threads = false` without quotes"]
+        );
+        assert_eq!(
+            messages(quote!(threads = 0)),
+            ["`threads` takes `true` or `false`, found an integer"]
+        );
+        assert_eq!(
+            messages(quote!(thread = false)),
+            [format!(
+                "unknown key `thread`; did you mean `threads`? The keys are: {}",
+                KEYS.join(", ")
+            )]
         );
     }
 

@@ -258,6 +258,10 @@ fn config_expr(args: &Args, krate: &TokenStream) -> TokenStream {
         let d = duration(v.value);
         calls.extend(quote_spanned!(v.span=> .with_heap_max(#d)));
     }
+    if let Some(v) = &args.threads {
+        let on = v.value;
+        calls.extend(quote_spanned!(v.span=> .with_threads(#on)));
+    }
     if let Some(v) = &args.prefix {
         let prefix = &v.value;
         calls.extend(quote_spanned!(v.span=> .with_prefix(#prefix)));
@@ -306,6 +310,19 @@ mod tests {
         );
         assert!(out.contains("# [doc = r\" Docs.\"]"), "{out}");
         assert!(!out.contains("compile_error"), "{out}");
+    }
+
+    #[test]
+    fn threads_reaches_the_config_only_when_written() {
+        let item = quote!(
+            fn app() -> Router {
+                Router::new()
+            }
+        );
+        let off = expand_str(quote!(threads = false), item.clone());
+        assert!(off.contains(". with_threads (false)"), "{off}");
+        let unset = expand_str(quote!(), item);
+        assert!(!unset.contains("with_threads"), "{unset}");
     }
 
     #[test]

@@ -114,13 +114,14 @@ proptest! {
     }
 
     #[test]
-    fn durations_frequency_and_windows_are_judged_as_the_runtime_judges_them(
+    fn durations_frequency_windows_and_threads_are_judged_as_the_runtime_judges_them(
         cpu_max in prop::option::of(millis()),
         cpu_default in prop::option::of(millis()),
         heap_max in prop::option::of(millis()),
         heap_default in prop::option::of(millis()),
         frequency in prop::option::of(prop_oneof![0u32..1_100, any::<u32>()]),
         max_windows in prop::option::of(prop_oneof![0u32..70, any::<u32>()]),
+        threads in prop::option::of(any::<bool>()),
     ) {
         let mut attr = vec!["heap = true".to_owned()];
         let mut config = ProfilingConfig::new().with_heap(true);
@@ -147,6 +148,10 @@ proptest! {
         if let Some(windows) = max_windows {
             attr.push(format!("max_windows = {windows}"));
             config = config.with_max_windows(windows);
+        }
+        if let Some(on) = threads {
+            attr.push(format!("threads = {on}"));
+            config = config.with_threads(on);
         }
         agree(&attr.join(", "), &config)?;
     }

@@ -14,6 +14,7 @@ fn admit(parts: &axum::http::request::Parts) -> bool {
     max_windows = 1,
     blocklist = [],
     heap = false,
+    threads = false,
     prefix = "/p",
     guard = admit,
     token_env = "PPROF_TOKEN",
@@ -28,13 +29,18 @@ fn low() -> Router {
     cpu_max = "1h",
     frequency = 1000,
     max_windows = 64,
-    blocklist = ["libc"]
+    blocklist = ["libc"],
+    threads = true
 )]
 fn high() -> Router {
     Router::new()
 }
 
-#[pprof_routes(cpu_default = "1m 30s", cpu_max = "2m", prefix = "/internal/debug/pprof")]
+#[pprof_routes(
+    cpu_default = "1m 30s",
+    cpu_max = "2m",
+    prefix = "/internal/debug/pprof"
+)]
 fn humantime_forms() -> Router {
     Router::new()
 }
