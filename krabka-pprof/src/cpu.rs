@@ -370,6 +370,8 @@ mod linux;
 pub(crate) use linux::{stack_frames, take_thread_dump};
 #[cfg(sampler)]
 pub(crate) use sampler::{MAX_DUMP_THREADS, Stack as ThreadStack};
+#[cfg(sampler)]
+pub(crate) use timers::thread_cpu_time;
 #[cfg(pprof_rs)]
 pub(crate) mod pprof_rs;
 

@@ -53,10 +53,12 @@ pub(crate) struct ProcThread {
 
 impl ProcThread {
     /// Reads thread `tid` of this process; `None` if it is gone.
+    #[cfg(sampler)]
     pub(crate) fn read(tid: u32) -> Option<ProcThread> {
         let dir = format!("/proc/self/task/{tid}");
         let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
-        let (state, cpu) = parse_stat(&stat)?;
+        let (state, ticks) = parse_stat(&stat)?;
+        let cpu = crate::cpu::thread_cpu_time(tid).unwrap_or(ticks);
         let name = std::fs::read_to_string(format!("{dir}/comm"))
             .map(|name| name.trim_end().to_owned())
             .unwrap_or_default();
@@ -91,6 +93,7 @@ impl ProcThread {
 
 /// The state letter and CPU time (`utime + stime`) of a `stat` line. The name (field 2)
 /// may hold spaces and `)`, so the fields are counted from the last `)`.
+#[cfg(sampler)]
 fn parse_stat(stat: &str) -> Option<(char, Duration)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
@@ -110,6 +113,7 @@ fn parse_stat(stat: &str) -> Option<(char, Duration)> {
 }
 
 /// Every thread of this process, by thread id.
+#[cfg(sampler)]
 pub(crate) fn list_threads() -> Vec<u32> {
     let mut tids: Vec<u32> = std::fs::read_dir("/proc/self/task")
         .into_iter()
@@ -409,7 +413,7 @@ pub(crate) fn cmdline() -> Vec<u8> {
     line
 }
 
-#[cfg(test)]
+#[cfg(all(test, sampler))]
 mod tests {
     use super::*;
 

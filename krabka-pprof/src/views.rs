@@ -413,6 +413,37 @@ pub(crate) fn index_html(
             ));
         }
     }
+    if config.threads() {
+        rows.push_str(&format!(
+            "<tr><td><code>threads</code></td><td>Every thread's stack now: each thread \
+             unwinds itself when signalled (a thread that blocks the signal, or does not \
+             answer within <code>deadline</code>, default 100ms, is listed as such). \
+             <code>debug=1</code>: text grouped by stack; <code>debug=2</code>: every thread \
+             with its state, CPU time and what it waits on.{}</td><td>{} · <a \
+             href=\"threads?debug=1\">grouped</a> · <a href=\"threads?debug=2\">every \
+             thread</a></td></tr>\n",
+            note(crate::stacks::UNAVAILABLE),
+            views("threads", ""),
+        ));
+        rows.push_str(&format!(
+            "<tr><td><code>goroutine</code></td><td>The same thread dump, at the path Go \
+             tools, Parca and Grafana Alloy ask for (a Rust process has threads, not \
+             goroutines).{}</td><td><a href=\"goroutine\">pprof</a> · <a \
+             href=\"goroutine?debug=2\">every thread</a></td></tr>\n",
+            note(crate::stacks::UNAVAILABLE),
+        ));
+        rows.push_str(
+            "<tr><td><code>tasks</code></td><td>tokio's task dump: every async task's \
+             trace, grouped. Needs the app built with \
+             <code>RUSTFLAGS=\"--cfg tokio_unstable\"</code> and krabka-pprof's \
+             <code>task-dump</code> feature (otherwise 503).</td><td><a \
+             href=\"tasks\">text</a></td></tr>\n",
+        );
+    }
+    rows.push_str(
+        "<tr><td><code>cmdline</code></td><td>This process's command line, arguments \
+         separated by NUL bytes, as Go's.</td><td><a href=\"cmdline\">text</a></td></tr>\n",
+    );
     let access = match (config.token_env(), config.guard().is_some()) {
         (Some(variable), true) => format!(
             "bearer token from <code>{}</code>, and a guard function",

@@ -1,7 +1,8 @@
 //! Helpers for krabka-pprof's HTTP tests: real servers on `127.0.0.1:0` and loopback
 //! clients (`servers.rs`), profile decoding with `pprof::protos` and `go tool pprof`
-//! (`profiles.rs`), CPU burners that keep their own clocks (`burners.rs`), and the
-//! functions whose names the tests look for (`hot.rs`), arbitrary query strings and what
+//! (`profiles.rs`), CPU burners that keep their own clocks (`burners.rs`), the
+//! functions whose names the tests look for (`hot.rs`), threads parked in known places
+//! for thread dumps (`parked.rs`), arbitrary query strings and what
 //! the contract says of each (`queries.rs`). Here: what every test binary
 //! shares, the one-profile-at-a-time lock and the choice of sampler.
 
@@ -9,6 +10,7 @@ pub use pprof::protos::{Message as _, Profile};
 
 mod burners;
 pub mod hot;
+pub mod parked;
 mod profiles;
 pub mod queries;
 mod servers;

@@ -133,10 +133,17 @@ pub fn assert_split(
 
 /// Runs `go tool pprof -top` on a profile body and returns its output.
 pub fn go_pprof_top(body: &[u8]) -> String {
+    go_pprof(&["-top", "-nodecount=1000"], body)
+}
+
+/// Runs `go tool pprof` with `args` (a report such as `-top` or `-traces`) on a profile
+/// body and returns its output.
+pub fn go_pprof(args: &[&str], body: &[u8]) -> String {
     let path = temp_path("profile.pb.gz");
     std::fs::write(&path, body).expect("write the profile");
     let output = Command::new("go")
-        .args(["tool", "pprof", "-top", "-nodecount=1000"])
+        .args(["tool", "pprof"])
+        .args(args)
         .arg(&path)
         .env("HOME", std::env::temp_dir())
         .output()

@@ -236,6 +236,11 @@ fn thread_cpu_clock(tid: u32) -> libc::clockid_t {
     ((!(tid as libc::clockid_t)) << 3) | 4 | 2
 }
 
+/// Thread `tid`'s CPU time so far (to the nanosecond; `/proc`'s `stat` counts ticks).
+pub(crate) fn thread_cpu_time(tid: u32) -> io::Result<Duration> {
+    clock_time(thread_cpu_clock(tid))
+}
+
 fn clock_time(clock: libc::clockid_t) -> io::Result<Duration> {
     let mut time = libc::timespec {
         tv_sec: 0,

@@ -124,7 +124,8 @@ impl ThreadsQuery {
             None | Some("0") => ThreadsAnswer::Profile(format),
             Some(debug @ ("1" | "2")) if params.get("format").is_some() => {
                 return Err(format!(
-                    "`debug={debug}` is a text form of its own and takes no `format`: send                      one of them"
+                    "`debug={debug}` is a text form of its own and takes no `format`: send one of \
+                     them"
                 ));
             }
             Some("1") => ThreadsAnswer::Grouped,

@@ -11,9 +11,10 @@
 //!
 //! In the handler, the thread checks that the slot is its own (`gettid`), claims it with a
 //! compare-and-swap (pending → writing), borrows a scratch slot (its unwind cache and
-//! stack copy), unwinds from the interrupted context exactly as a CPU sample does, and
+//! stack copy; if all are taken, it sleeps on a futex until one is given back or the
+//! deadline passes), unwinds from the interrupted context exactly as a CPU sample does, and
 //! marks the reply done; then it wakes the collector with a futex. Nothing in it
-//! allocates, locks or blocks.
+//! allocates or takes a lock; it waits only for a scratch slot, never past the deadline.
 //!
 //! The collector waits on that futex until every thread has answered or the deadline
 //! passes, sending the signal again every [`RESEND_EVERY`] to threads that have not
@@ -21,13 +22,15 @@
 //! the kernel drop another one sent to it). At the deadline it expires every reply still
 //! pending (pending → expired, so a late handler leaves it alone), waits for the ones
 //! being written, clears [`DUMP`] and waits until no handler runs before freeing the
-//! dump. A thread that blocks `SIGPROF` (its `SigBlk`) is never waited for: it is
-//! reported as such. A late signal, after the dump is gone, finds no dump with its number
-//! and returns at once.
+//! dump. A thread that blocks `SIGPROF` (its `SigBlk`, seen twice a millisecond apart:
+//! a thread's mask also holds it while its own handler runs) is not waited for: once the
+//! only threads left pending block it, the dump ends and reports them as such. Their
+//! signal stays pending; a late signal, after the dump is gone, finds no dump with its
+//! number and returns at once.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -46,10 +49,12 @@ const DUMP_TAG: u64 = 0x4b52_4244;
 pub(crate) const MAX_DUMP_THREADS: usize = 1 << 16;
 /// How often a thread that has not answered is signalled again.
 const RESEND_EVERY: Duration = Duration::from_millis(10);
-/// Scratch slots: handlers running at once on different CPUs each need one.
-const MAX_SCRATCH: usize = 8;
-/// How often a handler tries for a scratch slot before it answers with its PC alone.
-const SCRATCH_TRIES: u32 = 1000;
+/// How far apart two looks at a pending thread's signal mask are.
+const BLOCKED_LOOK: Duration = Duration::from_millis(1);
+/// Scratch slots: handlers running at once each need one (a few more than CPUs, as a
+/// preempted handler keeps its own).
+const MIN_SCRATCH: usize = 4;
+const MAX_SCRATCH: usize = 16;
 
 const PENDING: u8 = 0;
 const WRITING: u8 = 1;
@@ -100,6 +105,10 @@ pub(super) struct Dump {
     replies: Box<[Reply]>,
     /// Replies done; the collector waits on it as a futex.
     answered: AtomicU32,
+    /// Scratch slots given back; handlers waiting for one wait on it as a futex.
+    released: AtomicU32,
+    /// The deadline has passed: a handler still waiting for a scratch slot stops waiting.
+    expired: AtomicBool,
 }
 
 // SAFETY: a reply's `answer` is only written by the handler that moved its state from
@@ -162,7 +171,9 @@ pub(crate) fn take(
         blocked: blocked_ranges(&objects, blocklist),
         memory: reader,
         code_mask: super::code_address_mask(&objects),
-        scratch: (0..cpus.clamp(1, MAX_SCRATCH)).map(|_| Slot::new()).collect(),
+        scratch: (0..(cpus + 2).clamp(MIN_SCRATCH, MAX_SCRATCH))
+            .map(|_| Slot::new())
+            .collect(),
         replies: tids
             .iter()
             .map(|&tid| Reply {
@@ -177,6 +188,8 @@ pub(crate) fn take(
             })
             .collect(),
         answered: AtomicU32::new(0),
+        released: AtomicU32::new(0),
+        expired: AtomicBool::new(false),
     });
     install_handler()?;
     let pointer = Box::into_raw(dump);
@@ -190,14 +203,10 @@ pub(crate) fn take(
     let mut outcome: Vec<Option<Stack>> = tids.iter().map(|_| None).collect();
     let mut waiting = 0u32;
     for (index, (&tid, reply)) in tids.iter().zip(&dump.replies).enumerate() {
-        let early = if blocks_sigprof(tid) {
-            Some(Stack::SignalBlocked)
-        } else {
-            match send(tid, signal_value(dump.id, index)) {
-                Ok(()) => None,
-                Err(err) if err.raw_os_error() == Some(libc::ESRCH) => Some(Stack::Exited),
-                Err(err) => Some(Stack::NotSignalled(err)),
-            }
+        let early = match send(tid, signal_value(dump.id, index)) {
+            Ok(()) => None,
+            Err(err) if err.raw_os_error() == Some(libc::ESRCH) => Some(Stack::Exited),
+            Err(err) => Some(Stack::NotSignalled(err)),
         };
         match early {
             Some(stack) => {
@@ -208,11 +217,33 @@ pub(crate) fn take(
         }
     }
     let mut last_sent = Instant::now();
+    let mut last_checked = Instant::now();
+    let mut all_unable_before = false;
     loop {
         let answered = dump.answered.load(Ordering::Acquire);
         let elapsed = started.elapsed();
         if answered >= waiting || elapsed >= deadline {
             break;
+        }
+        // A thread that exited, or whose mask holds SIGPROF, cannot answer. A mask also
+        // holds it for the microseconds the thread's own handler runs (a CPU sample, say),
+        // so a thread counts as unable only when seen so on two looks at least
+        // BLOCKED_LOOK apart; once every thread still pending is, there is nothing left
+        // to wait for.
+        if last_checked.elapsed() >= BLOCKED_LOOK {
+            let all_unable = dump
+                .replies
+                .iter()
+                .enumerate()
+                .filter(|(index, reply)| {
+                    outcome[*index].is_none() && reply.state.load(Ordering::Acquire) == PENDING
+                })
+                .all(|(_, reply)| !is_alive(reply.tid) || blocks_sigprof(reply.tid));
+            if all_unable && all_unable_before {
+                break;
+            }
+            all_unable_before = all_unable;
+            last_checked = Instant::now();
         }
         if last_sent.elapsed() >= RESEND_EVERY {
             for (index, reply) in dump.replies.iter().enumerate() {
@@ -225,9 +256,12 @@ pub(crate) fn take(
         }
         let wait = (deadline - elapsed)
             .min(RESEND_EVERY.saturating_sub(last_sent.elapsed()))
+            .min(BLOCKED_LOOK.saturating_sub(last_checked.elapsed()))
             .max(Duration::from_micros(100));
         futex_wait(&dump.answered, answered, wait);
     }
+    dump.expired.store(true, Ordering::Release);
+    futex_wake(&dump.released, i32::MAX);
     for (index, reply) in dump.replies.iter().enumerate() {
         if outcome[index].is_some() {
             continue;
@@ -255,9 +289,8 @@ pub(crate) fn take(
                 complete: answer.complete,
             }
         } else if blocks_sigprof(reply.tid) {
-            // It blocked the signal after it was asked.
             Stack::SignalBlocked
-        } else if !std::path::Path::new(&format!("/proc/self/task/{}", reply.tid)).exists() {
+        } else if !is_alive(reply.tid) {
             Stack::Exited
         } else {
             Stack::NoAnswer
@@ -291,6 +324,20 @@ fn retire(pointer: *mut Dump) -> Box<Dump> {
     }
     // SAFETY: `pointer` came from `Box::into_raw`, and no handler can reach it any more.
     unsafe { Box::from_raw(pointer) }
+}
+
+/// Whether thread `tid` of this process still exists (`tgkill` with no signal).
+fn is_alive(tid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the thread exists and may be signalled.
+    let sent = unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            libc::getpid(),
+            tid as libc::pid_t,
+            0,
+        )
+    };
+    sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Sends `SIGPROF` carrying `value` to thread `tid` of this process.
@@ -350,15 +397,15 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     }
 }
 
-/// Wakes the collector waiting on `word`; async-signal-safe (one system call).
-fn futex_wake(word: &AtomicU32) {
+/// Wakes up to `waiters` threads waiting on `word`; async-signal-safe (one system call).
+fn futex_wake(word: &AtomicU32, waiters: i32) {
     // SAFETY: FUTEX_WAKE only reads the address.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
+            waiters,
         );
     }
 }
@@ -440,7 +487,7 @@ impl Dump {
                     &mut answer.frames,
                     &mut reader,
                 );
-                slot.busy.store(false, Ordering::Release);
+                self.release_scratch(slot);
                 answer.depth = depth.max(1);
                 answer.flags = flags;
                 answer.complete = complete;
@@ -450,20 +497,31 @@ impl Dump {
         }
         reply.state.store(DONE, Ordering::Release);
         self.answered.fetch_add(1, Ordering::AcqRel);
-        futex_wake(&self.answered);
+        futex_wake(&self.answered, 1);
     }
 
-    /// A free scratch slot; tries a while, as the holders are other threads' handlers
-    /// that finish in microseconds.
+    /// A free scratch slot. The holders are other threads' handlers, which finish in
+    /// microseconds once they run again; on a busy machine one may be preempted for a
+    /// while, so this sleeps on [`Dump::released`] until a slot is free, giving up (and
+    /// answering with the PC alone) only once the dump's deadline has passed.
     fn take_scratch(&self) -> Option<&Slot> {
-        for _ in 0..SCRATCH_TRIES {
+        loop {
+            let seen = self.released.load(Ordering::Acquire);
             if let Some(slot) = self.scratch.iter().find(|slot| slot.try_take()) {
                 return Some(slot);
             }
-            // SAFETY: sched_yield has no preconditions and is async-signal-safe.
-            unsafe { libc::sched_yield() };
+            if self.expired.load(Ordering::Acquire) {
+                return None;
+            }
+            futex_wait(&self.released, seen, Duration::from_millis(1));
         }
-        None
+    }
+
+    /// Gives a scratch slot back and wakes the handlers waiting for one.
+    fn release_scratch(&self, slot: &Slot) {
+        slot.busy.store(false, Ordering::Release);
+        self.released.fetch_add(1, Ordering::AcqRel);
+        futex_wake(&self.released, i32::MAX);
     }
 }
 

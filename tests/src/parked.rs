@@ -1,0 +1,237 @@
+//! Threads parked in known functions, for the thread dump tests: two deadlocked on two
+//! mutexes, one sleeping, one in a blocking read, one burning CPU, one that blocks
+//! `SIGPROF`, and three alike (a group of three in `debug=1`). Each names itself and says
+//! its thread id once it is where the dump should find it.
+
+use std::hint::black_box;
+use std::io::Read as _;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
+use std::time::Duration;
+
+/// One parked thread: its name and id, and the function the dump must show it in.
+#[derive(Clone, Debug)]
+pub struct Parked {
+    pub name: &'static str,
+    pub tid: u32,
+    pub function: &'static str,
+}
+
+/// The threads of [`cast`], by role.
+pub struct Cast {
+    pub deadlocked: [Parked; 2],
+    pub sleeper: Parked,
+    pub reader: Parked,
+    pub burner: Parked,
+    pub masked: Parked,
+    pub trio: [Parked; 3],
+    /// Keeps the reader's socket open, so that its read never returns.
+    _writer: UnixStream,
+    burning: Arc<AtomicBool>,
+}
+
+impl Cast {
+    /// Every member.
+    pub fn all(&self) -> Vec<&Parked> {
+        let mut all: Vec<&Parked> = self.deadlocked.iter().collect();
+        all.extend([&self.sleeper, &self.reader, &self.burner, &self.masked]);
+        all.extend(self.trio.iter());
+        all
+    }
+
+    /// Whether the burner still burns (it stops after 10 minutes, a bound on the test).
+    pub fn burning(&self) -> bool {
+        self.burning.load(Ordering::Relaxed)
+    }
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Spawns a thread named `name` that reports its id on `ready`, then runs `park`.
+fn spawn(name: &'static str, ready: &Sender<(&'static str, u32)>, park: impl FnOnce() + Send + 'static) {
+    let ready = ready.clone();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            // Sent before parking; the test waits below until each is in its place.
+            ready.send((name, gettid())).unwrap();
+            park();
+        })
+        .expect("spawn a parked thread");
+}
+
+#[inline(never)]
+pub fn krabka_deadlock_first(mine: &Mutex<()>, theirs: &Mutex<()>, both: &Barrier) {
+    let _held = mine.lock().unwrap();
+    both.wait();
+    // The other thread holds `theirs` and waits for `mine`: neither returns.
+    let _never = black_box(theirs.lock().unwrap());
+}
+
+#[inline(never)]
+pub fn krabka_deadlock_second(mine: &Mutex<()>, theirs: &Mutex<()>, both: &Barrier) {
+    let _held = mine.lock().unwrap();
+    both.wait();
+    let _never = black_box(theirs.lock().unwrap());
+}
+
+#[inline(never)]
+pub fn krabka_sleeping() {
+    loop {
+        std::thread::sleep(black_box(Duration::from_secs(3600)));
+    }
+}
+
+#[inline(never)]
+pub fn krabka_blocking_read(mut socket: UnixStream) {
+    let mut byte = [0u8; 1];
+    // Nothing is ever written: the read blocks until the process ends.
+    let _ = black_box(socket.read(&mut byte));
+    krabka_sleeping();
+}
+
+#[inline(never)]
+pub fn krabka_burning(burning: &AtomicBool) {
+    let until = std::time::Instant::now() + Duration::from_secs(600);
+    while std::time::Instant::now() < until {
+        black_box(crate::hot::krabka_hot_spin(black_box(20_000)));
+    }
+    burning.store(false, Ordering::Relaxed);
+    krabka_sleeping();
+}
+
+#[inline(never)]
+pub fn krabka_masked() {
+    // SAFETY: the sets are initialised by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPROF);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    krabka_sleeping();
+}
+
+#[inline(never)]
+pub fn krabka_one_of_three() {
+    krabka_sleeping();
+}
+
+/// The process's one cast, started on first use. Returns once every member is in its
+/// function (the deadlocked pair past their first lock, the others about to park).
+pub fn cast() -> &'static Cast {
+    static CAST: OnceLock<Cast> = OnceLock::new();
+    CAST.get_or_init(|| {
+        let (ready, arrived) = channel();
+        let first = Arc::new(Mutex::new(()));
+        let second = Arc::new(Mutex::new(()));
+        let both = Arc::new(Barrier::new(3));
+        for (name, a, b) in [
+            ("krabka-dl-one", first.clone(), second.clone()),
+            ("krabka-dl-two", second.clone(), first.clone()),
+        ] {
+            let both = both.clone();
+            spawn(name, &ready, move || {
+                if name == "krabka-dl-one" {
+                    krabka_deadlock_first(&a, &b, &both)
+                } else {
+                    krabka_deadlock_second(&a, &b, &both)
+                }
+            });
+        }
+        spawn("krabka-sleeper", &ready, krabka_sleeping);
+        let (writer, reader) = UnixStream::pair().expect("a socket pair");
+        spawn("krabka-reader", &ready, move || krabka_blocking_read(reader));
+        let burning = Arc::new(AtomicBool::new(true));
+        let flag = burning.clone();
+        spawn("krabka-burner", &ready, move || krabka_burning(&flag));
+        let masked_ready = ready.clone();
+        std::thread::Builder::new()
+            .name("krabka-masked".to_owned())
+            .spawn(move || {
+                // SAFETY: as in `krabka_masked`; blocked before it says it is ready.
+                unsafe {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGPROF);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                }
+                masked_ready.send(("krabka-masked", gettid())).unwrap();
+                krabka_masked();
+            })
+            .expect("spawn the masked thread");
+        for name in ["krabka-trio", "krabka-trio", "krabka-trio"] {
+            spawn(name, &ready, krabka_one_of_three);
+        }
+        // Both deadlocked threads hold their first lock once the barrier opens.
+        both.wait();
+        let mut tids: Vec<(&'static str, u32)> = (0..9)
+            .map(|_| arrived.recv_timeout(Duration::from_secs(30)).expect("ready"))
+            .collect();
+        let mut take = |name: &'static str, function: &'static str| {
+            let at = tids.iter().position(|(n, _)| *n == name).expect(name);
+            let (name, tid) = tids.remove(at);
+            Parked {
+                name,
+                tid,
+                function,
+            }
+        };
+        Cast {
+            deadlocked: [
+                take("krabka-dl-one", "krabka_deadlock_first"),
+                take("krabka-dl-two", "krabka_deadlock_second"),
+            ],
+            sleeper: take("krabka-sleeper", "krabka_sleeping"),
+            reader: take("krabka-reader", "krabka_blocking_read"),
+            burner: take("krabka-burner", "krabka_burning"),
+            masked: take("krabka-masked", "krabka_masked"),
+            trio: [
+                take("krabka-trio", "krabka_one_of_three"),
+                take("krabka-trio", "krabka_one_of_three"),
+                take("krabka-trio", "krabka_one_of_three"),
+            ],
+            _writer: writer,
+            burning,
+        }
+    })
+}
+
+/// Waits (at most 10 s) until thread `tid` of this process is asleep in the kernel (state
+/// `S` or `D` in its `stat`): parked where the test expects it, not on its way there.
+pub fn wait_until_asleep(tid: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+        let state = stat
+            .rfind(')')
+            .and_then(|at| stat[at + 1..].split_ascii_whitespace().next())
+            .unwrap_or("");
+        if state == "S" || state == "D" {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "thread {tid} never went to sleep (state {state:?})"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Thread `tid`'s CPU time so far, from its CPU clock (the id glibc's
+/// `pthread_getcpuclockid` computes for a thread id).
+pub fn thread_cpu_of(tid: u32) -> Duration {
+    let clock = ((!(tid as libc::clockid_t)) << 3) | 4 | 2;
+    // SAFETY: clock_gettime writes into the zeroed timespec we pass.
+    let time = unsafe {
+        let mut time: libc::timespec = std::mem::zeroed();
+        assert_eq!(libc::clock_gettime(clock, &mut time), 0, "thread {tid}'s clock");
+        time
+    };
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
+}

@@ -1,0 +1,491 @@
+//! Thread dumps over HTTP (`/threads`, `/goroutine`, `/cmdline`): every thread of the
+//! process with its stack and state, threads parked in known functions found there, a
+//! thread that blocks the signal listed as such, the profile read by `go tool pprof`,
+//! dumps during thread churn and during a CPU profile. A binary of its own: the parked
+//! threads (two of them deadlocked for good) live as long as the process. Every test
+//! holds `serial()`: the dumps count every thread of the process, and one test's server
+//! starting or stopping would show in another's counts.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::parked::{Cast, cast, thread_cpu_of, wait_until_asleep};
+use krabka_pprof_tests::{
+    Profile, TestServer, client, comments, decode, go_pprof, serial, stacks, string, total,
+    total_in,
+};
+use reqwest::StatusCode;
+
+#[pprof_routes(cpu_max = "10s")]
+fn app() -> Router {
+    Router::new()
+}
+
+#[pprof_routes(threads = false)]
+fn without_threads() -> Router {
+    Router::new()
+}
+
+/// The cast, each sleeping member asleep in the kernel, and the burner past its first
+/// 10 ms of CPU.
+fn parked_cast() -> &'static Cast {
+    let cast = cast();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while thread_cpu_of(cast.burner.tid) < Duration::from_millis(10) {
+        assert!(Instant::now() < deadline, "the burner never ran");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for parked in cast.all() {
+        if parked.tid != cast.burner.tid {
+            wait_until_asleep(parked.tid);
+        }
+    }
+    cast
+}
+
+async fn get(server: &TestServer, path: &str) -> (StatusCode, String, Vec<u8>) {
+    let response = client().get(server.url(path)).send().await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, content_type, response.bytes().await.unwrap().to_vec())
+}
+
+async fn text(server: &TestServer, path: &str) -> String {
+    let (status, content_type, body) = get(server, path).await;
+    let body = String::from_utf8(body).unwrap();
+    assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    assert_eq!(content_type, "text/plain; charset=utf-8", "{path}");
+    body
+}
+
+/// `debug=2`'s block for thread `tid`: its header line and its stack.
+fn thread_block(dump: &str, tid: u32) -> &str {
+    let header = format!("\nthread {tid} \"");
+    let start = dump
+        .find(&header)
+        .unwrap_or_else(|| panic!("thread {tid} is not in the dump:\n{dump}"))
+        + 1;
+    let end = dump[start..].find("\n\n").map_or(dump.len(), |e| start + e);
+    &dump[start..end]
+}
+
+#[tokio::test]
+async fn debug_2_shows_every_parked_thread_in_its_function_with_its_state() {
+    let _serial = serial().await;
+    let cast = parked_cast();
+    let server = TestServer::start(app);
+    let dump = text(&server, "/debug/pprof/threads?debug=2").await;
+
+    let listed = dump.matches("\nthread ").count();
+    let first = dump.lines().next().unwrap();
+    assert!(
+        first.starts_with(&format!("threads: total {listed}, ")),
+        "the header counts every thread listed: {first}"
+    );
+    for parked in cast.all() {
+        let block = thread_block(&dump, parked.tid);
+        let header = block.lines().next().unwrap();
+        assert!(
+            header.starts_with(&format!("thread {} \"{}\" [", parked.tid, parked.name)),
+            "{header}"
+        );
+        if parked.tid == cast.masked.tid {
+            continue;
+        }
+        assert!(
+            block.lines().any(|line| line.ends_with(parked.function)),
+            "{} is in {}:\n{block}",
+            parked.name,
+            parked.function
+        );
+        let state = if parked.tid == cast.burner.tid && cast.burning() {
+            "[running"
+        } else {
+            "[sleeping"
+        };
+        assert!(header.contains(state), "{}: {header}", parked.name);
+    }
+    // The deadlocked pair: each waits in a mutex's lock, on a futex.
+    for parked in &cast.deadlocked {
+        let block = thread_block(&dump, parked.tid);
+        assert!(block.contains("lock"), "{block}");
+        assert!(
+            block.lines().next().unwrap().contains(" in futex"),
+            "the kernel says it waits on a futex: {block}"
+        );
+    }
+    // The burner has used CPU, and says so.
+    let burner = thread_block(&dump, cast.burner.tid);
+    let cpu: f64 = burner
+        .lines()
+        .next()
+        .unwrap()
+        .split(", ")
+        .nth(1)
+        .and_then(|s| s.strip_suffix("s CPU]:"))
+        .unwrap_or_else(|| panic!("a CPU time in {burner}"))
+        .parse()
+        .unwrap();
+    assert!(cpu > 0.0, "{burner}");
+}
+
+#[tokio::test]
+async fn a_thread_that_blocks_the_signal_is_listed_as_such_and_not_waited_for() {
+    let _serial = serial().await;
+    let cast = parked_cast();
+    let server = TestServer::start(app);
+    let started = Instant::now();
+    let dump = text(&server, "/debug/pprof/threads?debug=2&deadline=5s").await;
+    let block = thread_block(&dump, cast.masked.tid);
+    assert!(
+        block.contains("[sleeping") && block.contains("no stack: it blocks SIGPROF"),
+        "{block}"
+    );
+    assert!(
+        !block.contains(cast.masked.function),
+        "it was not unwound: {block}"
+    );
+    // Every other thread answered; nobody waited for the masked one's 5 s deadline.
+    let listed = dump.matches("\nthread ").count();
+    let first = dump.lines().next().unwrap();
+    assert_eq!(
+        first,
+        format!(
+            "threads: total {listed}, {} answered within 5s",
+            listed - 1
+        )
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the dump waited for a thread that cannot answer"
+    );
+}
+
+#[tokio::test]
+async fn debug_1_groups_identical_stacks_largest_group_first() {
+    let _serial = serial().await;
+    let cast = parked_cast();
+    let server = TestServer::start(app);
+    let dump = text(&server, "/debug/pprof/goroutine?debug=1").await;
+    assert!(dump.starts_with("threads profile: total "), "{dump}");
+    let groups: Vec<&str> = dump.split("\n\n").skip(1).collect();
+    let counts: Vec<usize> = groups
+        .iter()
+        .map(|g| g.split(" @ ").next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        counts.windows(2).all(|w| w[0] >= w[1]),
+        "largest group first: {counts:?}"
+    );
+    let trio = groups
+        .iter()
+        .find(|g| g.contains(cast.trio[0].function))
+        .expect("the trio's group");
+    let tids: Vec<String> = cast.trio.iter().map(|t| format!("({})", t.tid)).collect();
+    assert!(trio.starts_with("3 @ 0x"), "{trio}");
+    for tid in &tids {
+        assert!(trio.contains(tid.as_str()), "{tid} in {trio}");
+    }
+    assert!(
+        trio.lines()
+            .any(|l| l.starts_with("#\t0x") && l.ends_with(cast.trio[0].function)),
+        "{trio}"
+    );
+    // Every thread is in exactly one group.
+    let total: usize = counts.iter().sum();
+    let header: usize = dump["threads profile: total ".len()..]
+        .split(',')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total, header);
+}
+
+/// Per sample: its thread ids and value.
+fn samples_by_tid(profile: &Profile) -> HashMap<i64, (usize, i64)> {
+    let mut found = HashMap::new();
+    for (index, sample) in profile.sample.iter().enumerate() {
+        let tids: Vec<i64> = sample
+            .label
+            .iter()
+            .filter(|l| string(profile, l.key) == "tid")
+            .map(|l| l.num)
+            .collect();
+        let names = sample
+            .label
+            .iter()
+            .filter(|l| string(profile, l.key) == "thread")
+            .count();
+        assert_eq!(names, tids.len(), "a name and an id per thread");
+        assert_eq!(
+            sample.value,
+            vec![tids.len() as i64],
+            "the value counts the sample's threads"
+        );
+        for tid in tids {
+            assert!(
+                found.insert(tid, (index, sample.value[0])).is_none(),
+                "thread {tid} is in one sample only"
+            );
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn the_profile_has_one_sample_per_distinct_stack_and_go_tool_pprof_reads_it() {
+    let _serial = serial().await;
+    let cast = parked_cast();
+    let server = TestServer::start(app);
+    for route in ["threads", "goroutine"] {
+        let (status, content_type, body) = get(&server, &format!("/debug/pprof/{route}")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type, "application/octet-stream");
+        let profile = decode(&body);
+        let types: Vec<(&str, &str)> = profile
+            .sample_type
+            .iter()
+            .map(|t| (string(&profile, t.ty), string(&profile, t.unit)))
+            .collect();
+        assert_eq!(types, [("threads", "count")]);
+        let by_tid = samples_by_tid(&profile);
+        assert_eq!(by_tid.len() as i64, total(&profile, 0));
+        let stacks = stacks(&profile);
+        let distinct: std::collections::HashSet<&Vec<u64>> =
+            profile.sample.iter().map(|s| &s.location_id).collect();
+        assert_eq!(
+            distinct.len(),
+            profile.sample.len(),
+            "one sample per distinct stack"
+        );
+        let trio: Vec<(usize, i64)> = cast.trio.iter().map(|t| by_tid[&i64::from(t.tid)]).collect();
+        assert!(
+            trio.iter().all(|s| *s == (trio[0].0, 3)),
+            "the trio shares one sample of 3: {trio:?}"
+        );
+        for parked in cast.all() {
+            let (index, _) = by_tid[&i64::from(parked.tid)];
+            let expected = if parked.tid == cast.masked.tid {
+                "blocks SIGPROF"
+            } else {
+                parked.function
+            };
+            assert!(
+                stacks[index].0.iter().any(|f| f.contains(expected)),
+                "{}: {:?}",
+                parked.name,
+                stacks[index].0
+            );
+        }
+        assert!(
+            comments(&profile)
+                .iter()
+                .any(|c| c.starts_with("krabka-pprof thread dump: ")),
+            "{:?}",
+            comments(&profile)
+        );
+        assert_eq!(total_in(&profile, 0, cast.trio[0].function), 3);
+
+        let top = go_pprof(&["-top", "-nodecount=1000"], &body);
+        assert!(top.contains("krabka_one_of_three"), "{top}");
+        assert!(top.contains("Type: threads"), "{top}");
+        let traces = go_pprof(&["-traces"], &body);
+        assert!(
+            traces.contains("krabka_deadlock_first") && traces.contains("krabka_deadlock_second"),
+            "{traces}"
+        );
+        assert!(traces.contains("thread:") && traces.contains("krabka-trio"), "{traces}");
+    }
+}
+
+#[tokio::test]
+async fn text_and_flamegraph_views_show_the_parked_threads() {
+    let _serial = serial().await;
+    let cast = parked_cast();
+    let server = TestServer::start(app);
+    let top = text(&server, "/debug/pprof/threads?format=text").await;
+    // Each thread counts once; a sleeping thread's leaf is the system call it sleeps in.
+    assert!(top.contains("Type: threads"), "{top}");
+    assert!(top.contains("clock_nanosleep"), "{top}");
+    let _ = cast;
+    if cfg!(feature = "flamegraph") {
+        let (status, content_type, body) = get(&server, "/debug/pprof/threads?format=svg").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type, "image/svg+xml");
+        let svg = String::from_utf8(body).unwrap();
+        krabka_pprof_tests::assert_valid_xml(&svg);
+        assert!(svg.contains(cast.sleeper.function), "the sleeper is drawn");
+    }
+}
+
+#[tokio::test]
+async fn a_hundred_dumps_during_thread_churn_all_answer_and_leave_nothing_behind() {
+    let _serial = serial().await;
+    let cast = parked_cast();
+    let server = TestServer::start(app);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Threads that start and exit as fast as they can, for at most 60 s.
+    let churn: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let until = Instant::now() + Duration::from_secs(60);
+                let mut spawned = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until {
+                    let batch: Vec<_> = (0..8)
+                        .map(|_| std::thread::spawn(|| std::hint::black_box(1 + 1)))
+                        .collect();
+                    for thread in batch {
+                        thread.join().unwrap();
+                    }
+                    spawned += 8;
+                }
+                spawned
+            })
+        })
+        .collect();
+    let mut exited = 0;
+    // A deadline generous for a 2-core machine busy with churn: every thread that can
+    // answer must, and none may go missing.
+    for _ in 0..100 {
+        let dump = text(&server, "/debug/pprof/threads?debug=2&deadline=5s").await;
+        exited += dump.matches("no stack: it exited during the dump").count();
+        assert!(!dump.contains("could not be signalled"), "{dump}");
+        // Every parked thread that can answer did.
+        let sleeper = thread_block(&dump, cast.sleeper.tid);
+        assert!(sleeper.contains(cast.sleeper.function), "{sleeper}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let spawned: u64 = churn.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(spawned > 0);
+    eprintln!("{spawned} threads came and went; {exited} exited mid-dump");
+    // Afterwards, with the churn over, every thread but the masked one answers: no reply
+    // slot or handler was left behind.
+    let dump = text(&server, "/debug/pprof/threads?debug=2").await;
+    let listed = dump.matches("\nthread ").count();
+    assert!(
+        dump.starts_with(&format!(
+            "threads: total {listed}, {} answered",
+            listed - 1
+        )),
+        "{}",
+        dump.lines().next().unwrap()
+    );
+}
+
+#[tokio::test]
+async fn a_dump_during_a_cpu_profile_leaves_its_samples_intact() {
+    let _serial = serial().await;
+    let cast = parked_cast();
+    assert!(cast.burning(), "the burner runs for 10 minutes");
+    let server = TestServer::start(app);
+    let profile = {
+        let url = server.url("/debug/pprof/profile?seconds=2");
+        let profile = tokio::spawn(async move {
+            let response = client().get(url).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            response.bytes().await.unwrap()
+        });
+        let mut dumps = 0;
+        while !profile.is_finished() && dumps < 200 {
+            let dump = text(&server, "/debug/pprof/threads?debug=2").await;
+            let burner = thread_block(&dump, cast.burner.tid);
+            assert!(
+                burner.contains(cast.burner.function),
+                "the burner is dumped while it is profiled: {burner}"
+            );
+            dumps += 1;
+        }
+        assert!(dumps > 5, "{dumps} dumps during the profile");
+        decode(&profile.await.unwrap())
+    };
+    let notes = comments(&profile);
+    assert!(
+        !notes.iter().any(|c| c.contains("foreign SIGPROF")),
+        "the dumps' signals are not counted as foreign: {notes:?}"
+    );
+    // Σ cpu/nanoseconds matches the process's CPU time over the window, as without dumps.
+    let process_ms: f64 = notes
+        .iter()
+        .find_map(|c| c.strip_prefix("process CPU time over the window: "))
+        .and_then(|c| c.strip_suffix(" ms"))
+        .expect("the process CPU comment")
+        .parse()
+        .unwrap();
+    let sampled_ms = total(&profile, 1) as f64 / 1e6;
+    assert!(
+        (sampled_ms - process_ms).abs() <= process_ms * 0.15,
+        "sampled {sampled_ms} ms of {process_ms} ms"
+    );
+    assert!(total_in(&profile, 0, "krabka_burning") > 0);
+}
+
+#[tokio::test]
+async fn cmdline_is_the_command_line_separated_by_nul() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let (status, content_type, body) = get(&server, "/debug/pprof/cmdline").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content_type, "text/plain; charset=utf-8");
+    let expected: Vec<Vec<u8>> = std::env::args_os()
+        .map(|a| a.as_encoded_bytes().to_vec())
+        .collect();
+    assert_eq!(body, expected.join(&0u8));
+}
+
+#[tokio::test]
+async fn threads_false_leaves_the_thread_routes_out() {
+    let _serial = serial().await;
+    let server = TestServer::start(without_threads);
+    for route in ["threads", "goroutine", "tasks"] {
+        let (status, _, _) = get(&server, &format!("/debug/pprof/{route}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{route}");
+    }
+    let (status, _, _) = get(&server, "/debug/pprof/cmdline").await;
+    assert_eq!(status, StatusCode::OK);
+    let index = server.text("/debug/pprof/").await;
+    assert!(!index.contains("<code>threads</code>"), "{index}");
+}
+
+#[tokio::test]
+async fn the_index_lists_the_thread_routes() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let index = server.text("/debug/pprof/").await;
+    for route in ["threads", "goroutine", "cmdline", "tasks"] {
+        assert!(index.contains(&format!("<code>{route}</code>")), "{route}: {index}");
+    }
+    assert!(index.contains("href=\"threads?debug=2\""), "{index}");
+}
+
+#[tokio::test]
+async fn bad_queries_get_400_saying_what_to_send_and_the_next_dump_works() {
+    let _serial = serial().await;
+    let _ = parked_cast();
+    let server = TestServer::start(app);
+    for (query, says) in [
+        ("debug=3", "`debug` must be 0"),
+        ("debug=1&format=svg", "send one of them"),
+        ("deadline=0s", "`deadline` must be a duration from 1ms to 10s"),
+        ("deadline=11s", "`deadline` must be"),
+        ("deadline=soon", "`deadline` must be"),
+        ("format=png", "`format` must be"),
+        ("debug=1&debug=2", "more than once"),
+    ] {
+        let (status, content_type, body) =
+            get(&server, &format!("/debug/pprof/threads?{query}")).await;
+        let body = String::from_utf8(body).unwrap();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(content_type, "text/plain; charset=utf-8");
+        assert!(body.contains(says), "{query}: {body}");
+    }
+    let dump = text(&server, "/debug/pprof/threads?debug=1&deadline=250ms").await;
+    assert!(dump.contains("answered within 250ms"), "{dump}");
+}
