@@ -10,6 +10,7 @@ pub mod m3;
 pub mod m5;
 pub mod m6;
 pub mod s;
+pub mod t;
 pub mod v;
 
 pub const MB: f64 = 1024.0 * 1024.0;

@@ -71,6 +71,16 @@ impl Server {
         Server::spawn(command)
     }
 
+    /// The service with `threads` more threads asleep at various depths, for figure T.
+    pub fn start_parked(threads: usize) -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .args(["--parked", &threads.to_string()]);
+        Server::spawn(command)
+    }
+
     fn spawn(mut command: Command) -> Server {
         let mut child = command
             .stdout(Stdio::piped())

@@ -17,6 +17,8 @@
 //! - H heap dump time and memory, and the throughput cost of jemalloc's sampling;
 //! - S the signal handler's cost per sample on a thread spinning 30 frames deep (median
 //!   and p99, as the sampler measures and reports in the profile's comments);
+//! - T a thread dump of a service with 100 parked threads: the request's time (median over
+//!   rounds), the collection alone (as the dump reports it), and resident memory added;
 //! - K the soak: 1,000 sequential 1 s CPU profiles and 1,000 heap dumps under load, every
 //!   response valid and resident memory flat after the first 50 (about 18 minutes; only
 //!   with `--soak` or `--only K`).
@@ -69,12 +71,14 @@ fn main() {
             let cpu = flag_value(&args, "--cpu").map(|v| v.parse().expect("--cpu N"));
             let spin =
                 flag_value(&args, "--spin-depth").map(|v| v.parse().expect("--spin-depth N"));
-            server::serve(attribute, current_thread, cpu, spin);
+            let parked =
+                flag_value(&args, "--parked").map_or(0, |v| v.parse().expect("--parked N"));
+            server::serve(attribute, current_thread, cpu, spin, parked);
         }
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
             println!(
-                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,K] [--clean-build] [--soak]"
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,T,K] [--clean-build] [--soak]"
             );
         }
         _ => {
@@ -227,6 +231,9 @@ fn run(options: &Options) {
     }
     if options.wants("S") {
         rows.extend(figures::s::handler_cost(options));
+    }
+    if options.wants("T") {
+        rows.extend(figures::t::thread_dumps(options));
     }
     if options.wants("M6") {
         rows.extend(figures::m6::build_cost(options));

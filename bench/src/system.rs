@@ -5,6 +5,11 @@ pub fn rss(pid: u32) -> u64 {
     status_kib(pid, "VmRSS:") * 1024
 }
 
+/// `RssAnon` of a process (resident memory not backed by a file), in bytes.
+pub fn rss_anon(pid: u32) -> u64 {
+    status_kib(pid, "RssAnon:") * 1024
+}
+
 /// `VmHWM` (peak resident memory since start or the last [`reset_peak`]), in bytes.
 pub fn peak_rss(pid: u32) -> u64 {
     status_kib(pid, "VmHWM:") * 1024

@@ -1,5 +1,6 @@
 //! The service under test (`bench server`): a trivial route, with or without the
-//! attribute, on either runtime flavour, pinned to one core.
+//! attribute, on either runtime flavour, pinned to one core; optionally with a thread
+//! spinning at a known depth (S) or parked threads (T).
 
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
@@ -16,9 +17,23 @@ fn plain() -> Router {
 /// Serves until killed; prints `addr=...` once listening. With `spin_depth`, a thread also
 /// spins that many frames deep (counted from the thread's entry), for the handler's cost
 /// per sample at a known stack depth.
-pub fn serve(attribute: bool, current_thread: bool, cpu: Option<usize>, spin_depth: Option<u32>) {
+pub fn serve(
+    attribute: bool,
+    current_thread: bool,
+    cpu: Option<usize>,
+    spin_depth: Option<u32>,
+    parked: usize,
+) {
     if let Some(cpu) = cpu {
         crate::system::pin_to_cpu(cpu);
+    }
+    // Threads asleep at different depths (4 to 23 frames of `recurse` above the sleep),
+    // for figure T's thread dumps.
+    for i in 0..parked {
+        std::thread::Builder::new()
+            .name(format!("parked-{i}"))
+            .spawn(move || park_deep(4 + (i % 20) as u32))
+            .expect("spawn a parked thread");
     }
     if let Some(depth) = spin_depth {
         std::thread::Builder::new()
@@ -57,6 +72,18 @@ fn recurse(depth: u32, rounds: u64) -> u64 {
         return spin(rounds);
     }
     std::hint::black_box(recurse(std::hint::black_box(depth - 1), rounds)) + u64::from(depth)
+}
+
+/// Sleeps forever `depth` frames deep.
+#[inline(never)]
+fn park_deep(depth: u32) {
+    if depth == 0 {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+    park_deep(std::hint::black_box(depth - 1));
+    std::hint::black_box(());
 }
 
 #[inline(never)]

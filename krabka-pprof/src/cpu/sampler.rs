@@ -229,9 +229,68 @@ impl AllocationPolicy for FixedStorage {
 /// little room left.
 struct Scratch {
     cache: Cache,
-    stack: Box<[u8]>,
+    stack: FreshPages,
     frames: [u64; MAX_DEPTH],
 }
+
+/// Zeroed memory mapped straight from the kernel: its pages become resident only when
+/// written. (`calloc` of the same size may reuse freed heap memory and zero it all, making
+/// every page resident: a stack copy is sized for the deepest stack, but a typical one
+/// uses a few pages of it.)
+struct FreshPages {
+    start: *mut u8,
+    len: usize,
+}
+
+impl FreshPages {
+    fn new(len: usize) -> FreshPages {
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(
+            start != libc::MAP_FAILED,
+            "mmap of {len} bytes failed: {}",
+            std::io::Error::last_os_error()
+        );
+        FreshPages {
+            start: start.cast(),
+            len,
+        }
+    }
+}
+
+impl Deref for FreshPages {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes, readable, and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.start, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for FreshPages {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, writable, and borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.start, self.len) }
+    }
+}
+
+impl Drop for FreshPages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping came from `mmap` in `new` and is unmapped once.
+        unsafe { libc::munmap(self.start.cast(), self.len) };
+    }
+}
+
+// SAFETY: plain memory owned by this value.
+unsafe impl Send for FreshPages {}
 
 struct Slot {
     busy: AtomicBool,
@@ -248,7 +307,7 @@ impl Slot {
             busy: AtomicBool::new(false),
             scratch: UnsafeCell::new(Scratch {
                 cache: Cache::new_in(),
-                stack: vec![0u8; MAX_STACK_COPY].into_boxed_slice(),
+                stack: FreshPages::new(MAX_STACK_COPY),
                 frames: [0; MAX_DEPTH],
             }),
         }
