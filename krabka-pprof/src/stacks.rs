@@ -424,7 +424,10 @@ mod tests {
         assert_eq!(state, 'S');
         // SAFETY: sysconf has no preconditions.
         let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-        assert_eq!(cpu, Duration::from_nanos(300 * (1_000_000_000 / per_second)));
+        assert_eq!(
+            cpu,
+            Duration::from_nanos(300 * (1_000_000_000 / per_second))
+        );
         assert_eq!(parse_stat("42 (no fields)"), None);
     }
 

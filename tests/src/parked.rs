@@ -53,7 +53,11 @@ fn gettid() -> u32 {
 }
 
 /// Spawns a thread named `name` that reports its id on `ready`, then runs `park`.
-fn spawn(name: &'static str, ready: &Sender<(&'static str, u32)>, park: impl FnOnce() + Send + 'static) {
+fn spawn(
+    name: &'static str,
+    ready: &Sender<(&'static str, u32)>,
+    park: impl FnOnce() + Send + 'static,
+) {
     let ready = ready.clone();
     std::thread::Builder::new()
         .name(name.to_owned())
@@ -146,7 +150,9 @@ pub fn cast() -> &'static Cast {
         }
         spawn("krabka-sleeper", &ready, krabka_sleeping);
         let (writer, reader) = UnixStream::pair().expect("a socket pair");
-        spawn("krabka-reader", &ready, move || krabka_blocking_read(reader));
+        spawn("krabka-reader", &ready, move || {
+            krabka_blocking_read(reader)
+        });
         let burning = Arc::new(AtomicBool::new(true));
         let flag = burning.clone();
         spawn("krabka-burner", &ready, move || krabka_burning(&flag));
@@ -171,7 +177,11 @@ pub fn cast() -> &'static Cast {
         // Both deadlocked threads hold their first lock once the barrier opens.
         both.wait();
         let mut tids: Vec<(&'static str, u32)> = (0..9)
-            .map(|_| arrived.recv_timeout(Duration::from_secs(30)).expect("ready"))
+            .map(|_| {
+                arrived
+                    .recv_timeout(Duration::from_secs(30))
+                    .expect("ready")
+            })
             .collect();
         let mut take = |name: &'static str, function: &'static str| {
             let at = tids.iter().position(|(n, _)| *n == name).expect(name);
@@ -207,7 +217,8 @@ pub fn cast() -> &'static Cast {
 pub fn wait_until_asleep(tid: u32) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+        let stat =
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
         let state = stat
             .rfind(')')
             .and_then(|at| stat[at + 1..].split_ascii_whitespace().next())
@@ -230,7 +241,11 @@ pub fn thread_cpu_of(tid: u32) -> Duration {
     // SAFETY: clock_gettime writes into the zeroed timespec we pass.
     let time = unsafe {
         let mut time: libc::timespec = std::mem::zeroed();
-        assert_eq!(libc::clock_gettime(clock, &mut time), 0, "thread {tid}'s clock");
+        assert_eq!(
+            libc::clock_gettime(clock, &mut time),
+            0,
+            "thread {tid}'s clock"
+        );
         time
     };
     Duration::new(time.tv_sec as u64, time.tv_nsec as u32)

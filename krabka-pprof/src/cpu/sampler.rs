@@ -9,33 +9,37 @@
 //! handler ([`on_sigprof`]):
 //!
 //! 1. saves `errno`, and registers itself in an atomic counter of running handlers;
-//! 2. loads the session pointer (null when no profile runs: it returns at once);
-//! 3. keeps only this session's own timer signals: `si_code == SI_TIMER` and a signal
+//! 2. hands a thread dump's signal (`SI_QUEUE`, a dump's tag in its value) to the dump
+//!    ([`dump`]: the thread unwinds itself into its reply slot) and returns: a dump never
+//!    becomes a sample or a foreign signal, whether or not a session runs;
+//! 3. loads the session pointer (null when no profile runs: it returns at once);
+//! 4. keeps only this session's own timer signals: `si_code == SI_TIMER` and a signal
 //!    value carrying the session's number (`kill -PROF`, `raise`, another profiler's
 //!    timer and a finished session's late signals are counted as foreign and dropped);
 //!    a backstop signal is dropped on a thread that has a timer of its own;
-//! 4. weighs the sample by `1 + si_overrun`: the periods the timer could not signal
+//! 5. weighs the sample by `1 + si_overrun`: the periods the timer could not signal
 //!    (it fires at most once per kernel tick) are CPU time this sample stands for;
-//! 5. takes a scratch slot with a compare-and-swap (no lock; if every slot is in use by
+//! 6. takes a scratch slot with a compare-and-swap (no lock; if every slot is in use by
 //!    handlers on other threads, it records the interrupted PC alone, marked as such);
-//! 6. reads the registers from the `ucontext` the kernel passed;
-//! 7. unwinds with [framehop](https://docs.rs/framehop) with fixed storage (no allocation),
+//! 7. reads the registers from the `ucontext` the kernel passed;
+//! 8. unwinds with [framehop](https://docs.rs/framehop) with fixed storage (no allocation),
 //!    from unwind tables (`.eh_frame_hdr`/`.eh_frame`) located in memory before the timers
 //!    started, of objects that cannot be unmapped while the session lives (the executable,
 //!    the vDSO, and libraries pinned with `dlopen(RTLD_NOLOAD)` and confirmed by `dlinfo`
 //!    to be the copy listed); framehop takes no locks and does not allocate in this mode;
-//! 8. reads the stack in one of two ways that cannot fault: with plain loads, only from
+//! 9. reads the stack in one of two ways that cannot fault: with plain loads, only from
 //!    the thread's current stack pointer up to the end of a range of its stack already
 //!    proven readable ([`Threads`]: memory between a live thread's stack pointer and its
 //!    stack's top stays mapped); anywhere else, only through a copy made by a system call
 //!    ([`Memory`]: `process_vm_readv`, or `pread` of `/proc/self/mem` where a seccomp
 //!    filter is installed) that fails instead of faulting. A wrong unwind rule can at
 //!    worst end the stack early, never crash the process;
-//! 9. reserves space in the active buffer with one `fetch_add` and writes the record with
+//! 10. reserves space in the active buffer with one `fetch_add` and writes the record with
 //!    plain atomic stores; if the buffer is full, it counts a lost sample;
-//! 10. restores `errno`.
+//! 11. restores `errno`.
 //!
-//! Nothing in the handler allocates, locks, formats, logs or can block: it uses atomics,
+//! Nothing in the handler allocates, locks, formats, logs or can block (a dump's handler
+//! may wait for a scratch slot, never past the dump's deadline): it uses atomics,
 //! memory owned by the session, and the async-signal-safe `process_vm_readv`, `pread`,
 //! `gettid` and `clock_gettime` calls. Its frames and stack copy live in the slot, and
 //! framehop's unwind storage is sized to real tables ([`FixedStorage`]), so it uses about
@@ -71,7 +75,6 @@ use framehop::{
 mod dump;
 
 pub(crate) use dump::{MAX_DUMP_THREADS, Stack, Taken, take as take_dump};
-
 
 use super::memory::{MAX_PAGES, Memory, PAGE};
 use super::threads::{Thread, Threads};

@@ -53,7 +53,11 @@ async fn get(server: &TestServer, path: &str) -> (StatusCode, String, Vec<u8>) {
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    (status, content_type, response.bytes().await.unwrap().to_vec())
+    (
+        status,
+        content_type,
+        response.bytes().await.unwrap().to_vec(),
+    )
 }
 
 async fn text(server: &TestServer, path: &str) -> String {
@@ -156,10 +160,7 @@ async fn a_thread_that_blocks_the_signal_is_listed_as_such_and_not_waited_for() 
     let first = dump.lines().next().unwrap();
     assert_eq!(
         first,
-        format!(
-            "threads: total {listed}, {} answered within 5s",
-            listed - 1
-        )
+        format!("threads: total {listed}, {} answered within 5s", listed - 1)
     );
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -265,7 +266,11 @@ async fn the_profile_has_one_sample_per_distinct_stack_and_go_tool_pprof_reads_i
             profile.sample.len(),
             "one sample per distinct stack"
         );
-        let trio: Vec<(usize, i64)> = cast.trio.iter().map(|t| by_tid[&i64::from(t.tid)]).collect();
+        let trio: Vec<(usize, i64)> = cast
+            .trio
+            .iter()
+            .map(|t| by_tid[&i64::from(t.tid)])
+            .collect();
         assert!(
             trio.iter().all(|s| *s == (trio[0].0, 3)),
             "the trio shares one sample of 3: {trio:?}"
@@ -301,7 +306,10 @@ async fn the_profile_has_one_sample_per_distinct_stack_and_go_tool_pprof_reads_i
             traces.contains("krabka_deadlock_first") && traces.contains("krabka_deadlock_second"),
             "{traces}"
         );
-        assert!(traces.contains("thread:") && traces.contains("krabka-trio"), "{traces}");
+        assert!(
+            traces.contains("thread:") && traces.contains("krabka-trio"),
+            "{traces}"
+        );
     }
 }
 
@@ -371,10 +379,7 @@ async fn a_hundred_dumps_during_thread_churn_all_answer_and_leave_nothing_behind
     let dump = text(&server, "/debug/pprof/threads?debug=2").await;
     let listed = dump.matches("\nthread ").count();
     assert!(
-        dump.starts_with(&format!(
-            "threads: total {listed}, {} answered",
-            listed - 1
-        )),
+        dump.starts_with(&format!("threads: total {listed}, {} answered", listed - 1)),
         "{}",
         dump.lines().next().unwrap()
     );
@@ -460,7 +465,10 @@ async fn the_index_lists_the_thread_routes() {
     let server = TestServer::start(app);
     let index = server.text("/debug/pprof/").await;
     for route in ["threads", "goroutine", "cmdline", "tasks"] {
-        assert!(index.contains(&format!("<code>{route}</code>")), "{route}: {index}");
+        assert!(
+            index.contains(&format!("<code>{route}</code>")),
+            "{route}: {index}"
+        );
     }
     assert!(index.contains("href=\"threads?debug=2\""), "{index}");
 }
@@ -473,7 +481,10 @@ async fn bad_queries_get_400_saying_what_to_send_and_the_next_dump_works() {
     for (query, says) in [
         ("debug=3", "`debug` must be 0"),
         ("debug=1&format=svg", "send one of them"),
-        ("deadline=0s", "`deadline` must be a duration from 1ms to 10s"),
+        (
+            "deadline=0s",
+            "`deadline` must be a duration from 1ms to 10s",
+        ),
         ("deadline=11s", "`deadline` must be"),
         ("deadline=soon", "`deadline` must be"),
         ("format=png", "`format` must be"),

@@ -74,10 +74,7 @@ fn signal_value(id: u32, index: usize) -> u64 {
 
 /// The dump number and reply slot of a dump's signal value.
 fn parse_value(value: u64) -> Option<(u32, usize)> {
-    (value >> 32 == DUMP_TAG).then_some((
-        (value >> 16 & 0xffff) as u32,
-        (value & 0xffff) as usize,
-    ))
+    (value >> 32 == DUMP_TAG).then_some(((value >> 16 & 0xffff) as u32, (value & 0xffff) as usize))
 }
 
 /// One thread's stack, as its handler wrote it.
@@ -266,10 +263,12 @@ pub(crate) fn take(
         if outcome[index].is_some() {
             continue;
         }
-        let state = match reply
-            .state
-            .compare_exchange(PENDING, EXPIRED, Ordering::AcqRel, Ordering::Acquire)
-        {
+        let state = match reply.state.compare_exchange(
+            PENDING,
+            EXPIRED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => EXPIRED,
             Err(mut state) => {
                 // A handler is writing it: it finishes in microseconds.
@@ -329,14 +328,7 @@ fn retire(pointer: *mut Dump) -> Box<Dump> {
 /// Whether thread `tid` of this process still exists (`tgkill` with no signal).
 fn is_alive(tid: u32) -> bool {
     // SAFETY: signal 0 only checks that the thread exists and may be signalled.
-    let sent = unsafe {
-        libc::syscall(
-            libc::SYS_tgkill,
-            libc::getpid(),
-            tid as libc::pid_t,
-            0,
-        )
-    };
+    let sent = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, 0) };
     sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
