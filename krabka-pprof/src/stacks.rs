@@ -436,6 +436,7 @@ mod tests {
         std::thread::Builder::new()
             .name("krabka-listed".to_owned())
             .spawn(|| {
+                // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
                 assert!(list_threads().contains(&tid));
                 let me = ProcThread::read(tid).expect("readable");

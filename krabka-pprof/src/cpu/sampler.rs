@@ -35,7 +35,7 @@
 //!    filter is installed) that fails instead of faulting. A wrong unwind rule can at
 //!    worst end the stack early, never crash the process;
 //! 10. reserves space in the active buffer with one `fetch_add` and writes the record with
-//!    plain atomic stores; if the buffer is full, it counts a lost sample;
+//!     plain atomic stores; if the buffer is full, it counts a lost sample;
 //! 11. restores `errno`.
 //!
 //! Nothing in the handler allocates, locks, formats, logs or can block (a dump's handler

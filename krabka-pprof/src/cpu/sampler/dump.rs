@@ -526,7 +526,7 @@ mod tests {
         let value = signal_value(0x1_2345, 7);
         assert_eq!(parse_value(value), Some((0x2345, 7)));
         assert_eq!(
-            parse_value(super::super::timers::signal_value(3, 1)),
+            parse_value(crate::cpu::timers::signal_value(3, 1)),
             None,
             "a timer's value is not a dump's"
         );
