@@ -28,6 +28,11 @@ fn without_threads() -> Router {
     Router::new()
 }
 
+#[pprof_routes(guard = krabka_pprof_tests::internal_only)]
+fn guarded() -> Router {
+    Router::new()
+}
+
 /// The cast, each sleeping member asleep in the kernel, and the burner past its first
 /// 10 ms of CPU.
 fn parked_cast() -> &'static Cast {
@@ -499,4 +504,31 @@ async fn bad_queries_get_400_saying_what_to_send_and_the_next_dump_works() {
     }
     let dump = text(&server, "/debug/pprof/threads?debug=1&deadline=250ms").await;
     assert!(dump.contains("answered within 250ms"), "{dump}");
+}
+
+#[tokio::test]
+async fn the_thread_routes_obey_the_guard_like_every_route() {
+    let _serial = serial().await;
+    let server = TestServer::start(guarded);
+    for route in [
+        "threads",
+        "goroutine",
+        "threads?debug=2",
+        "cmdline",
+        "tasks",
+    ] {
+        let url = server.url(&format!("/debug/pprof/{route}"));
+        let refused = client().get(&url).send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{route}");
+        let admitted = client()
+            .get(&url)
+            .header("x-internal", "yes")
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(admitted.status(), StatusCode::FORBIDDEN, "{route}");
+        if route != "tasks" {
+            assert_eq!(admitted.status(), StatusCode::OK, "{route}");
+        }
+    }
 }

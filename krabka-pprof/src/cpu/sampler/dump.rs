@@ -23,10 +23,11 @@
 //! pending (pending → expired, so a late handler leaves it alone), waits for the ones
 //! being written, clears [`DUMP`] and waits until no handler runs before freeing the
 //! dump. A thread that blocks `SIGPROF` (its `SigBlk`, seen twice a millisecond apart:
-//! a thread's mask also holds it while its own handler runs) is not waited for: once the
-//! only threads left pending block it, the dump ends and reports them as such. Their
-//! signal stays pending; a late signal, after the dump is gone, finds no dump with its
-//! number and returns at once.
+//! a thread's mask also holds it while its own handler runs) is not signalled at all (a
+//! signal pending on it would outlive the dump, even an `execve`) and is reported as such;
+//! one that exits, or blocks the signal after it was asked, is not waited for either. A
+//! late signal, after the dump is gone, finds no dump with its number and returns at
+//! once.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
@@ -198,19 +199,28 @@ pub(crate) fn take(
 
     let started = Instant::now();
     let mut outcome: Vec<Option<Stack>> = tids.iter().map(|_| None).collect();
-    let mut waiting = 0u32;
-    for (index, (&tid, reply)) in tids.iter().zip(&dump.replies).enumerate() {
-        let early = match send(tid, signal_value(dump.id, index)) {
-            Ok(()) => None,
-            Err(err) if err.raw_os_error() == Some(libc::ESRCH) => Some(Stack::Exited),
-            Err(err) => Some(Stack::NotSignalled(err)),
+    // Asks reply `index`'s thread; false if it cannot be asked (then `outcome` says why).
+    let ask = |index: usize, outcome: &mut Vec<Option<Stack>>| {
+        let early = match send(tids[index], signal_value(dump.id, index)) {
+            Ok(()) => return true,
+            Err(err) if err.raw_os_error() == Some(libc::ESRCH) => Stack::Exited,
+            Err(err) => Stack::NotSignalled(err),
         };
-        match early {
-            Some(stack) => {
-                reply.state.store(EXPIRED, Ordering::SeqCst);
-                outcome[index] = Some(stack);
-            }
-            None => waiting += 1,
+        dump.replies[index].state.store(EXPIRED, Ordering::SeqCst);
+        outcome[index] = Some(early);
+        false
+    };
+    // A thread whose mask holds SIGPROF is not signalled: the signal would stay pending
+    // on it, and survive an `execve` it makes. The mask also holds SIGPROF while the
+    // thread's own handler runs (a CPU sample: microseconds), so such a thread is looked
+    // at again BLOCKED_LOOK later, and signalled then if its mask no longer holds it.
+    let mut asked = vec![false; tids.len()];
+    let mut deferred = Vec::new();
+    for (index, &tid) in tids.iter().enumerate() {
+        if blocks_sigprof(tid) {
+            deferred.push(index);
+        } else {
+            asked[index] = ask(index, &mut outcome);
         }
     }
     let mut last_sent = Instant::now();
@@ -219,21 +229,30 @@ pub(crate) fn take(
     loop {
         let answered = dump.answered.load(Ordering::Acquire);
         let elapsed = started.elapsed();
-        if answered >= waiting || elapsed >= deadline {
+        let waiting = asked.iter().filter(|a| **a).count();
+        if (answered as usize >= waiting && deferred.is_empty()) || elapsed >= deadline {
             break;
         }
-        // A thread that exited, or whose mask holds SIGPROF, cannot answer. A mask also
-        // holds it for the microseconds the thread's own handler runs (a CPU sample, say),
-        // so a thread counts as unable only when seen so on two looks at least
-        // BLOCKED_LOOK apart; once every thread still pending is, there is nothing left
-        // to wait for.
         if last_checked.elapsed() >= BLOCKED_LOOK {
+            for index in deferred.drain(..) {
+                if blocks_sigprof(tids[index]) {
+                    dump.replies[index].state.store(EXPIRED, Ordering::SeqCst);
+                    outcome[index] = Some(Stack::SignalBlocked);
+                } else {
+                    asked[index] = ask(index, &mut outcome);
+                }
+            }
+            // A thread asked that has exited since, or has blocked SIGPROF since, cannot
+            // answer: seen so on two looks BLOCKED_LOOK apart, for every thread still
+            // pending, there is nothing left to wait for.
             let all_unable = dump
                 .replies
                 .iter()
                 .enumerate()
                 .filter(|(index, reply)| {
-                    outcome[*index].is_none() && reply.state.load(Ordering::Acquire) == PENDING
+                    asked[*index]
+                        && outcome[*index].is_none()
+                        && reply.state.load(Ordering::Acquire) == PENDING
                 })
                 .all(|(_, reply)| !is_alive(reply.tid) || blocks_sigprof(reply.tid));
             if all_unable && all_unable_before {
@@ -244,14 +263,18 @@ pub(crate) fn take(
         }
         if last_sent.elapsed() >= RESEND_EVERY {
             for (index, reply) in dump.replies.iter().enumerate() {
-                if reply.state.load(Ordering::Acquire) == PENDING && outcome[index].is_none() {
+                if asked[index]
+                    && outcome[index].is_none()
+                    && reply.state.load(Ordering::Acquire) == PENDING
+                {
                     // An error now (the thread exited) shows at the deadline.
                     let _ = send(reply.tid, signal_value(dump.id, index));
                 }
             }
             last_sent = Instant::now();
         }
-        let wait = (deadline - elapsed)
+        let wait = deadline
+            .saturating_sub(elapsed)
             .min(RESEND_EVERY.saturating_sub(last_sent.elapsed()))
             .min(BLOCKED_LOOK.saturating_sub(last_checked.elapsed()))
             .max(Duration::from_micros(100));
