@@ -19,5 +19,21 @@ fn main() {
         heap_dumps: {
             all(feature = "heap-profiling", target_os = "linux", not(target_env = "musl"))
         },
+        // tokio's task dump: the `task-dump` feature, tokio's own opt-in
+        // (RUSTFLAGS="--cfg tokio_unstable"), and the targets tokio's `taskdump` builds on
+        // (elsewhere, with the flag, tokio stops the build with its own compile_error!).
+        task_dumps: {
+            all(
+                feature = "task-dump",
+                tokio_unstable,
+                target_os = "linux",
+                any(
+                    target_arch = "x86_64",
+                    target_arch = "aarch64",
+                    target_arch = "x86",
+                    target_arch = "s390x"
+                )
+            )
+        },
     }
 }

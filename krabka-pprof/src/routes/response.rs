@@ -55,6 +55,20 @@ pub(super) fn view(view: View, filename: &'static str) -> Response {
     response
 }
 
+/// 200 with a dump as plain text (tokio's tasks), as Go sends `goroutine?debug=1`.
+#[cfg(task_dumps)]
+pub(super) fn dump_text(text: String) -> Response {
+    let span = tracing::Span::current();
+    span.record("bytes", text.len());
+    span.record("outcome", "ok");
+    tracing::info!("dump served");
+    answer(
+        StatusCode::OK,
+        "text/plain; charset=utf-8",
+        Body::from(text),
+    )
+}
+
 /// 200 with a gzipped pprof body, as Go's `net/http/pprof` sends it.
 fn pprof_response(body: Vec<u8>, filename: &'static str) -> Response {
     let disposition = match filename {
