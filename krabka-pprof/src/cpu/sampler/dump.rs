@@ -41,6 +41,7 @@ use super::{
     handler_is_ours_or_default, install_handler, register_fork_handler, registers, unwind,
     unwinder_for,
 };
+use crate::cpu::PerProcess;
 use crate::cpu::timers::blocks_sigprof;
 use crate::objects::Objects;
 
@@ -65,8 +66,9 @@ const EXPIRED: u8 = 3;
 /// The dump running now, if any; the handler reads it.
 pub(super) static DUMP: AtomicPtr<Dump> = AtomicPtr::new(std::ptr::null_mut());
 static NEXT_DUMP: AtomicU32 = AtomicU32::new(1);
-/// One dump at a time: the next waits (each ends by its deadline).
-static ONE_DUMP: Mutex<()> = Mutex::new(());
+/// One dump at a time: the next waits (each ends by its deadline). Per process: a child
+/// made by `fork` during a dump must not inherit the lock held.
+static ONE_DUMP: PerProcess<Mutex<()>> = PerProcess::new(|| Mutex::new(()));
 
 /// The signal value that asks reply slot `index` of dump `id` for its stack.
 fn signal_value(id: u32, index: usize) -> u64 {
@@ -153,7 +155,10 @@ pub(crate) fn take(
     blocklist: &[&str],
     deadline: Duration,
 ) -> Result<Taken, StartError> {
-    let _one = ONE_DUMP.lock().unwrap_or_else(PoisonError::into_inner);
+    let _one = ONE_DUMP
+        .get()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     register_fork_handler();
     if !handler_is_ours_or_default() {
         return Err(StartError::ForeignHandler);
