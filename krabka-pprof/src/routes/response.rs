@@ -89,7 +89,11 @@ pub(super) fn cmdline(line: Vec<u8>) -> Response {
     let span = tracing::Span::current();
     span.record("bytes", line.len());
     span.record("outcome", "ok");
-    answer(StatusCode::OK, "text/plain; charset=utf-8", Body::from(line))
+    answer(
+        StatusCode::OK,
+        "text/plain; charset=utf-8",
+        Body::from(line),
+    )
 }
 
 /// The index page, HTML that loads nothing from elsewhere.
