@@ -410,9 +410,7 @@ impl Costs {
 struct Session {
     /// Matched against each signal's value: only this session's timers count.
     id: u32,
-    unwinder: Unwinder,
-    /// Code ranges of blocklisted objects, sorted.
-    blocked: Box<[Range<u64>]>,
+    unwinding: Unwinding,
     slots: Box<[Slot]>,
     buffers: [Buffer; 2],
     active: AtomicUsize,
@@ -422,10 +420,6 @@ struct Session {
     /// Per thread: whether it has a timer of its own (the backstop's signals on it are
     /// dropped), and the range of its stack proven readable (read without system calls).
     threads: Threads,
-    memory: Memory,
-    /// Bits of a return address that are address (the rest may hold a pointer
-    /// authentication code on aarch64).
-    code_mask: u64,
     costs: Costs,
     drained: Mutex<Drained>,
 }
@@ -642,8 +636,8 @@ impl Sampler {
             return Err(StartError::ForeignHandler);
         }
         let objects = Objects::current();
-        let (unwinder, libraries) = unwinder_for(&objects);
-        let blocked = blocked_ranges(&objects, blocklist);
+        let reader = Memory::choose();
+        let (unwinding, libraries) = Unwinding::new(&objects, blocklist, reader.memory);
 
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let slots = cpus.clamp(2, 16);
@@ -652,13 +646,11 @@ impl Sampler {
         // little late loses nothing, small enough to stay well under a megabyte at 99 Hz.
         let per_second = frequency as usize * cpus.min(64) * (MAX_DEPTH + RECORD_HEADER);
         let words = (per_second / 4).clamp(16 * 1024, 1024 * 1024);
-        let reader = Memory::choose();
 
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let session = Box::new(Session {
             id,
-            unwinder,
-            blocked,
+            unwinding,
             slots: (0..slots).map(|_| Slot::new()).collect(),
             buffers: [Buffer::new(words), Buffer::new(words)],
             active: AtomicUsize::new(0),
@@ -666,8 +658,6 @@ impl Sampler {
             lost_periods: AtomicU64::new(0),
             foreign: AtomicU64::new(0),
             threads: Threads::new(MAX_THREADS),
-            memory: reader.memory,
-            code_mask: code_address_mask(&objects),
             costs: Costs::new(),
             drained: Mutex::new(Drained::default()),
         });
@@ -772,7 +762,7 @@ impl Sampler {
             }
         }
         let report = Report {
-            reader: self.session().map_or("none", |s| s.memory.name()),
+            reader: self.session().map_or("none", |s| s.unwinding.memory.name()),
             reader_why: self.reader_why.clone(),
             foreign_signals: counts.foreign,
             handler_replaced: self.handler_replaced.load(Ordering::Relaxed) || !handler_is_ours(),
@@ -1011,52 +1001,33 @@ impl Session {
         context: *mut libc::c_void,
     ) {
         // SAFETY: forwarded from the caller.
-        let Some((pc, regs)) = (unsafe { registers(context, self.code_mask) }) else {
+        let Some((pc, regs)) = (unsafe { registers(context, self.unwinding.code_mask) }) else {
             return;
         };
-        let flags = if self.is_blocked(pc) {
-            FLAG_BLOCKLISTED
-        } else if matches!(self.memory, Memory::Unreadable) {
-            FLAG_NO_STACK_READ
+        let flags = if let Some(flags) = self.unwinding.refusal(pc) {
+            flags
         } else if let Some(slot) = self.take_slot(tid) {
             // SAFETY: `take_slot` gave this handler exclusive use of the slot.
             let scratch = unsafe { &mut *slot.scratch.get() };
-            let Scratch {
-                cache,
-                stack,
-                frames,
-            } = scratch;
             let sp = regs.sp();
             let direct_high = match thread.and_then(Thread::known_stack) {
                 Some((low, high)) if low <= sp && sp < high => high,
                 _ => 0,
             };
-            let mut reader = StackReader {
-                memory: &self.memory,
-                sp,
-                direct_high,
-                copy: stack,
-                copied: 0,
-            };
             let Unwound {
                 depth,
                 flags,
                 complete,
-            } = unwind(
-                &self.unwinder,
-                self.code_mask,
-                &self.blocked,
-                (pc, regs),
-                cache,
-                frames,
-                &mut reader,
-            );
+                copied,
+            } = self
+                .unwinding
+                .unwind((pc, regs), direct_high, scratch, None);
             // An unwind that reached the outermost frame read only this thread's stack:
             // what it copied is known readable for the thread's later samples.
-            if let Some(thread) = thread.filter(|_| complete && reader.copied > 0) {
-                thread.prove_stack(sp, sp + reader.copied as u64);
+            if let Some(thread) = thread.filter(|_| complete && copied > 0) {
+                thread.prove_stack(sp, sp + copied as u64);
             }
-            if reader.copied == 0 {
+            if copied == 0 {
                 self.costs.direct.fetch_add(1, Ordering::Relaxed);
             }
             if complete {
@@ -1064,17 +1035,13 @@ impl Session {
             }
             self.costs.frames.fetch_add(depth as u64, Ordering::Relaxed);
             self.costs.unwound.fetch_add(1, Ordering::Relaxed);
-            self.write(tid, flags, periods, &frames[..depth]);
+            self.write(tid, flags, periods, &scratch.frames[..depth]);
             slot.busy.store(false, Ordering::Release);
             return;
         } else {
             FLAG_NO_SCRATCH
         };
         self.write(tid, flags, periods, &[pc]);
-    }
-
-    fn is_blocked(&self, address: u64) -> bool {
-        is_blocked(&self.blocked, address)
     }
 
     fn take_slot(&self, tid: u32) -> Option<&Slot> {
@@ -1111,64 +1078,118 @@ impl Session {
     }
 }
 
-/// Whether `address` lies in one of the sorted `blocked` ranges.
-fn is_blocked(blocked: &[Range<u64>], address: u64) -> bool {
-    let i = blocked.partition_point(|r| r.start <= address);
-    i > 0 && blocked[i - 1].contains(&address)
+/// What the handler unwinds with, the same for a CPU sample and a thread dump's answer:
+/// the unwind tables, the blocklisted code, the stack reader and the code address mask.
+struct Unwinding {
+    unwinder: Unwinder,
+    /// Code ranges of blocklisted objects, sorted.
+    blocked: Box<[Range<u64>]>,
+    memory: Memory,
+    /// Bits of a return address that are address (the rest may hold a pointer
+    /// authentication code on aarch64).
+    code_mask: u64,
 }
 
-/// What [`unwind`] wrote.
+/// What [`Unwinding::unwind`] wrote.
 struct Unwound {
     depth: usize,
     flags: u8,
     /// It reached the stack's outermost frame.
     complete: bool,
+    /// Bytes of the stack copied by system calls (0: all read directly).
+    copied: usize,
 }
 
-/// Unwinds from the interrupted `pc` and registers into `frames` (leaf first), stopping
-/// after the first frame in a blocklisted object and at [`MAX_DEPTH`] (marked
-/// [`FLAG_TRUNCATED`]). Async-signal-safe: framehop with fixed storage, stack reads
-/// through `reader`.
-fn unwind(
-    unwinder: &Unwinder,
-    code_mask: u64,
-    blocked: &[Range<u64>],
-    (pc, regs): (u64, UnwindRegsNative),
-    cache: &mut Cache,
-    frames: &mut [u64; MAX_DEPTH],
-    reader: &mut StackReader<'_>,
-) -> Unwound {
-    let mut read = |address: u64| reader.read(address);
-    let mut unwinding = unwinder.iter_frames(pc, regs, cache, &mut read);
-    let mut depth = 0usize;
-    let mut flags = 0;
-    let mut complete = false;
-    loop {
-        match unwinding.next() {
-            Ok(Some(_)) if depth == MAX_DEPTH => {
-                flags |= FLAG_TRUNCATED;
-                break;
-            }
-            Ok(Some(frame)) => {
-                let address = frame.address() & code_mask;
-                frames[depth] = address;
-                depth += 1;
-                // Do not unwind through a blocklisted library.
-                if depth > 1 && is_blocked(blocked, address.wrapping_sub(1)) {
-                    break;
-                }
-            }
-            Ok(None) => {
-                complete = true;
-                break;
-            }
-            Err(_) => break,
+impl Unwinding {
+    /// For `objects` as loaded now; also the pins that keep the libraries among them
+    /// mapped while the tables are read.
+    fn new(objects: &Objects, blocklist: &[&str], memory: Memory) -> (Unwinding, Vec<Library>) {
+        let (unwinder, libraries) = unwinder_for(objects);
+        let unwinding = Unwinding {
+            unwinder,
+            blocked: blocked_ranges(objects, blocklist),
+            memory,
+            code_mask: code_address_mask(objects),
+        };
+        (unwinding, libraries)
+    }
+
+    /// Why a stack interrupted at `pc` is recorded as its PC alone, if it is: the PC is
+    /// in a blocklisted object, or no stack can be read here.
+    fn refusal(&self, pc: u64) -> Option<u8> {
+        if self.is_blocked(pc) {
+            Some(FLAG_BLOCKLISTED)
+        } else if matches!(self.memory, Memory::Unreadable) {
+            Some(FLAG_NO_STACK_READ)
+        } else {
+            None
         }
     }
-    Unwound {
-        depth,
-        flags,
-        complete,
+
+    /// Whether `address` lies in blocklisted code.
+    fn is_blocked(&self, address: u64) -> bool {
+        let i = self.blocked.partition_point(|r| r.start <= address);
+        i > 0 && self.blocked[i - 1].contains(&address)
+    }
+
+    /// Unwinds from the interrupted `pc` and registers (leaf first) into `frames`, or
+    /// the scratch's own frames if `None`, stopping after the first frame in a
+    /// blocklisted object and at [`MAX_DEPTH`] (marked [`FLAG_TRUNCATED`]). The stack is
+    /// read directly below `direct_high`, else copied into the scratch by system calls.
+    /// Async-signal-safe: framehop with fixed storage.
+    fn unwind(
+        &self,
+        (pc, regs): (u64, UnwindRegsNative),
+        direct_high: u64,
+        scratch: &mut Scratch,
+        frames: Option<&mut [u64; MAX_DEPTH]>,
+    ) -> Unwound {
+        let Scratch {
+            cache,
+            stack,
+            frames: own,
+        } = scratch;
+        let frames = frames.unwrap_or(own);
+        let mut reader = StackReader {
+            memory: &self.memory,
+            sp: regs.sp(),
+            direct_high,
+            copy: stack,
+            copied: 0,
+        };
+        let mut read = |address: u64| reader.read(address);
+        let mut unwinding = self.unwinder.iter_frames(pc, regs, cache, &mut read);
+        let mut depth = 0usize;
+        let mut flags = 0;
+        let mut complete = false;
+        loop {
+            match unwinding.next() {
+                Ok(Some(_)) if depth == MAX_DEPTH => {
+                    flags |= FLAG_TRUNCATED;
+                    break;
+                }
+                Ok(Some(frame)) => {
+                    let address = frame.address() & self.code_mask;
+                    frames[depth] = address;
+                    depth += 1;
+                    // Do not unwind through a blocklisted library.
+                    if depth > 1 && self.is_blocked(address.wrapping_sub(1)) {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    complete = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        Unwound {
+            depth,
+            flags,
+            complete,
+            copied: reader.copied,
+        }
     }
 }
 
@@ -1509,8 +1530,12 @@ pub(crate) mod tests {
     fn test_session(words: usize) -> Session {
         Session {
             id: 0,
-            unwinder: Unwinder::new(),
-            blocked: Box::new([]),
+            unwinding: Unwinding {
+                unwinder: Unwinder::new(),
+                blocked: Box::new([]),
+                memory: Memory::Unreadable,
+                code_mask: u64::MAX,
+            },
             slots: Box::new([]),
             buffers: [Buffer::new(words), Buffer::new(words)],
             active: AtomicUsize::new(0),
@@ -1518,8 +1543,6 @@ pub(crate) mod tests {
             lost_periods: AtomicU64::new(0),
             foreign: AtomicU64::new(0),
             threads: Threads::new(4),
-            memory: Memory::Unreadable,
-            code_mask: u64::MAX,
             costs: Costs::new(),
             drained: Mutex::new(Drained::default()),
         }

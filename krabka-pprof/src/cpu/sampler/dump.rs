@@ -30,16 +30,14 @@
 //! once.
 
 use std::cell::UnsafeCell;
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, MAX_DEPTH, Memory, RUNNING_HANDLERS, Scratch, Slot,
-    StackReader, StartError, TimerSignalInfo, Unwinder, Unwound, blocked_ranges, current_tid,
-    handler_is_ours_or_default, install_handler, register_fork_handler, registers, unwind,
-    unwinder_for,
+    FLAG_NO_SCRATCH, MAX_DEPTH, Memory, RUNNING_HANDLERS, Slot, StartError, TimerSignalInfo,
+    Unwinding, Unwound, current_tid, handler_is_ours_or_default, install_handler,
+    register_fork_handler, registers,
 };
 use crate::cpu::PerProcess;
 use crate::cpu::timers::blocks_sigprof;
@@ -97,10 +95,7 @@ struct Reply {
 /// Everything a dump's handlers read.
 pub(super) struct Dump {
     id: u32,
-    unwinder: Unwinder,
-    blocked: Box<[Range<u64>]>,
-    memory: Memory,
-    code_mask: u64,
+    unwinding: Unwinding,
     scratch: Box<[Slot]>,
     replies: Box<[Reply]>,
     /// Replies done; the collector waits on it as a futex.
@@ -164,16 +159,12 @@ pub(crate) fn take(
         return Err(StartError::ForeignHandler);
     }
     let objects = Objects::current();
-    let (unwinder, libraries) = unwinder_for(&objects);
-    let reader = Memory::choose().memory;
+    let (unwinding, libraries) = Unwinding::new(&objects, blocklist, Memory::choose().memory);
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     let tids = &tids[..tids.len().min(MAX_DUMP_THREADS)];
     let dump = Box::new(Dump {
         id: NEXT_DUMP.fetch_add(1, Ordering::Relaxed) & 0xffff,
-        unwinder,
-        blocked: blocked_ranges(&objects, blocklist),
-        memory: reader,
-        code_mask: super::code_address_mask(&objects),
+        unwinding,
         scratch: (0..(cpus + 2).clamp(MIN_SCRATCH, MAX_SCRATCH))
             .map(|_| Slot::new())
             .collect(),
@@ -325,7 +316,7 @@ pub(crate) fn take(
     }
     let elapsed = started.elapsed();
     let dump = retire(pointer);
-    let reader = dump.memory.name();
+    let reader = dump.unwinding.memory.name();
     drop(dump);
     // Only now that no handler can read their unwind tables.
     drop(libraries);
@@ -479,34 +470,22 @@ impl Dump {
         answer.flags = 0;
         answer.complete = false;
         // SAFETY: forwarded from the caller.
-        if let Some((pc, regs)) = unsafe { registers(context, self.code_mask) } {
+        if let Some((pc, regs)) = unsafe { registers(context, self.unwinding.code_mask) } {
             answer.frames[0] = pc;
             answer.depth = 1;
-            if matches!(self.memory, Memory::Unreadable) {
-                answer.flags = FLAG_NO_STACK_READ;
+            if let Some(flags) = self.unwinding.refusal(pc) {
+                answer.flags = flags;
             } else if let Some(slot) = self.take_scratch() {
                 // SAFETY: `take_scratch` gave this handler exclusive use of the slot.
-                let Scratch { cache, stack, .. } = unsafe { &mut *slot.scratch.get() };
-                let mut reader = StackReader {
-                    memory: &self.memory,
-                    sp: regs.sp(),
-                    direct_high: 0,
-                    copy: stack,
-                    copied: 0,
-                };
+                let scratch = unsafe { &mut *slot.scratch.get() };
                 let Unwound {
                     depth,
                     flags,
                     complete,
-                } = unwind(
-                    &self.unwinder,
-                    self.code_mask,
-                    &self.blocked,
-                    (pc, regs),
-                    cache,
-                    &mut answer.frames,
-                    &mut reader,
-                );
+                    ..
+                } = self
+                    .unwinding
+                    .unwind((pc, regs), 0, scratch, Some(&mut answer.frames));
                 self.release_scratch(slot);
                 answer.depth = depth.max(1);
                 answer.flags = flags;
