@@ -278,41 +278,40 @@ struct TextFrame<'p> {
     object: &'p str,
 }
 
-/// The frames of sample `index`, leaf first.
-fn sample_frames(profile: &Profile, index: usize) -> Vec<TextFrame<'_>> {
-    let string = |i: i64| {
-        profile
-            .string_table
-            .get(i as usize)
-            .map_or("", String::as_str)
-    };
+/// Every sample's frames, leaf first, indexed like `profile.sample`: the profile's
+/// tables are indexed once for all of them.
+fn sample_frames(profile: &Profile) -> Vec<Vec<TextFrame<'_>>> {
+    use crate::views::string;
+    let functions: HashMap<u64, &str> = profile
+        .function
+        .iter()
+        .map(|f| (f.id, string(profile, f.name)))
+        .collect();
+    let objects: HashMap<u64, &str> = profile
+        .mapping
+        .iter()
+        .map(|m| (m.id, string(profile, m.filename)))
+        .collect();
     let locations: HashMap<u64, &crate::proto::Location> =
         profile.location.iter().map(|l| (l.id, l)).collect();
-    let functions: HashMap<u64, &crate::proto::Function> =
-        profile.function.iter().map(|f| (f.id, f)).collect();
-    let mappings: HashMap<u64, &crate::proto::Mapping> =
-        profile.mapping.iter().map(|m| (m.id, m)).collect();
-    let Some(sample) = profile.sample.get(index) else {
-        return Vec::new();
-    };
-    sample
-        .location_id
+    profile
+        .sample
         .iter()
-        .filter_map(|id| locations.get(id))
-        .map(|location| TextFrame {
-            address: location.address,
-            functions: location
-                .line
+        .map(|sample| {
+            sample
+                .location_id
                 .iter()
-                .map(|line| {
-                    functions
-                        .get(&line.function_id)
-                        .map_or("?", |f| string(f.name))
+                .filter_map(|id| locations.get(id))
+                .map(|location| TextFrame {
+                    address: location.address,
+                    functions: location
+                        .line
+                        .iter()
+                        .map(|line| functions.get(&line.function_id).copied().unwrap_or("?"))
+                        .collect(),
+                    object: objects.get(&location.mapping_id).copied().unwrap_or(""),
                 })
-                .collect(),
-            object: mappings
-                .get(&location.mapping_id)
-                .map_or("", |m| string(m.filename)),
+                .collect()
         })
         .collect()
 }
@@ -327,11 +326,15 @@ pub(crate) fn grouped_text(dump: &ThreadDump) -> String {
         humantime::format_duration(dump.deadline)
     );
     let mut samples: Vec<(usize, Vec<&DumpedThread>)> = (0..dump.profile.sample.len())
-        .map(|i| (i, dump.threads.iter().filter(|t| t.sample == i).collect()))
+        .map(|i| (i, Vec::new()))
         .collect();
+    for thread in &dump.threads {
+        samples[thread.sample].1.push(thread);
+    }
     samples.sort_by_key(|(i, threads)| (std::cmp::Reverse(threads.len()), *i));
+    let all_frames = sample_frames(&dump.profile);
     for (index, threads) in samples {
-        let frames = sample_frames(&dump.profile, index);
+        let frames = &all_frames[index];
         let addresses: Vec<String> = frames
             .iter()
             .filter(|f| f.address != 0)
@@ -343,7 +346,7 @@ pub(crate) fn grouped_text(dump: &ThreadDump) -> String {
             .map(|t| format!("{} ({})", t.proc.name, t.proc.tid))
             .collect();
         let _ = writeln!(text, "# threads: {}", names.join(", "));
-        for frame in &frames {
+        for frame in frames {
             for (i, function) in frame.functions.iter().enumerate() {
                 match (i, frame.address) {
                     (0, address) if address != 0 => {
@@ -368,6 +371,7 @@ pub(crate) fn every_thread_text(dump: &ThreadDump) -> String {
         dump.answered,
         humantime::format_duration(dump.deadline)
     );
+    let all_frames = sample_frames(&dump.profile);
     for thread in &dump.threads {
         let proc = &thread.proc;
         let waits = proc
@@ -388,7 +392,7 @@ pub(crate) fn every_thread_text(dump: &ThreadDump) -> String {
             continue;
         }
         text.push('\n');
-        for frame in sample_frames(&dump.profile, thread.sample) {
+        for frame in &all_frames[thread.sample] {
             for function in &frame.functions {
                 let _ = writeln!(text, "{function}");
             }

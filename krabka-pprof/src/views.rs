@@ -112,7 +112,7 @@ fn value_index(profile: &Profile) -> Option<usize> {
     Some(profile.sample_type.len() - 1)
 }
 
-fn string(profile: &Profile, index: i64) -> &str {
+pub(crate) fn string(profile: &Profile, index: i64) -> &str {
     usize::try_from(index)
         .ok()
         .and_then(|i| profile.string_table.get(i))
