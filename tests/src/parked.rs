@@ -110,14 +110,16 @@ pub fn krabka_burning(burning: &AtomicBool) {
 }
 
 #[inline(never)]
-pub fn krabka_masked() {
-    // SAFETY: the sets are initialised by sigemptyset before use.
+pub fn krabka_masked(ready: impl FnOnce()) {
+    // SAFETY: the set is initialised by sigemptyset before use.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGPROF);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
+    // Ready only once SIGPROF is blocked.
+    ready();
     krabka_sleeping();
 }
 
@@ -160,15 +162,7 @@ pub fn cast() -> &'static Cast {
         std::thread::Builder::new()
             .name("krabka-masked".to_owned())
             .spawn(move || {
-                // SAFETY: as in `krabka_masked`; blocked before it says it is ready.
-                unsafe {
-                    let mut set: libc::sigset_t = std::mem::zeroed();
-                    libc::sigemptyset(&mut set);
-                    libc::sigaddset(&mut set, libc::SIGPROF);
-                    libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-                }
-                masked_ready.send(("krabka-masked", gettid())).unwrap();
-                krabka_masked();
+                krabka_masked(|| masked_ready.send(("krabka-masked", gettid())).unwrap())
             })
             .expect("spawn the masked thread");
         for name in ["krabka-trio", "krabka-trio", "krabka-trio"] {
