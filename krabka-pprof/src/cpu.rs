@@ -51,6 +51,8 @@ pub(crate) struct CpuRequest {
     pub(crate) force: bool,
     /// How many windows may share one session (`max_windows`).
     pub(crate) max_windows: u32,
+    /// What the profile names (`?symbolize=`).
+    pub(crate) symbolize: crate::profile::Symbolize,
 }
 
 /// What is running now, for the index page.
@@ -428,6 +430,7 @@ mod tests {
             blocklist: &[],
             force: false,
             max_windows: 1,
+            symbolize: crate::profile::Symbolize::Full,
         };
         // The client hangs up 300 ms into its 10 s window: the request's future is dropped.
         let cancelled =

@@ -33,6 +33,8 @@ pub(crate) const UNAVAILABLE: Option<&str> = if !cfg!(target_os = "linux") {
 pub(crate) struct HeapRequest {
     /// How long to sample if sampling is not already active.
     pub(crate) window: Duration,
+    /// What the profile names (`?symbolize=`).
+    pub(crate) symbolize: crate::profile::Symbolize,
 }
 
 /// Why a heap profile could not be produced.
@@ -174,6 +176,7 @@ mod linux {
     use std::sync::{Mutex, PoisonError};
     use std::time::{Duration, Instant, SystemTime};
 
+    use crate::profile::Symbolize;
     use crate::proto::Profile;
     use tikv_jemalloc_ctl::raw;
 
@@ -283,6 +286,7 @@ mod linux {
         R: Send + 'static,
     {
         let window = request.window;
+        let symbolize = request.symbolize;
         // Deciding, taking the window and switching sampling on happen in one blocking
         // call, and the lease exists only once sampling is on: if the client hangs up at
         // any point, dropping the lease (here, or with the call's unread result) switches
@@ -302,12 +306,12 @@ mod linux {
         })
         .await?
         {
-            None => return blocking(move || render(dump(None)?)).await,
+            None => return blocking(move || render(dump(None, symbolize)?)).await,
             Some(lease) => lease,
         };
         tokio::time::sleep(window).await;
         blocking(move || {
-            let profile = dump(lease.started);
+            let profile = dump(lease.started, symbolize);
             lease.finish();
             render(profile?)
         })
@@ -316,7 +320,10 @@ mod linux {
 
     /// Dumps jemalloc's samples and builds the profile; `window` is when this request's
     /// window switched sampling on, if it did.
-    fn dump(window: Option<(Instant, SystemTime)>) -> Result<Profile, HeapError> {
+    fn dump(
+        window: Option<(Instant, SystemTime)>,
+        symbolize: Symbolize,
+    ) -> Result<Profile, HeapError> {
         let ctl = jemalloc_pprof::PROF_CTL
             .as_ref()
             .ok_or(HeapError::ProfilingOff)?;
@@ -326,12 +333,16 @@ mod linux {
             .map_err(|e| HeapError::Failed(format!("jemalloc's heap dump failed: {e}")))?;
         let parsed = parse(BufReader::new(file))
             .map_err(|e| HeapError::Failed(format!("jemalloc's heap dump is unreadable: {e}")))?;
-        Ok(build(&parsed, window))
+        Ok(build(&parsed, window, symbolize))
     }
 
-    fn build(parsed: &Parsed, window: Option<(Instant, SystemTime)>) -> Profile {
+    fn build(
+        parsed: &Parsed,
+        window: Option<(Instant, SystemTime)>,
+        symbolize: Symbolize,
+    ) -> Profile {
         let objects = Objects::current();
-        let mut builder = ProfileBuilder::new(&objects);
+        let mut builder = ProfileBuilder::new(&objects).symbolize(symbolize);
         for stack in &parsed.stacks {
             // Every address is a return address: minus one lands inside the call.
             let frames = stack

@@ -30,6 +30,8 @@ mod cpu;
 #[cfg(test)]
 mod docs;
 mod heap;
+#[cfg(target_os = "linux")]
+mod lines;
 // Loaded objects and their symbols exist for the Linux sampler and heap dumps; profiles
 // are built everywhere a profile route works. Each is partly unused elsewhere.
 #[cfg_attr(not(sampler), allow(dead_code))]

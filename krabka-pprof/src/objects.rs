@@ -137,6 +137,15 @@ impl Objects {
         Objects::default()
     }
 
+    /// These objects, with the one at `index` replaced: a test's stand-in for a binary
+    /// loaded from another file.
+    #[cfg(test)]
+    pub(crate) fn with(&self, index: usize, object: LoadedObject) -> Objects {
+        let mut list = self.list.clone();
+        list[index] = object;
+        Objects { list }
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = &LoadedObject> {
         self.list.iter()
     }

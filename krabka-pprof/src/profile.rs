@@ -1,15 +1,38 @@
 //! Builds a pprof `Profile` from stacks of code addresses: symbolizes every address once
-//! per object, and emits mappings (with build IDs, so Parca and `go tool pprof` can match
-//! binaries), locations, functions and samples the way Go's runtime does. Shared by the
-//! CPU and heap profiles.
+//! per object (names from the symbol tables, lines and inlined calls from DWARF where the
+//! object has it), and emits mappings (with build IDs, so Parca and `go tool pprof` can
+//! match binaries), locations, functions and samples the way Go's runtime does. Shared by
+//! the CPU and heap profiles and the thread dump.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 
+#[cfg(target_os = "linux")]
+use crate::lines;
 use crate::objects::Objects;
 use crate::symbols::{self, Symbol};
+
+/// How much of each code address a profile names (`?symbolize=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Symbolize {
+    /// Function names, and files, lines and inlined calls where DWARF has them.
+    #[default]
+    Full,
+    /// Addresses and mappings only, for tools that symbolize centrally (Parca, or
+    /// `go tool pprof` with the binary at hand).
+    None,
+}
+
+impl Symbolize {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Symbolize::Full => "full",
+            Symbolize::None => "none",
+        }
+    }
+}
 
 /// One frame of a stack, leaf first.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -49,6 +72,23 @@ pub(crate) struct Named {
     pub(crate) filename: String,
     /// 0 when unknown.
     pub(crate) line: i64,
+    /// The function's first line in `filename`; 0 when unknown.
+    pub(crate) start_line: i64,
+}
+
+/// One function of an address's inline chain, as DWARF gives it, with the file and line
+/// the address stands for in it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Level {
+    /// The function's name as DWARF states it: its linkage (mangled) name where it has
+    /// one, else its plain name; empty when DWARF does not name it.
+    pub(crate) raw: String,
+    /// Absolute where the compilation recorded its directory; empty when unknown.
+    pub(crate) filename: String,
+    /// 0 when unknown (or for code the compiler made up, which DWARF gives line 0).
+    pub(crate) line: i64,
+    /// The line the function is declared on, when it is declared in `filename`; else 0.
+    pub(crate) start_line: i64,
 }
 
 /// A label value.
@@ -106,6 +146,7 @@ impl Strings {
 pub(crate) struct ProfileBuilder<'o> {
     objects: &'o Objects,
     samples: Vec<PendingSample>,
+    symbolize: Symbolize,
 }
 
 impl<'o> ProfileBuilder<'o> {
@@ -113,7 +154,15 @@ impl<'o> ProfileBuilder<'o> {
         ProfileBuilder {
             objects,
             samples: Vec::new(),
+            symbolize: Symbolize::Full,
         }
+    }
+
+    /// How much to name: [`Symbolize::None`] leaves code addresses unnamed, and their
+    /// mappings say so (`has_functions` false), so pprof tools symbolize them themselves.
+    pub(crate) fn symbolize(mut self, symbolize: Symbolize) -> ProfileBuilder<'o> {
+        self.symbolize = symbolize;
+        self
     }
 
     pub(crate) fn add(
@@ -133,7 +182,10 @@ impl<'o> ProfileBuilder<'o> {
     /// which `hide_leaf` returns true are dropped, as long as one frame remains: the heap
     /// profile uses this to start every stack at the allocation site, not in the allocator.
     pub(crate) fn finish(self, meta: &Meta, hide_leaf: &dyn Fn(&str) -> bool) -> Profile {
-        let resolved = self.symbolize();
+        let resolved = match self.symbolize {
+            Symbolize::Full => self.resolve(),
+            Symbolize::None => Resolved::default(),
+        };
         let mut strings = Strings::new();
         let mut profile = Profile {
             sample_type: meta
@@ -157,18 +209,26 @@ impl<'o> ProfileBuilder<'o> {
         };
 
         let mut mapping_ids: HashMap<usize, u64> = HashMap::new();
-        let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
+        // A function is its name in one file: code generated from a macro elsewhere, or
+        // an inlined copy whose lines DWARF puts in another file, is a function of its own
+        // there, as `go tool pprof -list` shows it.
+        let mut function_ids: HashMap<(String, String, String, i64), u64> = HashMap::new();
         let mut function_id = |profile: &mut Profile, strings: &mut Strings, named: Named| {
             *function_ids
-                .entry((named.name, named.system_name))
-                .or_insert_with_key(|(name, raw)| {
+                .entry((
+                    named.name,
+                    named.system_name,
+                    named.filename,
+                    named.start_line,
+                ))
+                .or_insert_with_key(|(name, raw, filename, start_line)| {
                     let id = profile.function.len() as u64 + 1;
                     profile.function.push(Function {
                         id,
                         name: strings.get(name),
                         system_name: strings.get(raw),
-                        filename: strings.get(&named.filename),
-                        ..Function::default()
+                        filename: strings.get(filename),
+                        start_line: *start_line,
                     });
                     id
                 })
@@ -176,13 +236,17 @@ impl<'o> ProfileBuilder<'o> {
         // Per distinct frame, once: its location, and whether it is hidden at the leaf.
         let mut known: HashMap<Frame, (u64, bool)> = HashMap::new();
 
-        let ProfileBuilder { objects, samples } = self;
+        let ProfileBuilder {
+            objects,
+            samples,
+            symbolize,
+        } = self;
         for sample in samples {
             let mut location_id = Vec::with_capacity(sample.frames.len());
             let mut leaf_side = true;
             for (i, frame) in sample.frames.iter().enumerate() {
                 let (id, hidden) = *known.entry(frame.clone()).or_insert_with(|| {
-                    let (functions, object) = describe(objects, frame, &resolved);
+                    let (functions, object) = describe(objects, frame, &resolved, symbolize);
                     let mapping_id = object.map_or(0, |index| {
                         *mapping_ids.entry(index).or_insert_with(|| {
                             let object = objects.get(index).expect("a known object");
@@ -198,8 +262,12 @@ impl<'o> ProfileBuilder<'o> {
                                     .build_id
                                     .as_ref()
                                     .map_or(0, |id| strings.get(&hex(id))),
-                                has_functions: true,
-                                ..Mapping::default()
+                                has_functions: symbolize == Symbolize::Full,
+                                // What DWARF gave, so pprof tools know they need not look
+                                // for it themselves.
+                                has_filenames: resolved.with_lines.contains(&index),
+                                has_line_numbers: resolved.with_lines.contains(&index),
+                                has_inline_frames: resolved.with_lines.contains(&index),
                             });
                             id
                         })
@@ -262,8 +330,8 @@ impl<'o> ProfileBuilder<'o> {
         profile
     }
 
-    /// Every code address's symbol, reading each object's tables once.
-    fn symbolize(&self) -> HashMap<u64, Symbol> {
+    /// Every code address's symbol and lines, reading each object's tables once.
+    fn resolve(&self) -> Resolved {
         let mut by_object: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         for sample in &self.samples {
             for frame in &sample.frames {
@@ -277,14 +345,22 @@ impl<'o> ProfileBuilder<'o> {
                 }
             }
         }
-        let mut resolved = HashMap::new();
+        let mut resolved = Resolved::default();
         for (index, mut addresses) in by_object {
             addresses.sort_unstable();
             addresses.dedup();
             let object = self.objects.get(index).expect("a known object");
-            for (address, symbol) in addresses.iter().zip(symbols::resolve(object, &addresses)) {
-                if let Some(symbol) = symbol {
-                    resolved.insert(address + object.bias, symbol);
+            let symbols = symbols::resolve(object, &addresses);
+            #[cfg(target_os = "linux")]
+            let lines = lines::resolve(object, &addresses);
+            #[cfg(not(target_os = "linux"))]
+            let lines = vec![Vec::new(); addresses.len()];
+            if lines.iter().any(|levels| !levels.is_empty()) {
+                resolved.with_lines.insert(index);
+            }
+            for ((address, symbol), levels) in addresses.iter().zip(symbols).zip(lines) {
+                if let Some(named) = names(symbol, levels) {
+                    resolved.frames.insert(address + object.bias, named);
                 }
             }
         }
@@ -292,33 +368,93 @@ impl<'o> ProfileBuilder<'o> {
     }
 }
 
+/// What symbolization found.
+#[derive(Default)]
+struct Resolved {
+    /// Each code address's functions, innermost first.
+    frames: HashMap<u64, Vec<Named>>,
+    /// The objects DWARF gave lines for.
+    with_lines: HashSet<usize>,
+}
+
+/// An address's functions, innermost first: DWARF's inline chain with files and lines
+/// where the object has it, the outermost named as the symbol table names it (the names
+/// profiles of binaries without DWARF have); else the symbol alone.
+fn names(symbol: Option<Symbol>, levels: Vec<Level>) -> Option<Vec<Named>> {
+    if levels.is_empty() {
+        let symbol = symbol?;
+        return Some(vec![Named {
+            name: symbol.name,
+            system_name: symbol.raw,
+            filename: String::new(),
+            line: 0,
+            start_line: 0,
+        }]);
+    }
+    let outermost = levels.len() - 1;
+    let named: Vec<Named> = levels
+        .into_iter()
+        .enumerate()
+        .map(|(i, level)| {
+            let (name, system_name) = match (&symbol, level.raw.is_empty()) {
+                (Some(symbol), _) if i == outermost => (symbol.name.clone(), symbol.raw.clone()),
+                (_, false) => (symbols::demangle(&level.raw), level.raw),
+                // DWARF names no function here and the symbol table has none.
+                (_, true) => (String::new(), String::new()),
+            };
+            Named {
+                name,
+                system_name,
+                filename: level.filename,
+                line: level.line,
+                start_line: level.start_line,
+            }
+        })
+        .collect();
+    // A frame is worth DWARF's lines only if it names its function.
+    if named[outermost].name.is_empty() {
+        return symbol.map(|symbol| {
+            vec![Named {
+                name: symbol.name,
+                system_name: symbol.raw,
+                filename: String::new(),
+                line: 0,
+                start_line: 0,
+            }]
+        });
+    }
+    Some(named)
+}
+
 /// A frame's functions (innermost first) and the index of the object it lies in.
 fn describe(
     objects: &Objects,
     frame: &Frame,
-    resolved: &HashMap<u64, Symbol>,
+    resolved: &Resolved,
+    symbolize: Symbolize,
 ) -> (Vec<Named>, Option<usize>) {
-    let named = |name: &str, system_name: &str| Named {
+    let named = |name: &str| Named {
         name: name.to_owned(),
-        system_name: system_name.to_owned(),
+        system_name: name.to_owned(),
         filename: String::new(),
         line: 0,
+        start_line: 0,
     };
     match frame {
-        Frame::Marker(text) => (vec![named(text, text)], None),
+        Frame::Marker(text) => (vec![named(text)], None),
         Frame::Symbolized(functions) => (functions.clone(), None),
         Frame::Code(address) => {
             let object = objects.find(*address);
-            match (resolved.get(address), object) {
-                (Some(symbol), object) => (
-                    vec![named(&symbol.name, &symbol.raw)],
-                    object.map(|(i, _)| i),
+            if symbolize == Symbolize::None {
+                return (Vec::new(), object.map(|(i, _)| i));
+            }
+            match (resolved.frames.get(address), object) {
+                (Some(functions), object) => (functions.clone(), object.map(|(i, _)| i)),
+                (None, Some((index, object))) => (
+                    vec![named(&format!("[{}]", object.short_name()))],
+                    Some(index),
                 ),
-                (None, Some((index, object))) => {
-                    let name = format!("[{}]", object.short_name());
-                    (vec![named(&name, &name)], Some(index))
-                }
-                (None, None) => (vec![named("[unknown]", "[unknown]")], None),
+                (None, None) => (vec![named("[unknown]")], None),
             }
         }
     }
@@ -348,6 +484,7 @@ mod tests {
             system_name: format!("_ZN{name}E"),
             filename: filename.to_owned(),
             line,
+            start_line: 0,
         }
     }
 
@@ -434,5 +571,108 @@ mod tests {
             2,
             "a frame whose own function is not malloc is kept, whatever was inlined into it"
         );
+    }
+
+    /// A profile of one stack: this function's code, as `objects` names it.
+    #[cfg(target_os = "linux")]
+    fn profile_here(objects: &Objects, symbolize: super::Symbolize) -> crate::proto::Profile {
+        let here = a_function_named_by_its_symbol as *const () as u64;
+        let mut builder = ProfileBuilder::new(objects).symbolize(symbolize);
+        builder.add(vec![Frame::Code(here + 4)], vec![1], Vec::new());
+        builder.finish(&meta(), &|_| false)
+    }
+
+    #[inline(never)]
+    fn a_function_named_by_its_symbol() -> u64 {
+        std::hint::black_box(7u64).wrapping_mul(std::hint::black_box(6))
+    }
+
+    /// Each line of each location: function name, file, line.
+    fn lines_of(profile: &crate::proto::Profile) -> Vec<Vec<(String, String, i64)>> {
+        let string = |i: i64| profile.string_table[i as usize].clone();
+        profile
+            .location
+            .iter()
+            .map(|location| {
+                location
+                    .line
+                    .iter()
+                    .map(|line| {
+                        let function = &profile.function[line.function_id as usize - 1];
+                        (string(function.name), string(function.filename), line.line)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn without_dwarf_a_frame_has_the_symbol_tables_name_and_with_it_the_same_name_and_a_line() {
+        use crate::lines::tests::{Scratch, as_if_loaded_from, split};
+
+        let objects = Objects::current();
+        let here = a_function_named_by_its_symbol as *const () as u64;
+        let (index, object) = objects.find(here).unwrap();
+        let symbol = crate::symbols::resolve(object, &[here + 4 - object.bias])[0]
+            .clone()
+            .expect("the symbol table names it");
+
+        let scratch = Scratch::new("profile");
+        let (stripped, _debug) = split(&scratch.0);
+        let without = objects.with(index, as_if_loaded_from(object, &stripped));
+        let profile = profile_here(&without, super::Symbolize::Full);
+        assert_eq!(
+            lines_of(&profile),
+            [[(symbol.name.clone(), String::new(), 0)]],
+            "no DWARF: the symbol table's name, as before lines existed"
+        );
+        let mapping = &profile.mapping[0];
+        assert!(mapping.has_functions);
+        assert!(!mapping.has_line_numbers && !mapping.has_filenames && !mapping.has_inline_frames);
+
+        let profile = profile_here(&objects, super::Symbolize::Full);
+        let lines = lines_of(&profile);
+        let (name, file, line) = lines[0].last().unwrap().clone();
+        assert_eq!(name, symbol.name, "DWARF changes no name");
+        assert!(file.ends_with("krabka-pprof/src/profile.rs"), "{file}");
+        assert!(line > 0, "{lines:?}");
+        let function = profile.function.last().unwrap();
+        assert!(function.start_line > 0, "{function:?}");
+        assert_eq!(
+            profile.string_table[function.system_name as usize], symbol.raw,
+            "the system name stays the symbol's"
+        );
+        let mapping = &profile.mapping[0];
+        assert!(mapping.has_line_numbers && mapping.has_filenames && mapping.has_inline_frames);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn symbolize_none_keeps_addresses_and_mappings_and_names_nothing() {
+        let objects = Objects::current();
+        let here = a_function_named_by_its_symbol as *const () as u64;
+        let (_, object) = objects.find(here).unwrap();
+        let mut builder = ProfileBuilder::new(&objects).symbolize(super::Symbolize::None);
+        builder.add(
+            vec![Frame::Code(here + 4), Frame::Marker("[truncated]".into())],
+            vec![1],
+            Vec::new(),
+        );
+        let profile = builder.finish(&meta(), &|_| false);
+        let code = &profile.location[0];
+        assert_eq!(code.address, here + 4);
+        assert!(code.line.is_empty(), "{code:?}");
+        let mapping = &profile.mapping[code.mapping_id as usize - 1];
+        assert!(!mapping.has_functions);
+        assert!(!mapping.has_line_numbers);
+        assert_eq!(profile.string_table[mapping.filename as usize], object.name);
+        assert!(object.build_id.is_some() && mapping.build_id != 0);
+        // The profiler's own markers are not code: they keep their text.
+        assert_eq!(
+            lines_of(&profile)[1],
+            [("[truncated]".to_owned(), String::new(), 0)]
+        );
+        assert_eq!(profile.function.len(), 1, "only the marker is a function");
     }
 }

@@ -136,6 +136,7 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
         seconds = field::Empty,
         frequency = field::Empty,
         format = field::Empty,
+        symbolize = field::Empty,
         samples = field::Empty,
         bytes = field::Empty,
         outcome = field::Empty,
@@ -177,6 +178,7 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     span.record("seconds", query.duration.as_secs_f64());
     span.record("frequency", query.frequency);
     span.record("format", query.format.name());
+    span.record("symbolize", query.naming.symbolize.name());
     if let Some(requested) = query.seconds_requested {
         span.record("seconds_requested", requested);
     }
@@ -186,11 +188,13 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
         blocklist: config.blocklist(),
         force: query.force,
         max_windows: config.max_windows(),
+        symbolize: query.naming.symbolize,
     };
     let format = query.format;
+    let lines = query.naming.lines;
     let subtitle = format!("{} s at {} Hz", query.duration.as_secs(), query.frequency);
     let rendered = cpu::profile(request, move |profile| {
-        views::render(&profile, format, "CPU", &subtitle).map_err(CpuError::Failed)
+        views::render(&profile, format, lines, "CPU", &subtitle).map_err(CpuError::Failed)
     });
     match rendered.await {
         Ok(view) => response::view(view, "profile"),
@@ -262,13 +266,16 @@ async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
         Err(message) => return bad_request(&message),
     };
     span.record("format", query.format.name());
+    span.record("symbolize", query.naming.symbolize.name());
     if let Some(requested) = query.seconds_requested {
         span.record("seconds_requested", requested);
     }
     let format = query.format;
+    let lines = query.naming.lines;
     let rendered = heap::profile(
         HeapRequest {
             window: query.window,
+            symbolize: query.naming.symbolize,
         },
         move |profile| {
             let subtitle = if profile.duration_nanos > 0 {
@@ -279,7 +286,8 @@ async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
             } else {
                 "live memory, sampled since the process started".to_owned()
             };
-            views::render(&profile, format, "Heap in use", &subtitle).map_err(HeapError::Failed)
+            views::render(&profile, format, lines, "Heap in use", &subtitle)
+                .map_err(HeapError::Failed)
         },
     );
     match rendered.await {
@@ -321,6 +329,7 @@ async fn thread_dump(config: &ProfilingConfig, parts: &Parts, filename: &'static
         Err(message) => return bad_request(&message),
     };
     let answer = query.answer;
+    span.record("symbolize", query.naming.symbolize.name());
     span.record(
         "format",
         match answer {
@@ -332,7 +341,9 @@ async fn thread_dump(config: &ProfilingConfig, parts: &Parts, filename: &'static
     let request = DumpRequest {
         deadline: query.deadline,
         blocklist: config.blocklist(),
+        symbolize: query.naming.symbolize,
     };
+    let lines = query.naming.lines;
     let rendered = stacks::dump(request, move |dump| {
         let samples = dump.threads.len() as i64;
         let text = |body: String| View {
@@ -342,7 +353,7 @@ async fn thread_dump(config: &ProfilingConfig, parts: &Parts, filename: &'static
         match answer {
             ThreadsAnswer::Profile(format) => {
                 let subtitle = format!("{samples} threads, {} answered", dump.answered);
-                views::render(&dump.profile, format, "Threads", &subtitle)
+                views::render(&dump.profile, format, lines, "Threads", &subtitle)
             }
             ThreadsAnswer::Grouped => Ok(text(stacks::grouped_text(&dump))),
             ThreadsAnswer::Every => Ok(text(stacks::every_thread_text(&dump))),

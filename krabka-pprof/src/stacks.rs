@@ -28,6 +28,8 @@ pub(crate) struct DumpRequest {
     /// How long to wait for the threads' answers.
     pub(crate) deadline: Duration,
     pub(crate) blocklist: &'static [&'static str],
+    /// What the profile names (`?symbolize=`).
+    pub(crate) symbolize: crate::profile::Symbolize,
 }
 
 /// Why a dump could not be taken.
@@ -237,7 +239,7 @@ fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
         });
     }
 
-    let mut builder = ProfileBuilder::new(&taken.objects);
+    let mut builder = ProfileBuilder::new(&taken.objects).symbolize(request.symbolize);
     for (frames, threads) in members {
         let mut labels = Vec::with_capacity(threads.len() * 2);
         for &index in &threads {

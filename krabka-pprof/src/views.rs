@@ -5,6 +5,7 @@
 //! behind the `pprof` crate's and jemalloc_pprof's flamegraphs), shared by the CPU and
 //! heap routes; [`index_html`] is the index page listing the routes and settings.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -45,10 +46,12 @@ pub(crate) enum ViewBody {
     Text(String),
 }
 
-/// Renders `profile` as `format`; runs on the blocking pool.
+/// Renders `profile` as `format`; runs on the blocking pool. `lines`: the text view lists
+/// lines (`function file:line`, as `go tool pprof -top -lines` does) rather than functions.
 pub(crate) fn render(
     profile: &Profile,
     format: Format,
+    lines: bool,
     title: &str,
     subtitle: &str,
 ) -> Result<View, String> {
@@ -59,6 +62,9 @@ pub(crate) fn render(
         .sum();
     let body = match format {
         Format::Pprof => ViewBody::Pprof(gzip_profile(profile)?),
+        Format::Text if lines => {
+            ViewBody::Text(top_table_by(profile, TOP_ROWS, Granularity::Lines))
+        }
         Format::Text => ViewBody::Text(top_table(profile, TOP_ROWS)),
         #[cfg(feature = "flamegraph")]
         Format::Svg => ViewBody::Svg(flamegraph(profile, title, subtitle)?),
@@ -119,24 +125,56 @@ pub(crate) fn string(profile: &Profile, index: i64) -> &str {
         .map_or("", String::as_str)
 }
 
+/// What one frame of a view stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Granularity {
+    /// A function: `go tool pprof`'s default.
+    Functions,
+    /// A line of a function, `function file:line`: `go tool pprof -lines`.
+    Lines,
+}
+
 /// Function names of each sample's stack, leaf first, inlined frames expanded.
-pub(crate) fn sample_stacks(profile: &Profile) -> impl Iterator<Item = (Vec<&str>, &[i64])> + '_ {
-    let functions: HashMap<u64, &str> = profile
+pub(crate) fn sample_stacks(
+    profile: &Profile,
+) -> impl Iterator<Item = (Vec<Cow<'_, str>>, &[i64])> + '_ {
+    sample_stacks_by(profile, Granularity::Functions)
+}
+
+/// Each sample's stack, leaf first, inlined frames expanded, one frame per function or
+/// per line.
+pub(crate) fn sample_stacks_by(
+    profile: &Profile,
+    granularity: Granularity,
+) -> impl Iterator<Item = (Vec<Cow<'_, str>>, &[i64])> + '_ {
+    let functions: HashMap<u64, (&str, &str)> = profile
         .function
         .iter()
-        .map(|f| (f.id, string(profile, f.name)))
+        .map(|f| (f.id, (string(profile, f.name), string(profile, f.filename))))
         .collect();
-    let locations: HashMap<u64, Vec<&str>> = profile
+    let locations: HashMap<u64, Vec<Cow<'_, str>>> = profile
         .location
         .iter()
         .map(|location| {
             let names = if location.line.is_empty() {
-                vec![""]
+                vec![Cow::Borrowed("[unknown]")]
             } else {
                 location
                     .line
                     .iter()
-                    .map(|line| functions.get(&line.function_id).copied().unwrap_or(""))
+                    .map(|line| {
+                        let (name, file) = functions
+                            .get(&line.function_id)
+                            .copied()
+                            .unwrap_or(("", ""));
+                        let name = if name.is_empty() { "[unknown]" } else { name };
+                        match granularity {
+                            Granularity::Lines if !file.is_empty() && line.line > 0 => {
+                                Cow::Owned(format!("{name} {file}:{}", line.line))
+                            }
+                            _ => Cow::Borrowed(name),
+                        }
+                    })
                     .collect()
             };
             (location.id, names)
@@ -147,37 +185,37 @@ pub(crate) fn sample_stacks(profile: &Profile) -> impl Iterator<Item = (Vec<&str
             .location_id
             .iter()
             .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
-            .map(|name| if name.is_empty() { "[unknown]" } else { name })
             .collect();
         (stack, sample.value.as_slice())
     })
 }
 
-/// Flat and cumulative value per function, heaviest flat first (then cum, then name).
-pub(crate) fn top(profile: &Profile) -> (Vec<TopRow>, i64) {
+/// Flat and cumulative value per function or line, heaviest flat first (then cum, then
+/// name).
+pub(crate) fn top_by(profile: &Profile, granularity: Granularity) -> (Vec<TopRow>, i64) {
     let Some(column) = value_index(profile) else {
         return (Vec::new(), 0);
     };
-    let mut rows: HashMap<&str, (i64, i64)> = HashMap::new();
+    let mut rows: HashMap<Cow<'_, str>, (i64, i64)> = HashMap::new();
     let mut total = 0i64;
-    for (stack, values) in sample_stacks(profile) {
+    for (stack, values) in sample_stacks_by(profile, granularity) {
         let value = values.get(column).copied().unwrap_or(0);
         total += value;
         if let Some(leaf) = stack.first() {
-            rows.entry(leaf).or_default().0 += value;
+            rows.entry(leaf.clone()).or_default().0 += value;
         }
-        let mut seen: Vec<&str> = Vec::with_capacity(stack.len());
-        for name in stack {
+        let mut seen: Vec<&Cow<'_, str>> = Vec::with_capacity(stack.len());
+        for name in &stack {
             if !seen.contains(&name) {
                 seen.push(name);
-                rows.entry(name).or_default().1 += value;
+                rows.entry(name.clone()).or_default().1 += value;
             }
         }
     }
     let mut rows: Vec<TopRow> = rows
         .into_iter()
         .map(|(name, (flat, cum))| TopRow {
-            name: name.to_owned(),
+            name: name.into_owned(),
             flat,
             cum,
         })
@@ -194,7 +232,12 @@ pub(crate) fn top(profile: &Profile) -> (Vec<TopRow>, i64) {
 /// The text view: a header like `go tool pprof -top`'s, then flat, flat%, sum%, cum, cum%
 /// and the function name for the heaviest `limit` functions.
 pub(crate) fn top_table(profile: &Profile, limit: usize) -> String {
-    let (rows, total) = top(profile);
+    top_table_by(profile, limit, Granularity::Functions)
+}
+
+/// [`top_table`], one row per function or per line.
+pub(crate) fn top_table_by(profile: &Profile, limit: usize, granularity: Granularity) -> String {
+    let (rows, total) = top_by(profile, granularity);
     let unit = value_index(profile)
         .map(|i| string(profile, profile.sample_type[i].unit).to_owned())
         .unwrap_or_default();
@@ -630,7 +673,7 @@ pub(crate) mod tests {
             (&["main"], 20),
             (&["rec", "rec", "main"], 10),
         ]);
-        let (rows, total) = top(&profile);
+        let (rows, total) = top_by(&profile, Granularity::Functions);
         assert_eq!(total, 110 * 10_000_000);
         let get = |n: &str| rows.iter().find(|r| r.name == n).unwrap().clone();
         assert_eq!(get("hot").flat, 500_000_000);
@@ -643,6 +686,82 @@ pub(crate) mod tests {
             "recursion counts once per sample"
         );
         assert_eq!(rows[0].name, "hot");
+    }
+
+    #[test]
+    fn inlined_frames_are_frames_and_the_lines_view_lists_each_line() {
+        use crate::objects::Objects;
+        use crate::profile::{Frame, Meta, Named, ProfileBuilder};
+        let named = |name: &str, line: i64| Named {
+            name: name.to_owned(),
+            system_name: name.to_owned(),
+            filename: format!("/src/{name}.rs"),
+            line,
+            start_line: 1,
+        };
+        let objects = Objects::default();
+        let mut builder = ProfileBuilder::new(&objects);
+        // `step` inlined into `hot` at line 12, twice at two lines of `step`; then `hot`
+        // alone at line 14.
+        for (step_line, hot_line, count) in [(3, 12, 5), (4, 12, 3)] {
+            builder.add(
+                vec![
+                    Frame::Symbolized(vec![named("step", step_line), named("hot", hot_line)]),
+                    Frame::Symbolized(vec![named("main", 40)]),
+                ],
+                vec![count],
+                Vec::new(),
+            );
+        }
+        builder.add(
+            vec![
+                Frame::Symbolized(vec![named("hot", 14)]),
+                Frame::Symbolized(vec![named("main", 41)]),
+            ],
+            vec![2],
+            Vec::new(),
+        );
+        let meta = Meta {
+            sample_types: &[("samples", "count")],
+            period_type: ("cpu", "nanoseconds"),
+            period: 1,
+            time: std::time::UNIX_EPOCH,
+            duration: std::time::Duration::ZERO,
+            default_sample_type: None,
+            comments: Vec::new(),
+        };
+        let profile = builder.finish(&meta, &|_| false);
+
+        let (rows, total) = top_by(&profile, Granularity::Functions);
+        assert_eq!(total, 10);
+        let get = |rows: &[TopRow], n: &str| {
+            let row = rows
+                .iter()
+                .find(|r| r.name == n)
+                .unwrap_or_else(|| panic!("{n}: {rows:?}"));
+            (row.flat, row.cum)
+        };
+        assert_eq!(
+            get(&rows, "step"),
+            (8, 8),
+            "an inlined function is a frame of its own"
+        );
+        assert_eq!(get(&rows, "hot"), (2, 10));
+        assert_eq!(get(&rows, "main"), (0, 10));
+
+        let (rows, _) = top_by(&profile, Granularity::Lines);
+        assert_eq!(get(&rows, "step /src/step.rs:3"), (5, 5));
+        assert_eq!(get(&rows, "step /src/step.rs:4"), (3, 3));
+        assert_eq!(get(&rows, "hot /src/hot.rs:12"), (0, 8));
+        assert_eq!(get(&rows, "hot /src/hot.rs:14"), (2, 2));
+        assert_eq!(get(&rows, "main /src/main.rs:40"), (0, 8));
+        let table = top_table_by(&profile, 30, Granularity::Lines);
+        assert!(table.contains("  step /src/step.rs:3\n"), "{table}");
+        let view = render(&profile, Format::Text, true, "CPU", "").unwrap();
+        let ViewBody::Text(text) = view.body else {
+            panic!("a text view")
+        };
+        assert_eq!(text, table);
     }
 
     #[test]

@@ -326,6 +326,7 @@ where
 {
     static NEXT_WINDOW: AtomicU64 = AtomicU64::new(1);
     let id = NEXT_WINDOW.fetch_add(1, Ordering::Relaxed);
+    let symbolize = request.symbolize;
     let deadline = tokio::time::Instant::now() + FORCE_WAIT;
     // A forced request that takes over holds `starting` from the moment it closes the
     // running windows until its own session runs, so that no other request starts a
@@ -453,7 +454,7 @@ where
         // The last reference stops the sampler, then frees the lease.
         drop(shared);
         let report = collected.report.clone();
-        let (profile, capped) = report_profile(collected, shared_with);
+        let (profile, capped) = report_profile(collected, shared_with, symbolize);
         Ok((render(profile), (report, capped, shared_with)))
     })
     .await?;
@@ -541,11 +542,15 @@ pub(crate) fn stack_frames(
 /// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
 /// sample per distinct (thread, stack); and whether the kernel capped the rate (the
 /// samples stand for more periods than there were signals).
-fn report_profile(collected: sampler::Collected, shared_with: usize) -> (Profile, bool) {
+fn report_profile(
+    collected: sampler::Collected,
+    shared_with: usize,
+    symbolize: crate::profile::Symbolize,
+) -> (Profile, bool) {
     use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
 
     let period = 1_000_000_000 / i64::from(collected.frequency);
-    let mut builder = ProfileBuilder::new(&collected.objects);
+    let mut builder = ProfileBuilder::new(&collected.objects).symbolize(symbolize);
     let mut thread_names: HashMap<u32, String> = HashMap::new();
     let mut name_of = |tid: u32| {
         thread_names
@@ -674,7 +679,7 @@ mod tests {
 
     /// The profile of a window that had the sampler to itself.
     fn report_profile(collected: Collected) -> (crate::proto::Profile, bool) {
-        super::report_profile(collected, 1)
+        super::report_profile(collected, 1, crate::profile::Symbolize::Full)
     }
 
     /// A session's collection: one stack in this test's own code, and what was lost.

@@ -43,6 +43,12 @@ where
     F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
     R: Send + 'static,
 {
+    if request.symbolize == crate::profile::Symbolize::None {
+        return Err(CpuError::Unavailable(
+            "`symbolize=none` needs code addresses, and the pprof crate's sampler (the one \
+             this platform uses) keeps names instead: leave `symbolize` out",
+        ));
+    }
     let lease = CpuLease::acquire(request.duration, request.force).await?;
     let stop_early = lease.stop_early.clone();
     let CpuRequest {
@@ -141,6 +147,7 @@ fn report_profile(report: &Report, frequency: u32) -> Profile {
                                 .map(|file| file.to_string_lossy().into_owned())
                                 .unwrap_or_default(),
                             line: i64::from(symbol.lineno.unwrap_or(0)),
+                            start_line: 0,
                         })
                         .collect(),
                 )

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::config::{MAX_FREQUENCY, MIN_FREQUENCY, ProfilingConfig};
+use crate::profile::Symbolize;
 use crate::views::Format;
 
 /// A `/profile` request after defaults and clamping.
@@ -14,7 +15,56 @@ pub(crate) struct CpuQuery {
     pub(crate) seconds_requested: Option<u64>,
     pub(crate) frequency: u32,
     pub(crate) format: Format,
+    pub(crate) naming: Naming,
     pub(crate) force: bool,
+}
+
+/// What a profile names and how its text view groups it: `symbolize` and `lines`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Naming {
+    pub(crate) symbolize: Symbolize,
+    /// The text view by line (`go tool pprof -lines`) rather than by function.
+    pub(crate) lines: bool,
+}
+
+impl Naming {
+    /// `symbolize`: `full` (the default: names, and files, lines and inlined calls where
+    /// DWARF has them) or `none` (addresses and mappings only, in the pprof format);
+    /// `lines`: `true` groups the text view by line.
+    fn parse(params: &Params, format: Format) -> Result<Naming, String> {
+        let symbolize = match params.get("symbolize") {
+            None | Some("full") => Symbolize::Full,
+            Some("none") => Symbolize::None,
+            Some(other) => {
+                return Err(format!(
+                    "`symbolize` must be full (the default: names, and lines where the binary \
+                     has them) or none (addresses and mappings only), found {other:?}"
+                ));
+            }
+        };
+        if symbolize == Symbolize::None && format != Format::Pprof {
+            return Err(format!(
+                "`symbolize=none` leaves only addresses, which only the pprof format carries, \
+                 not format={}: drop one of them",
+                format.name()
+            ));
+        }
+        let lines = match params.get("lines") {
+            None | Some("false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(other) => {
+                return Err(format!("`lines` must be true or false, found {other:?}"));
+            }
+        };
+        if lines && format != Format::Text {
+            return Err(format!(
+                "`lines=true` groups the text view (format=text) by line, not format={}; \
+                 `go tool pprof -lines` does the same from the pprof format",
+                format.name()
+            ));
+        }
+        Ok(Naming { symbolize, lines })
+    }
 }
 
 impl CpuQuery {
@@ -25,6 +75,7 @@ impl CpuQuery {
     pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
         let params = Params::parse(query)?;
         let format = parse_format(&params)?;
+        let naming = Naming::parse(&params, format)?;
         let (duration, seconds_requested) =
             window(&params, config.cpu_default(), config.cpu_max())?;
         let frequency = match params.get("frequency") {
@@ -43,6 +94,7 @@ impl CpuQuery {
             seconds_requested,
             frequency,
             format,
+            naming,
             force,
         })
     }
@@ -71,6 +123,7 @@ pub(crate) struct HeapQuery {
     pub(crate) window: Duration,
     pub(crate) seconds_requested: Option<u64>,
     pub(crate) format: Format,
+    pub(crate) naming: Naming,
 }
 
 impl HeapQuery {
@@ -79,12 +132,14 @@ impl HeapQuery {
     pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
         let params = Params::parse(query)?;
         let format = parse_format(&params)?;
+        let naming = Naming::parse(&params, format)?;
         let (window, seconds_requested) =
             window(&params, config.heap_default(), config.heap_max())?;
         Ok(HeapQuery {
             window,
             seconds_requested,
             format,
+            naming,
         })
     }
 }
@@ -96,6 +151,8 @@ pub(crate) struct ThreadsQuery {
     pub(crate) answer: ThreadsAnswer,
     /// How long to wait for the threads' answers.
     pub(crate) deadline: Duration,
+    /// `symbolize` and `lines`, for the profile form.
+    pub(crate) naming: Naming,
 }
 
 /// The form of a thread dump.
@@ -121,6 +178,14 @@ impl ThreadsQuery {
         let params = Params::parse_known(query, Params::THREADS)?;
         let format = parse_format(&params)?;
         let answer = match params.get("debug") {
+            Some(debug @ ("1" | "2"))
+                if params.get("symbolize").is_some() || params.get("lines").is_some() =>
+            {
+                return Err(format!(
+                    "`debug={debug}` is a text form of its own and takes neither `symbolize` \
+                     nor `lines`: send one of them"
+                ));
+            }
             None | Some("0") => ThreadsAnswer::Profile(format),
             Some(debug @ ("1" | "2")) if params.get("format").is_some() => {
                 return Err(format!(
@@ -153,7 +218,12 @@ impl ThreadsQuery {
                 }
             },
         };
-        Ok(ThreadsQuery { answer, deadline })
+        let naming = Naming::parse(&params, format)?;
+        Ok(ThreadsQuery {
+            answer,
+            deadline,
+            naming,
+        })
     }
 }
 
@@ -178,9 +248,16 @@ struct Params(Vec<(&'static str, String)>);
 
 impl Params {
     /// The parameters of the profile routes.
-    const PROFILES: &'static [&'static str] = &["seconds", "format", "frequency", "force"];
+    const PROFILES: &'static [&'static str] = &[
+        "seconds",
+        "format",
+        "frequency",
+        "force",
+        "symbolize",
+        "lines",
+    ];
     /// The parameters of the thread dump routes.
-    const THREADS: &'static [&'static str] = &["debug", "format", "deadline"];
+    const THREADS: &'static [&'static str] = &["debug", "format", "deadline", "symbolize", "lines"];
 
     fn parse(query: Option<&str>) -> Result<Params, String> {
         Params::parse_known(query, Params::PROFILES)
@@ -375,5 +452,42 @@ mod tests {
                 .unwrap_err()
                 .contains("more than once")
         );
+    }
+
+    #[test]
+    fn symbolize_and_lines() {
+        let naming = |q: &str| parse(q).map(|query| query.naming);
+        assert_eq!(naming("").unwrap(), Naming::default());
+        assert_eq!(naming("").unwrap().symbolize, Symbolize::Full);
+        assert_eq!(naming("symbolize=full").unwrap().symbolize, Symbolize::Full);
+        assert_eq!(naming("symbolize=none").unwrap().symbolize, Symbolize::None);
+        let err = naming("symbolize=local").unwrap_err();
+        assert!(err.starts_with("`symbolize` must be full"), "{err}");
+        assert!(err.ends_with("found \"local\""), "{err}");
+        let err = naming("symbolize=none&format=text").unwrap_err();
+        assert!(err.contains("only the pprof format carries"), "{err}");
+        assert!(err.contains("format=text"), "{err}");
+
+        assert!(!naming("format=text").unwrap().lines);
+        assert!(naming("format=text&lines=true").unwrap().lines);
+        assert!(naming("format=text&lines=1").unwrap().lines);
+        assert!(!naming("format=text&lines=false").unwrap().lines);
+        let err = naming("format=text&lines=yes").unwrap_err();
+        assert!(err.contains("`lines` must be true or false"), "{err}");
+        let err = naming("lines=true").unwrap_err();
+        assert!(err.contains("go tool pprof -lines"), "{err}");
+        assert!(err.contains("format=pprof"), "{err}");
+
+        let config = ProfilingConfig::new().with_heap(true);
+        let heap = HeapQuery::parse(Some("symbolize=none"), &config).unwrap();
+        assert_eq!(heap.naming.symbolize, Symbolize::None);
+        let threads = ThreadsQuery::parse(Some("format=text&lines=true")).unwrap();
+        assert!(threads.naming.lines);
+        let err = ThreadsQuery::parse(Some("debug=2&symbolize=none")).unwrap_err();
+        assert!(
+            err.contains("takes neither `symbolize` nor `lines`"),
+            "{err}"
+        );
+        assert!(ThreadsQuery::parse(Some("debug=1&lines=true")).is_err());
     }
 }
