@@ -168,3 +168,31 @@ pub fn krabka_hot_spin(rounds: u64) -> u64 {
     }
     black_box(x)
 }
+
+/// The line just above [`lines_hot`], for the tests of source lines: the function spans
+/// `LINES_HOT + 2 ..= LINES_HOT + 8`, calls [`lines_step`] on `LINES_HOT + 5`, and
+/// [`lines_step`] starts on `LINES_HOT + 13`, its body on the four lines after.
+pub const LINES_HOT: i64 = line!() as i64;
+#[inline(never)]
+pub fn lines_hot(rounds: u64) -> u64 {
+    let mut x = black_box(0x2545_f491_4f6c_dd1du64);
+    for i in 0..rounds {
+        x = lines_step(x, i);
+    }
+    black_box(x)
+}
+
+/// One step of [`lines_hot`]'s loop, always inlined into it: in a profile with lines it
+/// is a frame of its own, at the line of the call.
+#[inline(always)]
+pub fn lines_step(x: u64, i: u64) -> u64 {
+    let x = (x ^ (x >> 12)) ^ ((x ^ (x >> 12)) << 25);
+    (x ^ (x >> 27))
+        .wrapping_mul(0x2545_f491_4f6c_dd1d)
+        .wrapping_add(i)
+}
+
+/// One round of [`lines_hot`].
+pub fn lines_round() {
+    black_box(lines_hot(black_box(20_000)));
+}

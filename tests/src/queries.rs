@@ -8,7 +8,16 @@ use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 
 /// The parameters the routes read, and some they ignore (Go's `debug` and `gc`).
-const KEYS: &[&str] = &["seconds", "frequency", "format", "force", "debug", "gc"];
+const KEYS: &[&str] = &[
+    "seconds",
+    "frequency",
+    "format",
+    "force",
+    "symbolize",
+    "lines",
+    "debug",
+    "gc",
+];
 
 /// Values that sit on the contract's edges.
 const VALUES: &[&str] = &[
@@ -39,6 +48,9 @@ const VALUES: &[&str] = &[
     "top",
     "flamegraph",
     "SVG",
+    "none",
+    "full",
+    "None",
     "\u{663}",
     "١٢",
     "18446744073709551615",
@@ -103,22 +115,40 @@ pub fn decoded(query: &str) -> Vec<(String, String)> {
 /// Which route's parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
-    /// `/profile`: `seconds`, `frequency`, `format`, `force`.
+    /// `/profile`: `seconds`, `frequency`, `format`, `force`, `symbolize`, `lines`.
     Cpu,
-    /// `/heap`, `/allocs`: `seconds`, `format`.
+    /// `/heap`, `/allocs`: the same, but `frequency` and `force` are not checked.
     Heap,
 }
 
 /// Whether the HTTP contract accepts `query` on `route`: each parameter the route reads
 /// given at most once; `seconds` a whole number of digits that fits 64 bits; `frequency`
-/// 1 to 1000; `format` one of the views this build has; `force` true, false, 1 or 0.
-/// Others are ignored.
+/// 1 to 1000; `format` one of the views this build has; `force` and `lines` true, false,
+/// 1 or 0; `symbolize` full or none; `symbolize=none` only with the pprof format, and
+/// `lines` true only with the text format. Others are ignored.
 pub fn contract_accepts(query: &str, route: Route) -> bool {
-    let read: &[&str] = match route {
-        Route::Cpu => &["seconds", "frequency", "format", "force"],
-        Route::Heap => &["seconds", "format", "frequency", "force"],
-    };
+    let read: &[&str] = &[
+        "seconds",
+        "frequency",
+        "format",
+        "force",
+        "symbolize",
+        "lines",
+    ];
     let pairs = decoded(query);
+    let value_of = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let format = value_of("format").unwrap_or("pprof");
+    if value_of("symbolize") == Some("none") && !matches!(format, "pprof" | "proto") {
+        return false;
+    }
+    if matches!(value_of("lines"), Some("true" | "1")) && !matches!(format, "text" | "top") {
+        return false;
+    }
     for key in read {
         let values: Vec<&str> = pairs
             .iter()
@@ -146,6 +176,8 @@ pub fn contract_accepts(query: &str, route: Route) -> bool {
                     || (cfg!(feature = "flamegraph") && matches!(value, "svg" | "flamegraph"))
             }
             "force" => route == Route::Heap || matches!(value, "true" | "false" | "1" | "0"),
+            "lines" => matches!(value, "true" | "false" | "1" | "0"),
+            "symbolize" => matches!(value, "full" | "none"),
             _ => unreachable!(),
         };
         if !ok {

@@ -43,13 +43,14 @@ where
     F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
     R: Send + 'static,
 {
+    let lease = CpuLease::acquire(request.duration, request.force).await?;
+    // Refused once the profiler is known free, as every refusal of a valid request.
     if request.symbolize == crate::profile::Symbolize::None {
         return Err(CpuError::Unavailable(
             "`symbolize=none` needs code addresses, and the pprof crate's sampler (the one \
              this platform uses) keeps names instead: leave `symbolize` out",
         ));
     }
-    let lease = CpuLease::acquire(request.duration, request.force).await?;
     let stop_early = lease.stop_early.clone();
     let CpuRequest {
         frequency,

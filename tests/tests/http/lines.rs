@@ -1,0 +1,339 @@
+//! Source lines and inlined frames: a CPU profile of a hot loop in this test binary (built
+//! with the dev profile's line tables) names its file and lines, shows the step inlined
+//! into it as a frame of its own, and `go tool pprof -list` and `-lines` read them;
+//! `?symbolize=none` answers addresses and mappings only, which `go tool pprof` still
+//! reads; `?lines=true` lists lines in the text view. Only krabka-pprof's own sampler
+//! keeps addresses: these tests do not run against the `pprof` crate's.
+
+use std::time::Duration;
+
+use axum::Router;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::hot::{LINES_HOT, lines_round};
+use krabka_pprof_tests::{Burner, Profile, TestServer, client, decode, go_pprof, serial, string};
+use reqwest::StatusCode;
+
+#[pprof_routes(cpu_max = "10s", threads = true)]
+fn app() -> Router {
+    Router::new()
+}
+
+/// A profile of `seconds` while one thread runs [`lines_round`], with `query` added.
+async fn profile_of_the_hot_loop(server: &TestServer, seconds: u32, query: &str) -> Vec<u8> {
+    let burner = Burner::start_with(1, Duration::from_secs(20), lines_round);
+    let response = client()
+        .get(server.url(&format!("/debug/pprof/profile?seconds={seconds}{query}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.bytes().await.unwrap().to_vec();
+    drop(burner.finish());
+    body
+}
+
+/// One line of a location: the function's name, its file and start line, and the line.
+#[derive(Clone, Debug, PartialEq)]
+struct LineOf {
+    name: String,
+    filename: String,
+    start_line: i64,
+    line: i64,
+}
+
+/// Each location's lines, innermost first.
+fn locations(profile: &Profile) -> Vec<Vec<LineOf>> {
+    profile
+        .location
+        .iter()
+        .map(|location| {
+            location
+                .line
+                .iter()
+                .map(|line| {
+                    let function = profile
+                        .function
+                        .iter()
+                        .find(|f| f.id == line.function_id)
+                        .expect("a line's function");
+                    LineOf {
+                        name: string(profile, function.name).to_owned(),
+                        filename: string(profile, function.filename).to_owned(),
+                        start_line: function.start_line,
+                        line: line.line,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_hot_function_has_its_file_its_lines_and_the_step_inlined_into_it() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let profile = decode(&profile_of_the_hot_loop(&server, 2, "").await);
+    let locations = locations(&profile);
+    let in_hot: Vec<&Vec<LineOf>> = locations
+        .iter()
+        .filter(|lines| {
+            lines
+                .last()
+                .is_some_and(|outer| outer.name.ends_with("hot::lines_hot"))
+        })
+        .collect();
+    assert!(
+        !in_hot.is_empty(),
+        "no location in lines_hot: {locations:#?}"
+    );
+
+    let body = LINES_HOT + 2..=LINES_HOT + 8;
+    for lines in &in_hot {
+        let hot = lines.last().unwrap();
+        assert!(
+            hot.filename.starts_with('/') && hot.filename.ends_with("tests/src/hot.rs"),
+            "{hot:?}"
+        );
+        assert_eq!(hot.start_line, LINES_HOT + 2, "{hot:?}");
+        // Line 0 is code the compiler made up (DWARF's "no line").
+        assert!(hot.line == 0 || body.contains(&hot.line), "{lines:?}");
+    }
+    assert!(
+        in_hot.iter().any(|lines| lines.last().unwrap().line > 0),
+        "{in_hot:?}"
+    );
+
+    // `lines_step` is `#[inline(always)]`: a line of its own, inside lines_hot, whose
+    // own line is the call's.
+    let stepped: Vec<&&Vec<LineOf>> = in_hot
+        .iter()
+        .filter(|lines| lines.iter().any(|l| l.name.ends_with("hot::lines_step")))
+        .collect();
+    assert!(
+        !stepped.is_empty(),
+        "the inlined step is not a frame of its own: {in_hot:#?}"
+    );
+    for lines in stepped {
+        let at = lines
+            .iter()
+            .position(|l| l.name.ends_with("hot::lines_step"))
+            .unwrap();
+        assert_eq!(
+            at + 2,
+            lines.len(),
+            "inlined into lines_hot itself: {lines:?}"
+        );
+        let step = &lines[at];
+        assert!(step.filename.ends_with("tests/src/hot.rs"), "{step:?}");
+        assert_eq!(step.start_line, LINES_HOT + 13, "{step:?}");
+        assert!(
+            step.line == 0 || (LINES_HOT + 14..=LINES_HOT + 17).contains(&step.line),
+            "{lines:?}"
+        );
+        assert_eq!(
+            lines[at + 1].line,
+            LINES_HOT + 5,
+            "the call's line: {lines:?}"
+        );
+    }
+
+    let mapping = profile
+        .mapping
+        .iter()
+        .find(|m| {
+            string(&profile, m.filename) == std::env::current_exe().unwrap().to_str().unwrap()
+        })
+        .expect("this binary's mapping");
+    assert!(mapping.has_functions && mapping.has_filenames);
+    assert!(mapping.has_line_numbers && mapping.has_inline_frames);
+}
+
+#[tokio::test]
+async fn go_tool_pprof_lists_the_source_and_reads_lines() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let body = profile_of_the_hot_loop(&server, 2, "").await;
+
+    // `-list` reads the source file the profile names and prints its lines with their
+    // samples.
+    let listed = go_pprof(&["-list", "lines_hot"], &body);
+    assert!(
+        listed.contains("ROUTINE ======================== "),
+        "{listed}"
+    );
+    assert!(listed.contains("tests/src/hot.rs"), "{listed}");
+    assert!(listed.contains("x = lines_step(x, i);"), "{listed}");
+    assert!(
+        listed.contains("pub fn lines_hot(rounds: u64) -> u64 {"),
+        "{listed}"
+    );
+
+    // `-lines`: one row per line, `function file:line`.
+    let top = go_pprof(&["-top", "-lines", "-nodecount=1000"], &body);
+    let step_rows: Vec<&str> = top
+        .lines()
+        .filter(|row| row.contains("lines_step") && row.contains("hot.rs:"))
+        .collect();
+    assert!(!step_rows.is_empty(), "{top}");
+    let hot_call = format!("hot.rs:{}", LINES_HOT + 5);
+    assert!(
+        top.lines()
+            .any(|row| row.contains("lines_hot") && row.contains(&hot_call)),
+        "no row for lines_hot at the call ({hot_call}): {top}"
+    );
+}
+
+#[tokio::test]
+async fn the_text_view_lists_lines_with_lines_true() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start_with(1, Duration::from_secs(20), lines_round);
+    let response = client()
+        .get(server.url("/debug/pprof/profile?seconds=1&format=text&lines=true"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.text().await.unwrap();
+    drop(burner.finish());
+    // Rows end in `function file:line`; the heaviest are the loop's own lines and the
+    // step's (the call's line, which only adds to cum, may fall below the 30 shown).
+    let line_of = |row: &str, function: &str| -> Option<i64> {
+        let (_, at) = row.split_once(&format!("{function} "))?;
+        let (file, line) = at.rsplit_once(':')?;
+        file.ends_with("tests/src/hot.rs")
+            .then(|| line.parse().ok())?
+    };
+    let hot: Vec<i64> = text
+        .lines()
+        .filter_map(|r| line_of(r, "hot::lines_hot"))
+        .collect();
+    assert!(!hot.is_empty(), "{text}");
+    assert!(
+        hot.iter()
+            .all(|l| (LINES_HOT + 2..=LINES_HOT + 8).contains(l)),
+        "{hot:?}: {text}"
+    );
+    let step: Vec<i64> = text
+        .lines()
+        .filter_map(|r| line_of(r, "hot::lines_step"))
+        .collect();
+    assert!(!step.is_empty(), "{text}");
+    assert!(
+        step.iter()
+            .all(|l| (LINES_HOT + 14..=LINES_HOT + 17).contains(l)),
+        "{step:?}: {text}"
+    );
+}
+
+#[tokio::test]
+async fn symbolize_none_gives_addresses_and_mappings_that_go_tool_pprof_reads() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let body = profile_of_the_hot_loop(&server, 1, "&symbolize=none").await;
+    let profile = decode(&body);
+    let exe = std::env::current_exe().unwrap();
+    let exe = exe.to_str().unwrap();
+    let mapping = profile
+        .mapping
+        .iter()
+        .find(|m| string(&profile, m.filename) == exe)
+        .expect("this binary's mapping");
+    assert!(!mapping.has_functions, "{mapping:?}");
+    assert!(!mapping.has_line_numbers);
+    assert!(mapping.build_id != 0, "the build ID, to find the binary by");
+    assert!(mapping.memory_start < mapping.memory_limit);
+    let code: Vec<_> = profile
+        .location
+        .iter()
+        .filter(|l| l.mapping_id != 0)
+        .collect();
+    assert!(!code.is_empty());
+    for location in &code {
+        assert!(
+            location.address != 0 && location.line.is_empty(),
+            "{location:?}"
+        );
+    }
+    // No function is named after code: what names remain are the profiler's own
+    // markers, which have no address.
+    let names: Vec<&str> = profile
+        .function
+        .iter()
+        .map(|f| string(&profile, f.name))
+        .collect();
+    assert!(names.iter().all(|n| n.starts_with('[')), "{names:?}");
+
+    // `go tool pprof` reads it as it is, by address.
+    let raw = go_pprof(&["-raw", "-symbolize=none"], &body);
+    assert!(
+        raw.contains(&format!("{exe} ")) || raw.contains(exe),
+        "{raw}"
+    );
+    assert!(raw.contains("Locations"), "{raw}");
+    let top = go_pprof(&["-top", "-symbolize=none", "-nodecount=5"], &body);
+    assert!(top.contains("flat%"), "{top}");
+    // And with the binary at hand (the mapping's file, matched by build ID) it names the
+    // code itself, offline, from the exact mapping.
+    let symbolized = go_pprof(&["-top", "-nodecount=1000"], &body);
+    assert!(symbolized.contains("lines_hot"), "{symbolized}");
+}
+
+#[tokio::test]
+async fn the_thread_dump_and_bad_values_follow_the_same_rules() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let response = client()
+        .get(server.url("/debug/pprof/threads?symbolize=none"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    assert!(
+        profile
+            .location
+            .iter()
+            .filter(|l| l.mapping_id != 0)
+            .all(|l| l.line.is_empty() && l.address != 0)
+    );
+    assert!(profile.mapping.iter().all(|m| !m.has_functions));
+
+    for (query, says) in [
+        (
+            "/debug/pprof/profile?symbolize=local",
+            "`symbolize` must be full",
+        ),
+        (
+            "/debug/pprof/profile?symbolize=none&format=text",
+            "only the pprof format",
+        ),
+        ("/debug/pprof/profile?lines=true", "format=text"),
+        (
+            "/debug/pprof/profile?lines=maybe&format=text",
+            "`lines` must be true or false",
+        ),
+        (
+            "/debug/pprof/threads?debug=1&symbolize=none",
+            "takes neither",
+        ),
+        ("/debug/pprof/threads?lines=true", "format=text"),
+    ] {
+        let response = client().get(server.url(query)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{query}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains(says), "{query}: {text}");
+    }
+    // The profiler is still usable: a valid request right after works.
+    let response = client()
+        .get(server.url("/debug/pprof/threads?format=text&lines=true"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains(".rs:"),
+        "lines of this binary's threads: {text}"
+    );
+}
