@@ -4,6 +4,7 @@
 
 pub mod h;
 pub mod k;
+pub mod l;
 pub mod m1_m4;
 pub mod m2;
 pub mod m3;

@@ -61,6 +61,15 @@ impl Server {
         Server::spawn(command)
     }
 
+    /// The service as `exe` (this benchmark built another way) runs it, for figure L.
+    pub fn start_exe(exe: &std::path::Path) -> Server {
+        let mut command = Command::new(exe);
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()]);
+        Server::spawn(command)
+    }
+
     /// The service with one thread spinning `depth` frames deep, for figure S.
     pub fn start_spinning(depth: u32) -> Server {
         let mut command = Command::new(std::env::current_exe().unwrap());
@@ -290,6 +299,31 @@ pub fn alternate_on(
         pairs.len()
     );
     pairs
+}
+
+/// This benchmark built with line tables (the workspace's `bench-lines` profile: release
+/// with `debug = "line-tables-only"`), for figure L; returns its path.
+pub fn build_with_lines() -> std::path::PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let workspace = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let status = Command::new(cargo)
+        .current_dir(workspace)
+        .args(["build", "--profile", "bench-lines", "--quiet"])
+        .args(["-p", "krabka-pprof-bench", "--bin", "krabka-pprof-bench"])
+        .status()
+        .expect("run cargo");
+    assert!(
+        status.success(),
+        "building the benchmark with line tables failed"
+    );
+    // Next to the release build's own directory: target/bench-lines/.
+    let release = std::env::current_exe().unwrap();
+    release
+        .parent()
+        .and_then(|dir| dir.parent())
+        .expect("target/release/")
+        .join("bench-lines")
+        .join("krabka-pprof-bench")
 }
 
 /// `cargo run` builds only the benchmark's own binary; the heap service is its sibling.

@@ -19,6 +19,8 @@
 //!   and p99, as the sampler measures and reports in the profile's comments);
 //! - T a thread dump of a service with 100 parked threads: the request's time (median over
 //!   rounds), the collection alone (as the dump reports it), and resident memory added;
+//! - L a 10 s CPU profile of the service built with line tables (the `bench-lines`
+//!   profile), as M1/M4 measure it: lines and inlined calls read from DWARF per request;
 //! - K the soak: 1,000 sequential 1 s CPU profiles and 1,000 heap dumps under load, every
 //!   response valid and resident memory flat after the first 50 (about 18 minutes; only
 //!   with `--soak` or `--only K`).
@@ -234,6 +236,9 @@ fn run(options: &Options) {
     }
     if options.wants("T") {
         rows.extend(figures::t::thread_dumps(options));
+    }
+    if options.wants("L") {
+        rows.extend(figures::l::lines(options));
     }
     if options.wants("M6") {
         rows.extend(figures::m6::build_cost(options));

@@ -14,11 +14,12 @@
 //! nothing here, and its frames keep their symbol-table names.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Read as _;
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use gimli::{AttributeValue, DebugInfoOffset, EndianSlice, LittleEndian, UnitOffset, UnitRef};
 use object::{CompressionFormat, Object as _, ObjectSection as _};
@@ -34,10 +35,13 @@ type Unit<'a> = gimli::Unit<Reader<'a>>;
 /// by the binary's own path).
 pub(crate) const DEBUG_ROOT: &str = "/usr/lib/debug";
 
-/// The most a compressed debug section may inflate to. Distributions ship their debug
-/// files zlib-compressed; a section bigger than this is not worth the memory a profile
-/// request would take, and its object keeps symbol-table names.
-const MAX_INFLATED: u64 = 64 << 20;
+/// The most the compressed debug sections of one object may inflate to, together, for one
+/// request. Distributions ship their debug files zlib-compressed, and inflating takes time
+/// and memory in proportion: glibc's (libc6-dbg) would inflate to some 12 MB in about
+/// 100 ms, on every request. Above this, the object keeps its symbol-table names; its
+/// debug file can be decompressed once with `objcopy --decompress-debug-sections`, and is
+/// then mapped like any other.
+const MAX_INFLATED: u64 = 4 << 20;
 
 /// The functions at each of `addresses` (as stated in the object's file: minus its load
 /// bias; sorted, unique), innermost first. Empty where the object (and any separate debug
@@ -72,6 +76,8 @@ pub(crate) fn resolve_with_roots(
 /// A mapped ELF file with DWARF in it.
 struct DebugFile {
     map: memmap2::Mmap,
+    /// The same file, for positioned reads of small scattered pieces (see [`Scattered`]).
+    file: File,
 }
 
 impl DebugFile {
@@ -83,7 +89,9 @@ impl DebugFile {
         // (the dynamic loader maps them the same way); binaries are replaced by rename, not
         // rewritten in place, by package managers and deploy tools.
         let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-        Some(DebugFile { map })
+        // Only parts are read: no readahead beyond them when the file is not cached.
+        let _ = map.advise(memmap2::Advice::Random);
+        Some(DebugFile { map, file })
     }
 
     /// The file that holds `file`'s DWARF: itself if it has line tables, else its separate
@@ -155,13 +163,32 @@ impl DebugFile {
 
     fn resolve(&self, addresses: &[u64], found: &mut [Vec<Level>]) -> Option<()> {
         let elf = object::File::parse(&*self.map).ok()?;
+        // Compressed sections too big to inflate now leave the object without lines,
+        // decided before inflating any.
+        let inflated: u64 = USED
+            .iter()
+            .filter_map(|id| elf.section_by_name(id.name())?.compressed_file_range().ok())
+            .filter(|range| range.format != CompressionFormat::None)
+            .map(|range| range.uncompressed_size)
+            .sum();
+        if inflated > MAX_INFLATED {
+            return None;
+        }
         let sections = gimli::DwarfSections::load(|id| {
-            Ok::<_, ()>(section(&elf, id.name()).unwrap_or(Cow::Borrowed(&[])))
+            if !USED.contains(&id) {
+                return Ok(Cow::Borrowed(&[][..]));
+            }
+            section(&elf, id.name()).ok_or(())
         })
         .ok()?;
         let dwarf: Dwarf<'_> = sections.borrow(|data| EndianSlice::new(data, LittleEndian));
+        let scattered = Scattered {
+            file: &self.file,
+            debug_info: plain_range(&elf, ".debug_info"),
+            debug_str: plain_range(&elf, ".debug_str"),
+        };
         let units = units_of(&dwarf, addresses);
-        let mut origins = Origins::default();
+        let mut origins = Origins::new(&scattered);
         for (offset, wanted) in units {
             let Ok(header) = dwarf.debug_info.header_from_offset(offset) else {
                 continue;
@@ -172,7 +199,10 @@ impl DebugFile {
             let unit = UnitRef::new(&dwarf, &unit);
             let at: Vec<u64> = wanted.iter().map(|&i| addresses[i]).collect();
             let rows = line_rows(unit, &at).unwrap_or_default();
-            let chains = inline_chains(unit, &at, &mut origins).unwrap_or_default();
+            let expected: Vec<bool> = (0..at.len())
+                .map(|k| rows.get(k).is_some_and(Option::is_some))
+                .collect();
+            let chains = inline_chains(unit, &at, &expected, &mut origins).unwrap_or_default();
             for (k, &i) in wanted.iter().enumerate() {
                 let row = rows.get(k).cloned().flatten();
                 let chain = chains.get(k).map(Vec::as_slice).unwrap_or_default();
@@ -183,6 +213,78 @@ impl DebugFile {
     }
 }
 
+/// Where an uncompressed section lies in the file: its offset and size.
+fn plain_range(elf: &object::File<'_>, name: &str) -> Option<(u64, u64)> {
+    let section = elf.section_by_name(name)?;
+    let range = section.compressed_file_range().ok()?;
+    (range.format == CompressionFormat::None).then_some((range.offset, range.uncompressed_size))
+}
+
+/// Small pieces read at scattered places, by positioned reads rather than through the
+/// map: the kernel maps 64 KiB of a cached file around every page a mapping touches
+/// (fault-around, which `MADV_RANDOM` does not turn off), so a name looked up here and
+/// there would make most of `.debug_str` resident, and walking every unit's header most
+/// of `.debug_info`.
+struct Scattered<'f> {
+    file: &'f File,
+    debug_info: Option<(u64, u64)>,
+    debug_str: Option<(u64, u64)>,
+}
+
+impl Scattered<'_> {
+    /// The string at `offset` in `.debug_str`, if the section is stored plain.
+    fn string(&self, offset: usize) -> Option<String> {
+        let (start, size) = self.debug_str?;
+        let offset = offset as u64;
+        let mut found = Vec::new();
+        let mut chunk = [0u8; 256];
+        while offset + (found.len() as u64) < size && found.len() < 1 << 16 {
+            let at = start + offset + found.len() as u64;
+            let n = read_at(self.file, &mut chunk, at)?;
+            if n == 0 {
+                return None;
+            }
+            let n = n.min((size - offset - found.len() as u64) as usize);
+            if let Some(nul) = chunk[..n].iter().position(|b| *b == 0) {
+                found.extend_from_slice(&chunk[..nul]);
+                return Some(String::from_utf8_lossy(&found).into_owned());
+            }
+            found.extend_from_slice(&chunk[..n]);
+        }
+        None
+    }
+
+    /// The start of every unit in `.debug_info`, from their lengths alone.
+    fn unit_starts(&self) -> Option<Vec<DebugInfoOffset>> {
+        let (start, size) = self.debug_info?;
+        let mut starts = Vec::new();
+        let mut offset = 0u64;
+        let mut length = [0u8; 12];
+        while offset + 4 <= size {
+            if read_at(self.file, &mut length, start + offset)? < 12 {
+                return None;
+            }
+            let short = u32::from_le_bytes(length[..4].try_into().expect("4 bytes"));
+            let (header, length) = match short {
+                0xffff_ffff => (
+                    12,
+                    u64::from_le_bytes(length[4..].try_into().expect("8 bytes")),
+                ),
+                0xffff_fff0.. => return None,
+                length => (4, u64::from(length)),
+            };
+            starts.push(DebugInfoOffset(usize::try_from(offset).ok()?));
+            offset = offset.checked_add(header + length)?;
+        }
+        Some(starts)
+    }
+}
+
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> Option<usize> {
+    use std::os::unix::fs::FileExt as _;
+    file.read_at(buf, offset).ok()
+}
+
 /// Whether an ELF file has the DWARF this module reads.
 fn has_dwarf(elf: &object::File<'_>) -> bool {
     [".debug_info", ".debug_line"].iter().all(|name| {
@@ -191,11 +293,29 @@ fn has_dwarf(elf: &object::File<'_>) -> bool {
     })
 }
 
+/// The DWARF sections this module reads; the others (locations, macros, types, name
+/// indexes) are never loaded.
+const USED: [gimli::SectionId; 10] = [
+    gimli::SectionId::DebugAbbrev,
+    gimli::SectionId::DebugAddr,
+    gimli::SectionId::DebugAranges,
+    gimli::SectionId::DebugInfo,
+    gimli::SectionId::DebugLine,
+    gimli::SectionId::DebugLineStr,
+    gimli::SectionId::DebugStr,
+    gimli::SectionId::DebugStrOffsets,
+    gimli::SectionId::DebugRanges,
+    gimli::SectionId::DebugRngLists,
+];
+
 /// A section's bytes: borrowed from the map, or inflated when the section is compressed
 /// (`SHF_COMPRESSED` with zlib, as `objcopy --compress-debug-sections` and distributions
-/// write them). `None` when it is missing or cannot be read.
+/// write them). Empty when the object has no such section; `None` when it cannot be read
+/// or inflated.
 fn section<'m>(elf: &object::File<'m>, name: &str) -> Option<Cow<'m, [u8]>> {
-    let section = elf.section_by_name(name)?;
+    let Some(section) = elf.section_by_name(name) else {
+        return Some(Cow::Borrowed(&[]));
+    };
     let compressed = section.compressed_data().ok()?;
     match compressed.format {
         CompressionFormat::None => Some(Cow::Borrowed(compressed.data)),
@@ -213,15 +333,22 @@ fn section<'m>(elf: &object::File<'m>, name: &str) -> Option<Cow<'m, [u8]>> {
 }
 
 /// The compilation unit holding each address, with the indexes of its addresses: from
-/// `.debug_aranges` (rustc, gcc and clang write it), and for units it does not list,
-/// from their own ranges.
+/// `.debug_aranges` where the file has it (rustc and gcc write it), else from each unit's
+/// own ranges (clang writes none by default).
+///
+/// Where the file has `.debug_aranges`, the units it leaves out are not looked at: in a
+/// Rust binary they are the thousands of units that hold only generic code inlined
+/// elsewhere (1,275 of 1,655 in the benchmark's service, one of which has code: a C file
+/// of compiler-builtins built by clang). Reading each one's first DIE to find that out
+/// took 15 ms and made some 10 MB of the file resident, for every profile that holds an
+/// address no unit covers (`_start`, a PLT stub); such code keeps its symbol-table name.
 fn units_of(dwarf: &Dwarf<'_>, addresses: &[u64]) -> BTreeMap<DebugInfoOffset, Vec<usize>> {
     let mut unit_of: Vec<Option<DebugInfoOffset>> = vec![None; addresses.len()];
-    let mut listed: HashSet<DebugInfoOffset> = HashSet::new();
+    let mut any_listed = false;
     let mut headers = dwarf.debug_aranges.headers();
     while let Ok(Some(header)) = headers.next() {
         let offset = header.debug_info_offset();
-        listed.insert(offset);
+        any_listed = true;
         let mut entries = header.entries();
         while let Ok(Some(entry)) = entries.next() {
             let range = entry.range();
@@ -230,24 +357,31 @@ fn units_of(dwarf: &Dwarf<'_>, addresses: &[u64]) -> BTreeMap<DebugInfoOffset, V
             }
         }
     }
-    if unit_of.iter().any(Option::is_none) {
+    if !any_listed {
         let mut headers = dwarf.units();
         while let Ok(Some(header)) = headers.next() {
             let Some(offset) = header.debug_info_offset() else {
                 continue;
             };
-            if listed.contains(&offset) {
-                continue;
-            }
-            let Ok(unit) = dwarf.unit(header) else {
-                continue;
-            };
-            let Ok(mut ranges) = dwarf.unit_ranges(&unit) else {
-                continue;
-            };
-            while let Ok(Some(range)) = ranges.next() {
-                for slot in &mut unit_of[span(addresses, range.begin, range.end)] {
+            let mut place = |begin: u64, end: u64| {
+                for slot in &mut unit_of[span(addresses, begin, end)] {
                     slot.get_or_insert(offset);
+                }
+            };
+            match root_ranges(dwarf, &header, &mut place) {
+                Some(()) => {}
+                // Ranges this reading cannot place (DWARF 5's indexed forms): the unit's
+                // own, read in full.
+                None => {
+                    let Ok(unit) = dwarf.unit(header) else {
+                        continue;
+                    };
+                    let Ok(mut ranges) = dwarf.unit_ranges(&unit) else {
+                        continue;
+                    };
+                    while let Ok(Some(range)) = ranges.next() {
+                        place(range.begin, range.end);
+                    }
                 }
             }
             if unit_of.iter().all(Option::is_some) {
@@ -262,6 +396,59 @@ fn units_of(dwarf: &Dwarf<'_>, addresses: &[u64]) -> BTreeMap<DebugInfoOffset, V
         }
     }
     units
+}
+
+/// The code ranges of a unit, from its root DIE alone: most units `.debug_aranges` does not
+/// list hold no code at all (generic code only ever inlined elsewhere), and reading just
+/// their first DIE is far cheaper than [`gimli::Dwarf::unit`], which also parses the
+/// unit's line program header. `None` where the ranges need the unit's bases (DWARF 5's
+/// `DW_FORM_addrx`, `DW_FORM_rnglistx`).
+fn root_ranges(
+    dwarf: &Dwarf<'_>,
+    header: &gimli::UnitHeader<Reader<'_>>,
+    place: &mut impl FnMut(u64, u64),
+) -> Option<()> {
+    let abbreviations = header.abbreviations(&dwarf.debug_abbrev).ok()?;
+    let mut entries = header.entries_raw(&abbreviations, None).ok()?;
+    let abbrev = entries.read_abbreviation().ok()??;
+    let (mut low, mut high, mut size, mut ranges) = (None, None, None, None);
+    for spec in abbrev.attributes() {
+        let attr = entries.read_attribute(*spec).ok()?;
+        match (attr.name(), attr.value()) {
+            (gimli::DW_AT_low_pc, AttributeValue::Addr(at)) => low = Some(at),
+            (gimli::DW_AT_high_pc, AttributeValue::Addr(at)) => high = Some(at),
+            (gimli::DW_AT_high_pc, AttributeValue::Udata(n)) => size = Some(n),
+            (gimli::DW_AT_ranges, AttributeValue::SecOffset(at)) => {
+                ranges = Some(gimli::RangeListsOffset(at));
+            }
+            (gimli::DW_AT_low_pc | gimli::DW_AT_high_pc | gimli::DW_AT_ranges, _)
+            | (gimli::DW_AT_addr_base | gimli::DW_AT_rnglists_base, _) => return None,
+            _ => {}
+        }
+    }
+    if let Some(offset) = ranges {
+        if header.version() >= 5 {
+            return None;
+        }
+        let mut list = dwarf
+            .ranges
+            .ranges(
+                offset,
+                header.encoding(),
+                low.unwrap_or(0),
+                &dwarf.debug_addr,
+                gimli::DebugAddrBase(0),
+            )
+            .ok()?;
+        while let Ok(Some(range)) = list.next() {
+            place(range.begin, range.end);
+        }
+    } else if let Some(low) = low
+        && let Some(high) = high.or_else(|| size.map(|n| low.saturating_add(n)))
+    {
+        place(low, high);
+    }
+    Some(())
 }
 
 /// The indexes of the sorted `addresses` in `begin..end`.
@@ -279,27 +466,42 @@ fn line_rows(unit: UnitRef<'_, Reader<'_>>, at: &[u64]) -> Option<Vec<Option<Row
     let program = unit.line_program.clone()?;
     let mut rows = program.rows();
     let mut covering: Vec<Option<(u64, i64)>> = vec![None; at.len()];
+    let mut uncovered = at.len();
     // The previous row of the current sequence: its address, file and line.
     let mut previous: Option<(u64, u64, i64)> = None;
-    let mut sequence_start = None;
-    while let Some((_, row)) = rows.next_row().ok()? {
+    // The first of `at` not below the previous row: rows of a sequence only go up, so
+    // this moves forward one step at a time instead of being searched for at every row.
+    let mut next = 0;
+    let mut discarded = false;
+    // The program is read only until every address has its row: on average half of it.
+    while uncovered > 0
+        && let Some((_, row)) = rows.next_row().ok()?
+    {
         let address = row.address();
-        if let Some((start, file, line)) = previous
-            // Sequences of code the linker discarded are left at address 0.
-            && sequence_start != Some(0)
-        {
-            for slot in &mut covering[span(at, start, address)] {
-                slot.get_or_insert((file, line));
+        match previous {
+            None => {
+                // A sequence starts. Sequences of code the linker discarded are left at
+                // address 0.
+                discarded = address == 0;
+                next = at.partition_point(|a| *a < address);
             }
+            Some((_, file, line)) if !discarded => {
+                while next < at.len() && at[next] < address {
+                    if covering[next].is_none() {
+                        covering[next] = Some((file, line));
+                        uncovered -= 1;
+                    }
+                    next += 1;
+                }
+            }
+            Some(_) => {}
         }
-        if row.end_sequence() {
-            previous = None;
-            sequence_start = None;
+        previous = if row.end_sequence() {
+            None
         } else {
-            sequence_start.get_or_insert(address);
             let line = row.line().map_or(0, NonZeroU64::get);
-            previous = Some((address, row.file_index(), line as i64));
-        }
+            Some((address, row.file_index(), line as i64))
+        };
     }
     let header = rows.header();
     let mut paths: HashMap<u64, String> = HashMap::new();
@@ -348,34 +550,46 @@ struct Origin {
 /// inlined into one.
 #[derive(Clone, Debug)]
 struct Scope {
-    origin: Origin,
+    origin: Rc<Origin>,
     /// Where the inlined call is, in the function it was inlined into.
     call: Option<Row>,
 }
 
 /// Names already looked up in this request, by the DIE's offset in `.debug_info`:
 /// inlined calls of one function share its abstract DIE.
-#[derive(Default)]
-struct Origins {
+struct Origins<'s, 'd> {
     known: HashMap<DebugInfoOffset, Origin>,
     /// Start offsets of every unit, read once if a DIE refers to another unit.
     unit_starts: Option<Vec<DebugInfoOffset>>,
+    /// Units other units' DIEs referred to, parsed once: in a release build most inlined
+    /// functions are declared in another unit of their crate.
+    units: HashMap<DebugInfoOffset, Rc<Unit<'d>>>,
+    scattered: &'s Scattered<'s>,
 }
 
 /// For each of `at` (sorted), the function DIEs containing it, outermost first: the
 /// subprogram, then each inlined call in it, nesting inwards. Subtrees whose ranges hold
-/// none of `at` are skipped without reading their attributes' values.
-fn inline_chains(
-    unit: UnitRef<'_, Reader<'_>>,
+/// none of `at` are skipped without reading their attributes' values, and the walk ends
+/// once the `expected` addresses (those the line program covers) each have their
+/// subprogram, read to its end.
+fn inline_chains<'d>(
+    unit: UnitRef<'_, Reader<'d>>,
     at: &[u64],
-    origins: &mut Origins,
+    expected: &[bool],
+    origins: &mut Origins<'_, 'd>,
 ) -> Option<Vec<Vec<Scope>>> {
     let mut chains: Vec<Vec<Scope>> = vec![Vec::new(); at.len()];
+    let mut unplaced = expected.iter().filter(|e| **e).count();
     let mut entries = unit.entries_raw(None).ok()?;
     // While set, DIEs deeper than this are inside a function that holds none of `at`.
     let mut skip_deeper_than: Option<isize> = None;
+    // The depth of the last subprogram that held some of `at`.
+    let mut last_hit: Option<isize> = None;
     while !entries.is_empty() {
         let depth = entries.next_depth();
+        if unplaced == 0 && last_hit.is_none_or(|hit| depth <= hit) {
+            break;
+        }
         let abbrev = entries.read_abbreviation().ok()?;
         let Some(abbrev) = abbrev else {
             continue;
@@ -402,7 +616,7 @@ fn inline_chains(
             skip_deeper_than = Some(depth);
             continue;
         }
-        let origin = die.origin(unit, origins);
+        let origin = Rc::new(die.origin(unit, origins));
         let call = (tag == gimli::DW_TAG_inlined_subroutine).then(|| {
             let file = die
                 .call_file
@@ -410,6 +624,14 @@ fn inline_chains(
                 .unwrap_or_default();
             (file, die.call_line)
         });
+        if tag == gimli::DW_TAG_subprogram {
+            last_hit = Some(depth);
+            unplaced -= hits
+                .iter()
+                .filter(|&&i| expected.get(i).copied().unwrap_or(false) && chains[i].is_empty())
+                .count()
+                .min(unplaced);
+        }
         // Depth-first order: a DIE comes before those nested in it, so each chain grows
         // outwards in.
         for i in hits {
@@ -435,8 +657,8 @@ struct Die<'a> {
     high_pc: Option<u64>,
     size: Option<u64>,
     ranges: Option<gimli::RangeListsOffset<usize>>,
-    linkage_name: Option<Reader<'a>>,
-    name: Option<Reader<'a>>,
+    linkage_name: Option<AttributeValue<Reader<'a>>>,
+    name: Option<AttributeValue<Reader<'a>>>,
     refers_to: Option<AttributeValue<Reader<'a>>>,
     decl_file: Option<u64>,
     decl_line: i64,
@@ -454,10 +676,11 @@ impl<'a> Die<'a> {
                 value => self.high_pc = unit.attr_address(value).ok().flatten(),
             },
             gimli::DW_AT_ranges => self.ranges = unit.attr_ranges_offset(value).ok().flatten(),
+            // Names are read only for the functions that hold a wanted address.
             gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name => {
-                self.linkage_name = unit.attr_string(value).ok();
+                self.linkage_name = Some(value);
             }
-            gimli::DW_AT_name => self.name = unit.attr_string(value).ok(),
+            gimli::DW_AT_name => self.name = Some(value),
             gimli::DW_AT_abstract_origin | gimli::DW_AT_specification => {
                 self.refers_to = Some(value);
             }
@@ -491,19 +714,32 @@ impl<'a> Die<'a> {
         hits
     }
 
+    /// The DIE's own name: its linkage name, else its plain name; and whether it was the
+    /// linkage name.
+    fn own_name(&self, unit: UnitRef<'_, Reader<'a>>, scattered: &Scattered<'_>) -> (String, bool) {
+        let string = |value: AttributeValue<Reader<'a>>| match value {
+            AttributeValue::DebugStrRef(offset) if scattered.debug_str.is_some() => {
+                scattered.string(offset.0)
+            }
+            value => unit
+                .attr_string(value)
+                .ok()
+                .map(|name| name.to_string_lossy().into_owned()),
+        };
+        if let Some(name) = self.linkage_name.and_then(string) {
+            return (name, true);
+        }
+        (self.name.and_then(string).unwrap_or_default(), false)
+    }
+
     /// The function's name and declaration, following the DIEs it refers to.
-    fn origin(&self, unit: UnitRef<'_, Reader<'a>>, origins: &mut Origins) -> Origin {
+    fn origin(&self, unit: UnitRef<'_, Reader<'a>>, origins: &mut Origins<'_, 'a>) -> Origin {
+        let (raw, has_linkage_name) = self.own_name(unit, origins.scattered);
         let mut origin = Origin {
-            raw: self
-                .linkage_name
-                .or(self.name)
-                .map(|name| name.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            raw,
             decl: self.decl(unit),
         };
-        if self.linkage_name.is_none()
-            && let Some(refers_to) = self.refers_to
-        {
+        if !has_linkage_name && let Some(refers_to) = self.refers_to {
             let referred = origins.follow(unit, refers_to, 16);
             if !referred.raw.is_empty() {
                 origin.raw = referred.raw;
@@ -519,12 +755,21 @@ impl<'a> Die<'a> {
     }
 }
 
-impl Origins {
+impl<'s, 'd> Origins<'s, 'd> {
+    fn new(scattered: &'s Scattered<'s>) -> Origins<'s, 'd> {
+        Origins {
+            known: HashMap::new(),
+            unit_starts: None,
+            units: HashMap::new(),
+            scattered,
+        }
+    }
+
     /// The name and declaration of the DIE `value` refers to, looked up once per request.
     fn follow(
         &mut self,
-        unit: UnitRef<'_, Reader<'_>>,
-        value: AttributeValue<Reader<'_>>,
+        unit: UnitRef<'_, Reader<'d>>,
+        value: AttributeValue<Reader<'d>>,
         limit: u32,
     ) -> Origin {
         if limit == 0 {
@@ -559,28 +804,39 @@ impl Origins {
     /// A DIE in another unit: LTO's merged modules refer across units.
     fn read_elsewhere(
         &mut self,
-        dwarf: &Dwarf<'_>,
+        dwarf: &Dwarf<'d>,
         at: DebugInfoOffset,
         limit: u32,
     ) -> Option<Origin> {
+        let scattered = self.scattered;
         let starts = self.unit_starts.get_or_insert_with(|| {
-            let mut starts = Vec::new();
-            let mut headers = dwarf.units();
-            while let Ok(Some(header)) = headers.next() {
-                if let Some(offset) = header.debug_info_offset() {
-                    starts.push(offset);
+            scattered.unit_starts().unwrap_or_else(|| {
+                // A compressed section is in memory already: walk it.
+                let mut starts = Vec::new();
+                let mut headers = dwarf.units();
+                while let Ok(Some(header)) = headers.next() {
+                    if let Some(offset) = header.debug_info_offset() {
+                        starts.push(offset);
+                    }
                 }
-            }
-            starts
+                starts
+            })
         });
         let start = *starts.get(starts.partition_point(|s| *s <= at).checked_sub(1)?)?;
-        let header = dwarf.debug_info.header_from_offset(start).ok()?;
-        let unit: Unit<'_> = dwarf.unit(header).ok()?;
+        let unit = match self.units.get(&start) {
+            Some(unit) => unit.clone(),
+            None => {
+                let header = dwarf.debug_info.header_from_offset(start).ok()?;
+                let unit = Rc::new(dwarf.unit(header).ok()?);
+                self.units.insert(start, unit.clone());
+                unit
+            }
+        };
         let offset = UnitOffset(at.0.checked_sub(start.0)?);
         Some(self.read(UnitRef::new(dwarf, &unit), offset, limit))
     }
 
-    fn read(&mut self, unit: UnitRef<'_, Reader<'_>>, offset: UnitOffset, limit: u32) -> Origin {
+    fn read(&mut self, unit: UnitRef<'_, Reader<'d>>, offset: UnitOffset, limit: u32) -> Origin {
         let Ok(mut entries) = unit.entries_raw(Some(offset)) else {
             return Origin::default();
         };
@@ -594,17 +850,12 @@ impl Origins {
             };
             die.read(unit, attr);
         }
+        let (raw, has_linkage_name) = die.own_name(unit, self.scattered);
         let mut origin = Origin {
-            raw: die
-                .linkage_name
-                .or(die.name)
-                .map(|name| name.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            raw,
             decl: die.decl(unit),
         };
-        if die.linkage_name.is_none()
-            && let Some(refers_to) = die.refers_to
-        {
+        if !has_linkage_name && let Some(refers_to) = die.refers_to {
             let referred = self.follow(unit, refers_to, limit - 1);
             if !referred.raw.is_empty() {
                 origin.raw = referred.raw;

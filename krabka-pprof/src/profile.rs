@@ -147,6 +147,8 @@ pub(crate) struct ProfileBuilder<'o> {
     objects: &'o Objects,
     samples: Vec<PendingSample>,
     symbolize: Symbolize,
+    /// What was symbolized before the profile was built (see [`Resolved::of`]).
+    before: Resolved,
 }
 
 impl<'o> ProfileBuilder<'o> {
@@ -155,7 +157,15 @@ impl<'o> ProfileBuilder<'o> {
             objects,
             samples: Vec::new(),
             symbolize: Symbolize::Full,
+            before: Resolved::default(),
         }
+    }
+
+    /// Addresses already symbolized (while a CPU profile's window was still open): only
+    /// the others are looked up when the profile is built.
+    pub(crate) fn resolved_before(mut self, before: Resolved) -> ProfileBuilder<'o> {
+        self.before = before;
+        self
     }
 
     /// How much to name: [`Symbolize::None`] leaves code addresses unnamed, and their
@@ -181,9 +191,22 @@ impl<'o> ProfileBuilder<'o> {
     /// Symbolizes every address and builds the profile. Leading frames (leaf side) for
     /// which `hide_leaf` returns true are dropped, as long as one frame remains: the heap
     /// profile uses this to start every stack at the allocation site, not in the allocator.
-    pub(crate) fn finish(self, meta: &Meta, hide_leaf: &dyn Fn(&str) -> bool) -> Profile {
+    pub(crate) fn finish(mut self, meta: &Meta, hide_leaf: &dyn Fn(&str) -> bool) -> Profile {
         let resolved = match self.symbolize {
-            Symbolize::Full => self.resolve(),
+            Symbolize::Full => {
+                let mut resolved = std::mem::take(&mut self.before);
+                let addresses: Vec<u64> = self
+                    .samples
+                    .iter()
+                    .flat_map(|sample| &sample.frames)
+                    .filter_map(|frame| match frame {
+                        Frame::Code(address) if !resolved.tried.contains(address) => Some(*address),
+                        _ => None,
+                    })
+                    .collect();
+                resolved.add(self.objects, addresses);
+                resolved
+            }
             Symbolize::None => Resolved::default(),
         };
         let mut strings = Strings::new();
@@ -240,6 +263,7 @@ impl<'o> ProfileBuilder<'o> {
             objects,
             samples,
             symbolize,
+            ..
         } = self;
         for sample in samples {
             let mut location_id = Vec::with_capacity(sample.frames.len());
@@ -265,9 +289,9 @@ impl<'o> ProfileBuilder<'o> {
                                 has_functions: symbolize == Symbolize::Full,
                                 // What DWARF gave, so pprof tools know they need not look
                                 // for it themselves.
-                                has_filenames: resolved.with_lines.contains(&index),
-                                has_line_numbers: resolved.with_lines.contains(&index),
-                                has_inline_frames: resolved.with_lines.contains(&index),
+                                has_filenames: resolved.has_lines(object),
+                                has_line_numbers: resolved.has_lines(object),
+                                has_inline_frames: resolved.has_lines(object),
                             });
                             id
                         })
@@ -329,52 +353,79 @@ impl<'o> ProfileBuilder<'o> {
         profile.string_table = strings.table;
         profile
     }
+}
 
-    /// Every code address's symbol and lines, reading each object's tables once.
-    fn resolve(&self) -> Resolved {
+/// Returns the C allocator's freed memory to the system. Symbolizing and rendering a
+/// profile allocate a few megabytes for a moment, on a blocking-pool thread whose glibc
+/// arena would otherwise keep them resident for the life of the process. With another
+/// global allocator (jemalloc) this trims only what the C code of the process freed.
+pub(crate) fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions; it only releases free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// What symbolization found, for the addresses it was asked about.
+#[derive(Default)]
+pub(crate) struct Resolved {
+    /// Each code address's functions, innermost first.
+    frames: HashMap<u64, Vec<Named>>,
+    /// The objects DWARF gave lines for, by where they are loaded.
+    with_lines: HashSet<u64>,
+    /// Every address looked up, named or not.
+    tried: HashSet<u64>,
+}
+
+impl Resolved {
+    /// Symbolizes `addresses` now: a CPU profile's window does this with the addresses it
+    /// has gathered shortly before it ends, so that what is left after the window is
+    /// only what was first sampled since.
+    #[cfg_attr(not(sampler), allow(dead_code))]
+    pub(crate) fn of(objects: &Objects, addresses: Vec<u64>) -> Resolved {
+        let mut resolved = Resolved::default();
+        resolved.add(objects, addresses);
+        resolved
+    }
+
+    fn has_lines(&self, object: &crate::objects::LoadedObject) -> bool {
+        self.with_lines.contains(&object.range.start)
+    }
+
+    /// Looks `addresses` up, reading each object's tables once.
+    fn add(&mut self, objects: &Objects, addresses: Vec<u64>) {
         let mut by_object: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-        for sample in &self.samples {
-            for frame in &sample.frames {
-                if let Frame::Code(address) = frame
-                    && let Some((index, object)) = self.objects.find(*address)
-                {
-                    by_object
-                        .entry(index)
-                        .or_default()
-                        .push(address - object.bias);
-                }
+        for address in addresses {
+            if !self.tried.insert(address) {
+                continue;
+            }
+            if let Some((index, object)) = objects.find(address) {
+                by_object
+                    .entry(index)
+                    .or_default()
+                    .push(address - object.bias);
             }
         }
-        let mut resolved = Resolved::default();
         for (index, mut addresses) in by_object {
             addresses.sort_unstable();
             addresses.dedup();
-            let object = self.objects.get(index).expect("a known object");
+            let object = objects.get(index).expect("a known object");
             let symbols = symbols::resolve(object, &addresses);
             #[cfg(target_os = "linux")]
             let lines = lines::resolve(object, &addresses);
             #[cfg(not(target_os = "linux"))]
             let lines = vec![Vec::new(); addresses.len()];
             if lines.iter().any(|levels| !levels.is_empty()) {
-                resolved.with_lines.insert(index);
+                self.with_lines.insert(object.range.start);
             }
             for ((address, symbol), levels) in addresses.iter().zip(symbols).zip(lines) {
                 if let Some(named) = names(symbol, levels) {
-                    resolved.frames.insert(address + object.bias, named);
+                    self.frames.insert(address + object.bias, named);
                 }
             }
         }
-        resolved
     }
-}
-
-/// What symbolization found.
-#[derive(Default)]
-struct Resolved {
-    /// Each code address's functions, innermost first.
-    frames: HashMap<u64, Vec<Named>>,
-    /// The objects DWARF gave lines for.
-    with_lines: HashSet<usize>,
 }
 
 /// An address's functions, innermost first: DWARF's inline chain with files and lines

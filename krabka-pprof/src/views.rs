@@ -134,13 +134,6 @@ pub(crate) enum Granularity {
     Lines,
 }
 
-/// Function names of each sample's stack, leaf first, inlined frames expanded.
-pub(crate) fn sample_stacks(
-    profile: &Profile,
-) -> impl Iterator<Item = (Vec<Cow<'_, str>>, &[i64])> + '_ {
-    sample_stacks_by(profile, Granularity::Functions)
-}
-
 /// Each sample's stack, leaf first, inlined frames expanded, one frame per function or
 /// per line.
 pub(crate) fn sample_stacks_by(
@@ -327,7 +320,7 @@ pub(crate) fn flamegraph(profile: &Profile, title: &str, subtitle: &str) -> Resu
         other => other.to_owned(),
     };
     let mut folded: HashMap<String, i64> = HashMap::new();
-    for (stack, values) in sample_stacks(profile) {
+    for (stack, values) in sample_stacks_by(profile, Granularity::Functions) {
         let value = values.get(column).copied().unwrap_or(0);
         if value <= 0 {
             continue;

@@ -22,6 +22,12 @@ use super::{
 };
 use sampler::{DRAIN_EVERY, Sampler, StartError};
 
+use crate::objects::Objects;
+
+/// Windows at least this long symbolize what they have gathered before they end (see
+/// [`profile`]); shorter ones hold too little to gain from it.
+const EARLY_SYMBOLS_FROM: Duration = Duration::from_secs(2);
+
 /// This process's sessions (a child made by `fork` starts with none; see [`PerProcess`]).
 struct Sessions {
     /// The session windows join, if one runs. Never held across an await: a window that
@@ -429,6 +435,13 @@ where
     let end = tokio::time::Instant::now() + request.duration;
     let mut tick = tokio::time::interval_at(end - request.duration + DRAIN_EVERY, DRAIN_EVERY);
     let mut draining: Option<tokio::task::JoinHandle<()>> = None;
+    // A fifth of the way before the window ends, what it has gathered so far is
+    // symbolized (names, and lines from DWARF), while it runs: after the window only the
+    // addresses first sampled since are left to look up.
+    let mut early = (symbolize == crate::profile::Symbolize::Full
+        && request.duration >= EARLY_SYMBOLS_FROM)
+        .then(|| end - request.duration / 5);
+    let mut symbolizing: Option<tokio::task::JoinHandle<crate::profile::Resolved>> = None;
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(end) => break,
@@ -440,9 +453,23 @@ where
                     let session = session.clone();
                     draining = Some(tokio::task::spawn_blocking(move || session.sampler.drain()));
                 }
+                if early.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                    early = None;
+                    let session = session.clone();
+                    symbolizing = Some(tokio::task::spawn_blocking(move || {
+                        let addresses = session.sampler.window_addresses(id);
+                        crate::profile::Resolved::of(&Objects::current(), addresses)
+                    }));
+                }
             }
         }
     }
+    // A window that ended early may find its symbols still being looked up: they are
+    // waited for (they are the bulk of what would be looked up anyway).
+    let before = match symbolizing {
+        Some(task) => task.await.unwrap_or_default(),
+        None => crate::profile::Resolved::default(),
+    };
     // Closed on the blocking pool from here on, whatever happens to the request.
     let shared = window.shared.take().expect("set above");
     let (rendered, report) = blocking(move || {
@@ -454,8 +481,10 @@ where
         // The last reference stops the sampler, then frees the lease.
         drop(shared);
         let report = collected.report.clone();
-        let (profile, capped) = report_profile(collected, shared_with, symbolize);
-        Ok((render(profile), (report, capped, shared_with)))
+        let (profile, capped) = report_profile(collected, shared_with, symbolize, before);
+        let rendered = render(profile);
+        crate::profile::give_back_freed_memory();
+        Ok((rendered, (report, capped, shared_with)))
     })
     .await?;
     log_report(&report.0, report.1, report.2);
@@ -503,7 +532,7 @@ fn log_report(report: &sampler::Report, capped: bool, shared_with: usize) {
 pub(crate) fn stack_frames(
     addresses: &[u64],
     flags: u8,
-    objects: &crate::objects::Objects,
+    objects: &Objects,
 ) -> Vec<crate::profile::Frame> {
     use crate::profile::Frame;
     use sampler::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
@@ -546,11 +575,14 @@ fn report_profile(
     collected: sampler::Collected,
     shared_with: usize,
     symbolize: crate::profile::Symbolize,
+    before: crate::profile::Resolved,
 ) -> (Profile, bool) {
     use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
 
     let period = 1_000_000_000 / i64::from(collected.frequency);
-    let mut builder = ProfileBuilder::new(&collected.objects).symbolize(symbolize);
+    let mut builder = ProfileBuilder::new(&collected.objects)
+        .symbolize(symbolize)
+        .resolved_before(before);
     let mut thread_names: HashMap<u32, String> = HashMap::new();
     let mut name_of = |tid: u32| {
         thread_names
@@ -679,7 +711,12 @@ mod tests {
 
     /// The profile of a window that had the sampler to itself.
     fn report_profile(collected: Collected) -> (crate::proto::Profile, bool) {
-        super::report_profile(collected, 1, crate::profile::Symbolize::Full)
+        super::report_profile(
+            collected,
+            1,
+            crate::profile::Symbolize::Full,
+            crate::profile::Resolved::default(),
+        )
     }
 
     /// A session's collection: one stack in this test's own code, and what was lost.

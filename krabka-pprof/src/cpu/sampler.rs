@@ -708,6 +708,35 @@ impl Sampler {
         (!self.session.is_null()).then(|| unsafe { &*self.session })
     }
 
+    /// The code addresses window `id` has gathered so far (drained ones; sorted, unique),
+    /// as its profile will name them: each stack's leaf as sampled, its return addresses
+    /// minus one. Lets the request symbolize most of its profile before the window ends.
+    pub(crate) fn window_addresses(&self, id: u64) -> Vec<u64> {
+        let Some(session) = self.session() else {
+            return Vec::new();
+        };
+        let drained = session
+            .drained
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some((_, stacks)) = drained.windows.iter().find(|(open, _)| *open == id) else {
+            return Vec::new();
+        };
+        let mut addresses: Vec<u64> = stacks
+            .keys()
+            .flat_map(|key| {
+                key.frames
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &address)| if i == 0 { address } else { address - 1 })
+            })
+            .collect();
+        drop(drained);
+        addresses.sort_unstable();
+        addresses.dedup();
+        addresses
+    }
+
     /// Opens window `id`: every sample recorded from now on counts for it, until it
     /// closes. The records before are drained first (for the windows already open).
     pub(crate) fn open_window(&self, id: u64) -> WindowStart {
