@@ -65,7 +65,8 @@ pub(crate) fn resolve_with_roots(
     let Some(file) = object.file.as_deref() else {
         return found;
     };
-    let Some(mapped) = DebugFile::find(file, Path::new(&object.name), roots) else {
+    let loaded = object.build_id.as_deref();
+    let Some(mapped) = DebugFile::find(file, Path::new(&object.name), loaded, roots) else {
         return found;
     };
     // A malformed unit ends the work where it is: what was found stays.
@@ -99,21 +100,33 @@ impl DebugFile {
     /// `.gnu_debuglink` next to the binary, in its `.debug/`, or under a root by the
     /// binary's own path). `named` is the binary's path as the process names it: the
     /// debug link is relative to it (`file` may be `/proc/self/exe`).
-    fn find(file: &Path, named: &Path, roots: &[&Path]) -> Option<DebugFile> {
+    ///
+    /// `loaded` is the build ID of the code in memory: a library replaced on disk since it
+    /// was loaded (a package upgrade) is another build, whose lines would be wrong, so
+    /// then only a debug file of the loaded build is looked for.
+    fn find(
+        file: &Path,
+        named: &Path,
+        loaded: Option<&[u8]>,
+        roots: &[&Path],
+    ) -> Option<DebugFile> {
         let own = DebugFile::map(file)?;
         let elf = object::File::parse(&*own.map).ok()?;
-        if has_dwarf(&elf) {
+        let on_disk = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let replaced = matches!((loaded, &on_disk), (Some(loaded), Some(on_disk)) if loaded != on_disk.as_slice());
+        if !replaced && has_dwarf(&elf) {
             drop(elf);
             return Some(own);
         }
-        let build_id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let build_id = loaded.map(<[u8]>::to_vec).or(on_disk);
         let link = elf
             .gnu_debuglink()
             .ok()
             .flatten()
             .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned())
-            // A link is a file name, never a path elsewhere.
-            .filter(|name| !name.is_empty() && !name.contains('/'));
+            // A link is a file name, never a path elsewhere; a replaced file's link names
+            // the new build's debug file.
+            .filter(|name| !replaced && !name.is_empty() && !name.contains('/'));
         drop(elf);
         drop(own);
         let by_build_id = build_id
@@ -1123,6 +1136,26 @@ pub(crate) mod tests {
             name: file.to_string_lossy().into_owned(),
             ..object.clone()
         }
+    }
+
+    #[test]
+    fn a_file_replaced_on_disk_by_another_build_gives_no_lines() {
+        let (objects, index, addresses) = probe();
+        let object = objects.get(index).unwrap();
+        assert!(!inside(&resolve(object, &addresses)).is_empty());
+        // As if the code in memory were another build than the file now on disk (a
+        // package upgraded under a running process).
+        let mut loaded = object.clone();
+        let mut id = loaded.build_id.clone().expect("rustc links with a build ID");
+        id[0] ^= 0xff;
+        loaded.build_id = Some(id);
+        let scratch = Scratch::new("replaced");
+        assert!(
+            resolve_with_roots(&loaded, &addresses, &[&scratch.0])
+                .iter()
+                .all(Vec::is_empty),
+            "lines of another build were used"
+        );
     }
 
     #[test]
