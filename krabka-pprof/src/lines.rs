@@ -1146,7 +1146,10 @@ pub(crate) mod tests {
         // As if the code in memory were another build than the file now on disk (a
         // package upgraded under a running process).
         let mut loaded = object.clone();
-        let mut id = loaded.build_id.clone().expect("rustc links with a build ID");
+        let mut id = loaded
+            .build_id
+            .clone()
+            .expect("rustc links with a build ID");
         id[0] ^= 0xff;
         loaded.build_id = Some(id);
         let scratch = Scratch::new("replaced");

@@ -20,7 +20,9 @@ fn app() -> Router {
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// 256 blocks of 256 KiB: jemalloc samples each with probability 1 - e^(-1/2), so about
-/// 100 samples carry the estimate, a standard error near 8%.
+/// 100 samples carry the estimate, a standard error near 8%. It starts two lines below
+/// [`KEEP_64_MIB_LINE`] and ends five lines below it.
+const KEEP_64_MIB_LINE: i64 = line!() as i64;
 #[inline(never)]
 fn keep_64_mib() -> Vec<Vec<u8>> {
     (0..256)
@@ -98,6 +100,31 @@ async fn heap_shows_the_function_keeping_64_mib_as_its_first_frame() {
 
     let top = go_pprof_top(&body);
     assert!(top.contains("keep_64_mib"), "go tool pprof -top:\n{top}");
+
+    // The allocation site has its file and line (this test binary has line tables).
+    let sites: Vec<(String, i64, i64)> = profile
+        .location
+        .iter()
+        .flat_map(|location| &location.line)
+        .filter_map(|line| {
+            let function = profile.function.iter().find(|f| f.id == line.function_id)?;
+            string(&profile, function.name)
+                .ends_with("keep_64_mib")
+                .then(|| {
+                    let file = string(&profile, function.filename).to_owned();
+                    (file, function.start_line, line.line)
+                })
+        })
+        .collect();
+    assert!(!sites.is_empty(), "no line of keep_64_mib");
+    for (file, start_line, line) in &sites {
+        assert!(file.ends_with("tests/tests/heap/dumps.rs"), "{sites:?}");
+        assert_eq!(*start_line, KEEP_64_MIB_LINE + 2, "{sites:?}");
+        assert!(
+            (KEEP_64_MIB_LINE + 2..=KEEP_64_MIB_LINE + 6).contains(line),
+            "{sites:?}"
+        );
+    }
     drop(black_box(kept));
 }
 
