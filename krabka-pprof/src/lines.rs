@@ -86,9 +86,10 @@ impl DebugFile {
     fn map(path: &Path) -> Option<DebugFile> {
         let file = File::open(path).ok()?;
         // SAFETY: the map is private and read-only, and lives only for one request. A file
-        // truncated meanwhile would fault on access, as for every reader of mapped binaries
-        // (the dynamic loader maps them the same way); binaries are replaced by rename, not
-        // rewritten in place, by package managers and deploy tools.
+        // truncated meanwhile would fault on access (SIGBUS), as for every reader of mapped
+        // binaries (the dynamic loader maps them the same way): package managers and deploy
+        // tools replace files by rename, which leaves this map on the old file; the README
+        // says not to rewrite debug files in place.
         let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
         // Only parts are read: no readahead beyond them when the file is not cached.
         let _ = map.advise(memmap2::Advice::Random);
@@ -249,6 +250,9 @@ impl Scattered<'_> {
     fn string(&self, offset: usize) -> Option<String> {
         let (start, size) = self.debug_str?;
         let offset = offset as u64;
+        if offset >= size {
+            return None;
+        }
         let mut found = Vec::new();
         let mut chunk = [0u8; 256];
         while offset + (found.len() as u64) < size && found.len() < 1 << 16 {
@@ -273,8 +277,10 @@ impl Scattered<'_> {
         let mut starts = Vec::new();
         let mut offset = 0u64;
         let mut length = [0u8; 12];
-        while offset + 4 <= size {
-            if read_at(self.file, &mut length, start + offset)? < 12 {
+        // Every unit is at least its 4-byte length long, so a malformed length can only
+        // end the walk, never make it loop.
+        while offset.checked_add(4)? <= size {
+            if read_at(self.file, &mut length, start.checked_add(offset)?)? < 12 {
                 return None;
             }
             let short = u32::from_le_bytes(length[..4].try_into().expect("4 bytes"));
@@ -287,7 +293,7 @@ impl Scattered<'_> {
                 length => (4, u64::from(length)),
             };
             starts.push(DebugInfoOffset(usize::try_from(offset).ok()?));
-            offset = offset.checked_add(header + length)?;
+            offset = offset.checked_add(header)?.checked_add(length)?;
         }
         Some(starts)
     }

@@ -726,4 +726,49 @@ mod tests {
         );
         assert_eq!(profile.function.len(), 1, "only the marker is a function");
     }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn addresses_symbolized_early_give_the_profile_they_would_have_given_late() {
+        let objects = Objects::current();
+        let here = a_function_named_by_its_symbol as *const () as u64;
+        let getpid = libc::getpid as *const () as u64;
+        let stacks = [
+            vec![Frame::Code(here + 4), Frame::Code(getpid)],
+            vec![Frame::Code(here + 8), Frame::Marker("[truncated]".into())],
+        ];
+        let build = |before: Option<super::Resolved>| {
+            let mut builder = ProfileBuilder::new(&objects);
+            if let Some(before) = before {
+                builder = builder.resolved_before(before);
+            }
+            for stack in &stacks {
+                builder.add(stack.clone(), vec![1], Vec::new());
+            }
+            builder.finish(&meta(), &|_| false)
+        };
+        let late = build(None);
+        // Some addresses looked up before the profile is built (as a window does a fifth
+        // of the way before its end), the others when it is.
+        let early = build(Some(super::Resolved::of(&objects, vec![here + 4, getpid])));
+        assert_eq!(lines_of(&early), lines_of(&late));
+        let own = lines_of(&late)[0].last().cloned().unwrap();
+        assert!(own.1.ends_with("krabka-pprof/src/profile.rs"), "{own:?}");
+        let flags = |profile: &crate::proto::Profile| -> Vec<(u64, bool, bool, bool)> {
+            profile
+                .mapping
+                .iter()
+                .map(|m| {
+                    (
+                        m.memory_start,
+                        m.has_functions,
+                        m.has_line_numbers,
+                        m.has_inline_frames,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(flags(&early), flags(&late));
+        assert_eq!(late.location.len(), early.location.len());
+    }
 }

@@ -441,7 +441,8 @@ where
     let mut early = (symbolize == crate::profile::Symbolize::Full
         && request.duration >= EARLY_SYMBOLS_FROM)
         .then(|| end - request.duration / 5);
-    let mut symbolizing: Option<tokio::task::JoinHandle<crate::profile::Resolved>> = None;
+    // Its answer, read on the blocking pool once the window is closed.
+    let mut symbolized: Option<std::sync::mpsc::Receiver<crate::profile::Resolved>> = None;
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(end) => break,
@@ -456,20 +457,22 @@ where
                 if early.is_some_and(|at| tokio::time::Instant::now() >= at) {
                     early = None;
                     let session = session.clone();
-                    symbolizing = Some(tokio::task::spawn_blocking(move || {
+                    let (answer, answered) = std::sync::mpsc::sync_channel(1);
+                    symbolized = Some(answered);
+                    // Detached: a request dropped meanwhile just leaves the answer unread.
+                    drop(tokio::task::spawn_blocking(move || {
                         let addresses = session.sampler.window_addresses(id);
-                        crate::profile::Resolved::of(&Objects::current(), addresses)
+                        // The objects the profile will be built with, not today's.
+                        let objects = session.sampler.objects().clone();
+                        // The session is not kept for the lookup: a window whose client
+                        // hung up must be able to stop the sampler meanwhile.
+                        drop(session);
+                        let _ = answer.send(crate::profile::Resolved::of(&objects, addresses));
                     }));
                 }
             }
         }
     }
-    // A window that ended early may find its symbols still being looked up: they are
-    // waited for (they are the bulk of what would be looked up anyway).
-    let before = match symbolizing {
-        Some(task) => task.await.unwrap_or_default(),
-        None => crate::profile::Resolved::default(),
-    };
     // Closed on the blocking pool from here on, whatever happens to the request.
     let shared = window.shared.take().expect("set above");
     let (rendered, report) = blocking(move || {
@@ -480,6 +483,12 @@ where
         }
         // The last reference stops the sampler, then frees the lease.
         drop(shared);
+        // A window that ended early (or a slow lookup) may find its early symbols still
+        // being looked up, now that the window is closed: they are waited for, being the
+        // bulk of what would be looked up anyway. A lookup that failed left nothing.
+        let before = symbolized
+            .and_then(|answered| answered.recv().ok())
+            .unwrap_or_default();
         let report = collected.report.clone();
         let (profile, capped) = report_profile(collected, shared_with, symbolize, before);
         let rendered = render(profile);

@@ -737,6 +737,11 @@ impl Sampler {
         addresses
     }
 
+    /// The objects this session's profiles are built with (loaded when it started).
+    pub(crate) fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
     /// Opens window `id`: every sample recorded from now on counts for it, until it
     /// closes. The records before are drained first (for the windows already open).
     pub(crate) fn open_window(&self, id: u64) -> WindowStart {
