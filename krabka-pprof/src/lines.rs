@@ -25,7 +25,7 @@ use gimli::{AttributeValue, DebugInfoOffset, EndianSlice, LittleEndian, UnitOffs
 use object::{CompressionFormat, Object as _, ObjectSection as _};
 
 use crate::objects::LoadedObject;
-use crate::profile::Level;
+use crate::profile::{Level, hex};
 
 type Reader<'a> = EndianSlice<'a, LittleEndian>;
 type Dwarf<'a> = gimli::Dwarf<Reader<'a>>;
@@ -940,14 +940,6 @@ fn levels(chain: &[Scope], row: Option<Row>) -> Vec<Level> {
         at = scope.call.clone().unwrap_or_default();
     }
     levels
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 #[cfg(test)]

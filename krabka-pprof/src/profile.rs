@@ -516,7 +516,8 @@ fn nanos(duration: Duration) -> i64 {
     i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Bytes as lowercase hex, as build IDs are written in mappings and debug file paths.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::new(), |mut s, b| {
         let _ = write!(s, "{b:02x}");
