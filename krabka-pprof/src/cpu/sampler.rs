@@ -295,6 +295,17 @@ impl Drop for FreshPages {
 // SAFETY: plain memory owned by this value.
 unsafe impl Send for FreshPages {}
 
+/// How many handlers can unwind at once, each in a scratch slot of its own: one per CPU
+/// and two more, 4 to 16. The two more are for handlers that hold a slot while they are
+/// not running: preempted on a loaded machine, or waiting in a stack read for the kernel's
+/// memory-map lock while another thread maps or unmaps. With one slot per CPU alone, a
+/// third handler on 2 CPUs found none and recorded its PC alone ("sampler busy"), which a
+/// profile of a loaded 2-core machine showed.
+pub(crate) fn scratch_slots() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cpus + 2).clamp(4, 16)
+}
+
 struct Slot {
     busy: AtomicBool,
     scratch: UnsafeCell<Scratch>,
@@ -640,7 +651,6 @@ impl Sampler {
         let (unwinding, libraries) = Unwinding::new(&objects, blocklist, reader.memory);
 
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let slots = cpus.clamp(2, 16);
         // A buffer holds a quarter second of the worst case (every CPU sampled at the
         // full rate with full-depth stacks), 2.5 drain periods: enough that a drain a
         // little late loses nothing, small enough to stay well under a megabyte at 99 Hz.
@@ -651,7 +661,7 @@ impl Sampler {
         let session = Box::new(Session {
             id,
             unwinding,
-            slots: (0..slots).map(|_| Slot::new()).collect(),
+            slots: (0..scratch_slots()).map(|_| Slot::new()).collect(),
             buffers: [Buffer::new(words), Buffer::new(words)],
             active: AtomicUsize::new(0),
             lost: AtomicU64::new(0),

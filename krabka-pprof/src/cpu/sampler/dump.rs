@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use super::{
     FLAG_NO_SCRATCH, MAX_DEPTH, Memory, RUNNING_HANDLERS, Slot, StartError, TimerSignalInfo,
     Unwinding, Unwound, current_tid, handler_is_ours_or_default, install_handler,
-    register_fork_handler, registers,
+    register_fork_handler, registers, scratch_slots,
 };
 use crate::cpu::PerProcess;
 use crate::cpu::timers::blocks_sigprof;
@@ -51,10 +51,6 @@ pub(crate) const MAX_DUMP_THREADS: usize = 1 << 16;
 const RESEND_EVERY: Duration = Duration::from_millis(10);
 /// How far apart two looks at a pending thread's signal mask are.
 const BLOCKED_LOOK: Duration = Duration::from_millis(1);
-/// Scratch slots: handlers running at once each need one (a few more than CPUs, as a
-/// preempted handler keeps its own).
-const MIN_SCRATCH: usize = 4;
-const MAX_SCRATCH: usize = 16;
 
 const PENDING: u8 = 0;
 const WRITING: u8 = 1;
@@ -160,14 +156,11 @@ pub(crate) fn take(
     }
     let objects = Objects::current();
     let (unwinding, libraries) = Unwinding::new(&objects, blocklist, Memory::choose().memory);
-    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     let tids = &tids[..tids.len().min(MAX_DUMP_THREADS)];
     let dump = Box::new(Dump {
         id: NEXT_DUMP.fetch_add(1, Ordering::Relaxed) & 0xffff,
         unwinding,
-        scratch: (0..(cpus + 2).clamp(MIN_SCRATCH, MAX_SCRATCH))
-            .map(|_| Slot::new())
-            .collect(),
+        scratch: (0..scratch_slots()).map(|_| Slot::new()).collect(),
         replies: tids
             .iter()
             .map(|&tid| Reply {
