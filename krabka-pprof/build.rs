@@ -14,6 +14,15 @@ fn main() {
         pprof_rs: {
             any(all(unix, not(sampler)), all(sampler, feature = "__pprof-rs-sampler"))
         },
+        // `/proc/self` facts: threads, their states, CPU clocks, signal masks, seccomp modes
+        // (process.rs).
+        procfs: { target_os = "linux" },
+        // Symbolization from ELF symbol tables and DWARF of the loaded objects
+        // (symbolize/): the objects are listed from the dynamic loader, as on Linux.
+        elf: { target_os = "linux" },
+        // `krabka_pprof::Jemalloc`, the allocator users install (feature `heap-profiling`;
+        // tikv-jemallocator does not build for MSVC).
+        jemalloc: { all(feature = "heap-profiling", not(target_env = "msvc")) },
         // jemalloc heap dumps: Linux with glibc (musl's jemalloc would walk stacks by frame
         // pointers and crash), with the `heap-profiling` feature.
         heap_dumps: {

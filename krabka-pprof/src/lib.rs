@@ -22,51 +22,41 @@
 //!
 #![doc = include_str!("../docs/http.md")]
 
-// The platform conditions (`sampler`, `pprof_rs`, `heap_dumps`) are named once, in
-// build.rs.
+// The platform conditions (`sampler`, `pprof_rs`, `procfs`, `elf`, `jemalloc`,
+// `heap_dumps`, `task_dumps`) are named once, in build.rs. The rooms and the one way their
+// imports point are in ARCHITECTURE.md.
 
 mod config;
 mod cpu;
 #[cfg(test)]
 mod docs;
 mod heap;
-#[cfg(target_os = "linux")]
-mod lines;
-// Loaded objects and their symbols exist for the Linux sampler and heap dumps; profiles
-// are built everywhere a profile route works. Each is partly unused elsewhere.
+// Loaded objects, their symbols and the profiles built from them exist for the Linux
+// sampler and heap dumps; profiles are built everywhere a profile route works. Each is
+// partly unused elsewhere.
 #[cfg_attr(not(sampler), allow(dead_code))]
 mod objects;
+mod offload;
+mod process;
 #[cfg_attr(not(sampler), allow(dead_code))]
 mod profile;
-mod proto;
 mod routes;
-mod stacks;
+#[cfg(sampler)]
+mod sampler;
 #[cfg_attr(not(sampler), allow(dead_code))]
-mod symbols;
+mod symbolize;
+mod tasks;
+mod threads;
 mod views;
 
 pub use config::{
     ConfigError, DurationField, Guard, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION,
     MIN_FREQUENCY, MIN_WINDOWS, ProfilingConfig,
 };
-#[cfg(all(feature = "heap-profiling", not(target_env = "msvc")))]
+#[cfg(jemalloc)]
 pub use heap::Jemalloc;
 pub use krabka_pprof_macros::pprof_routes;
 pub use routes::{pprof_router, pprof_router_with_config};
-
-/// Runs `f` on tokio's blocking pool. A panic inside becomes `failed(reason)`, an error
-/// the route turns into a 500, never a crash of the service.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) async fn on_blocking_pool<T, E, F>(f: F, failed: fn(String) -> E) -> Result<T, E>
-where
-    F: FnOnce() -> Result<T, E> + Send + 'static,
-    T: Send + 'static,
-    E: Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|join| Err(failed(format!("the profiler's task failed: {join}"))))
-}
 
 /// What `#[pprof_routes]` expansions call. Not a stable API: it changes with the attribute,
 /// and only the exact matching version of `krabka-pprof-macros` may use it.

@@ -303,6 +303,15 @@ fn read_encoded(bytes: &[u8], format: u8) -> Option<(i64, usize)> {
     })
 }
 
+/// Bytes as lowercase hex, as build IDs are written in mappings and debug file paths.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

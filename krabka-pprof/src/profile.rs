@@ -1,38 +1,19 @@
-//! Builds a pprof `Profile` from stacks of code addresses: symbolizes every address once
-//! per object (names from the symbol tables, lines and inlined calls from DWARF where the
-//! object has it), and emits mappings (with build IDs, so Parca and `go tool pprof` can
-//! match binaries), locations, functions and samples the way Go's runtime does. Shared by
-//! the CPU and heap profiles and the thread dump.
+//! Builds a pprof `Profile` (the prost message in `profile/proto.rs`) from stacks of code
+//! addresses: has every address symbolized once (`crate::symbolize`), and emits mappings
+//! (with build IDs, so Parca and `go tool pprof` can match binaries), locations,
+//! functions and samples the way Go's runtime does. Shared by the CPU and heap profiles
+//! and the thread dump.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+pub(crate) mod proto;
 
-#[cfg(target_os = "linux")]
-use crate::lines;
-use crate::objects::Objects;
-use crate::symbols::{self, Symbol};
+pub(crate) use proto::Profile;
+use proto::{Function, Label, Line, Location, Mapping, Sample, ValueType};
 
-/// How much of each code address a profile names (`?symbolize=`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Symbolize {
-    /// Function names, and files, lines and inlined calls where DWARF has them.
-    #[default]
-    Full,
-    /// Addresses and mappings only, for tools that symbolize centrally (Parca, or
-    /// `go tool pprof` with the binary at hand).
-    None,
-}
-
-impl Symbolize {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Symbolize::Full => "full",
-            Symbolize::None => "none",
-        }
-    }
-}
+use crate::objects::{Objects, hex};
+use crate::symbolize::{FunctionLine, Resolved, Symbolize};
 
 /// One frame of a stack, leaf first.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -58,37 +39,7 @@ pub(crate) enum Frame {
             reason = "built where cpu/pprof_rs.rs is, not on every Linux build"
         )
     )]
-    Symbolized(Vec<Named>),
-}
-
-/// One function of a frame: one line of its location.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Named {
-    /// Demangled, as people read it.
-    pub(crate) name: String,
-    /// As in the symbol table.
-    pub(crate) system_name: String,
-    /// Empty when unknown.
-    pub(crate) filename: String,
-    /// 0 when unknown.
-    pub(crate) line: i64,
-    /// The function's first line in `filename`; 0 when unknown.
-    pub(crate) start_line: i64,
-}
-
-/// One function of an address's inline chain, as DWARF gives it, with the file and line
-/// the address stands for in it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Level {
-    /// The function's name as DWARF states it: its linkage (mangled) name where it has
-    /// one, else its plain name; empty when DWARF does not name it.
-    pub(crate) raw: String,
-    /// Absolute where the compilation recorded its directory; empty when unknown.
-    pub(crate) filename: String,
-    /// 0 when unknown (or for code the compiler made up, which DWARF gives line 0).
-    pub(crate) line: i64,
-    /// The line the function is declared on, when it is declared in `filename`; else 0.
-    pub(crate) start_line: i64,
+    Symbolized(Vec<FunctionLine>),
 }
 
 /// A label value.
@@ -200,7 +151,7 @@ impl<'o> ProfileBuilder<'o> {
                     .iter()
                     .flat_map(|sample| &sample.frames)
                     .filter_map(|frame| match frame {
-                        Frame::Code(address) if !resolved.tried.contains(address) => Some(*address),
+                        Frame::Code(address) if !resolved.has_tried(*address) => Some(*address),
                         _ => None,
                     })
                     .collect();
@@ -236,26 +187,27 @@ impl<'o> ProfileBuilder<'o> {
         // an inlined copy whose lines DWARF puts in another file, is a function of its own
         // there, as `go tool pprof -list` shows it.
         let mut function_ids: HashMap<(String, String, String, i64), u64> = HashMap::new();
-        let mut function_id = |profile: &mut Profile, strings: &mut Strings, named: Named| {
-            *function_ids
-                .entry((
-                    named.name,
-                    named.system_name,
-                    named.filename,
-                    named.start_line,
-                ))
-                .or_insert_with_key(|(name, raw, filename, start_line)| {
-                    let id = profile.function.len() as u64 + 1;
-                    profile.function.push(Function {
-                        id,
-                        name: strings.get(name),
-                        system_name: strings.get(raw),
-                        filename: strings.get(filename),
-                        start_line: *start_line,
-                    });
-                    id
-                })
-        };
+        let mut function_id =
+            |profile: &mut Profile, strings: &mut Strings, named: FunctionLine| {
+                *function_ids
+                    .entry((
+                        named.name,
+                        named.system_name,
+                        named.filename,
+                        named.start_line,
+                    ))
+                    .or_insert_with_key(|(name, raw, filename, start_line)| {
+                        let id = profile.function.len() as u64 + 1;
+                        profile.function.push(Function {
+                            id,
+                            name: strings.get(name),
+                            system_name: strings.get(raw),
+                            filename: strings.get(filename),
+                            start_line: *start_line,
+                        });
+                        id
+                    })
+            };
         // Per distinct frame, once: its location, and whether it is hidden at the leaf.
         let mut known: HashMap<Frame, (u64, bool)> = HashMap::new();
 
@@ -367,130 +319,14 @@ pub(crate) fn give_back_freed_memory() {
     }
 }
 
-/// What symbolization found, for the addresses it was asked about.
-#[derive(Default)]
-pub(crate) struct Resolved {
-    /// Each code address's functions, innermost first.
-    frames: HashMap<u64, Vec<Named>>,
-    /// The objects DWARF gave lines for, by where they are loaded.
-    with_lines: HashSet<u64>,
-    /// Every address looked up, named or not.
-    tried: HashSet<u64>,
-}
-
-impl Resolved {
-    /// Symbolizes `addresses` now: a CPU profile's window does this with the addresses it
-    /// has gathered shortly before it ends, so that what is left after the window is
-    /// only what was first sampled since.
-    #[cfg_attr(not(sampler), allow(dead_code))]
-    pub(crate) fn of(objects: &Objects, addresses: Vec<u64>) -> Resolved {
-        let mut resolved = Resolved::default();
-        resolved.add(objects, addresses);
-        resolved
-    }
-
-    fn has_lines(&self, object: &crate::objects::LoadedObject) -> bool {
-        self.with_lines.contains(&object.range.start)
-    }
-
-    /// Looks `addresses` up, reading each object's tables once.
-    fn add(&mut self, objects: &Objects, addresses: Vec<u64>) {
-        let mut by_object: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-        for address in addresses {
-            if !self.tried.insert(address) {
-                continue;
-            }
-            if let Some((index, object)) = objects.find(address) {
-                by_object
-                    .entry(index)
-                    .or_default()
-                    .push(address - object.bias);
-            }
-        }
-        for (index, mut addresses) in by_object {
-            addresses.sort_unstable();
-            addresses.dedup();
-            let object = objects.get(index).expect("a known object");
-            let symbols = symbols::resolve(object, &addresses);
-            #[cfg(target_os = "linux")]
-            let lines = lines::resolve(object, &addresses);
-            #[cfg(not(target_os = "linux"))]
-            let lines = vec![Vec::new(); addresses.len()];
-            if lines.iter().any(|levels| !levels.is_empty()) {
-                self.with_lines.insert(object.range.start);
-            }
-            for ((address, symbol), levels) in addresses.iter().zip(symbols).zip(lines) {
-                if let Some(named) = names(symbol, levels) {
-                    self.frames.insert(address + object.bias, named);
-                }
-            }
-        }
-    }
-}
-
-/// An address's functions, innermost first: DWARF's inline chain with files and lines
-/// where the object has it, the outermost named as the symbol table names it (the names
-/// profiles of binaries without DWARF have); else the symbol alone.
-fn names(symbol: Option<Symbol>, levels: Vec<Level>) -> Option<Vec<Named>> {
-    if levels.is_empty() {
-        let symbol = symbol?;
-        return Some(vec![Named {
-            name: symbol.name,
-            system_name: symbol.raw,
-            filename: String::new(),
-            line: 0,
-            start_line: 0,
-        }]);
-    }
-    let outermost = levels.len() - 1;
-    let named: Vec<Named> = levels
-        .into_iter()
-        .enumerate()
-        .map(|(i, level)| {
-            let (name, system_name) = match (&symbol, level.raw.is_empty()) {
-                (Some(symbol), _) if i == outermost => (symbol.name.clone(), symbol.raw.clone()),
-                (_, false) => (symbols::demangle(&level.raw), level.raw),
-                // DWARF names no function here and the symbol table has none.
-                (_, true) => (String::new(), String::new()),
-            };
-            Named {
-                name,
-                system_name,
-                filename: level.filename,
-                line: level.line,
-                start_line: level.start_line,
-            }
-        })
-        .collect();
-    // A frame is worth DWARF's lines only if it names its function.
-    if named[outermost].name.is_empty() {
-        return symbol.map(|symbol| {
-            vec![Named {
-                name: symbol.name,
-                system_name: symbol.raw,
-                filename: String::new(),
-                line: 0,
-                start_line: 0,
-            }]
-        });
-    }
-    Some(named)
-}
-
 /// A frame's functions (innermost first) and the index of the object it lies in.
 fn describe(
     objects: &Objects,
     frame: &Frame,
     resolved: &Resolved,
     symbolize: Symbolize,
-) -> (Vec<Named>, Option<usize>) {
-    let named = |name: &str| Named {
-        name: name.to_owned(),
-        system_name: name.to_owned(),
-        filename: String::new(),
-        line: 0,
-        start_line: 0,
-    };
+) -> (Vec<FunctionLine>, Option<usize>) {
+    let named = |name: &str| FunctionLine::named(name.to_owned(), name.to_owned());
     match frame {
         Frame::Marker(text) => (vec![named(text)], None),
         Frame::Symbolized(functions) => (functions.clone(), None),
@@ -499,8 +335,8 @@ fn describe(
             if symbolize == Symbolize::None {
                 return (Vec::new(), object.map(|(i, _)| i));
             }
-            match (resolved.frames.get(address), object) {
-                (Some(functions), object) => (functions.clone(), object.map(|(i, _)| i)),
+            match (resolved.functions(*address), object) {
+                (Some(functions), object) => (functions.to_vec(), object.map(|(i, _)| i)),
                 (None, Some((index, object))) => (
                     vec![named(&format!("[{}]", object.short_name()))],
                     Some(index),
@@ -516,22 +352,14 @@ fn nanos(duration: Duration) -> i64 {
     i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
 }
 
-/// Bytes as lowercase hex, as build IDs are written in mappings and debug file paths.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Frame, LabelValue, Meta, Named, ProfileBuilder};
+    use super::{Frame, LabelValue, Meta, ProfileBuilder};
     use crate::objects::Objects;
+    use crate::symbolize::FunctionLine;
 
-    fn named(name: &str, filename: &str, line: i64) -> Named {
-        Named {
+    fn named(name: &str, filename: &str, line: i64) -> FunctionLine {
+        FunctionLine {
             name: name.to_owned(),
             system_name: format!("_ZN{name}E"),
             filename: filename.to_owned(),
@@ -626,8 +454,8 @@ mod tests {
     }
 
     /// A profile of one stack: this function's code, as `objects` names it.
-    #[cfg(target_os = "linux")]
-    fn profile_here(objects: &Objects, symbolize: super::Symbolize) -> crate::proto::Profile {
+    #[cfg(elf)]
+    fn profile_here(objects: &Objects, symbolize: crate::symbolize::Symbolize) -> super::Profile {
         let here = a_function_named_by_its_symbol as *const () as u64;
         let mut builder = ProfileBuilder::new(objects).symbolize(symbolize);
         builder.add(vec![Frame::Code(here + 4)], vec![1], Vec::new());
@@ -640,7 +468,7 @@ mod tests {
     }
 
     /// Each line of each location: function name, file, line.
-    fn lines_of(profile: &crate::proto::Profile) -> Vec<Vec<(String, String, i64)>> {
+    fn lines_of(profile: &super::Profile) -> Vec<Vec<(String, String, i64)>> {
         let string = |i: i64| profile.string_table[i as usize].clone();
         profile
             .location
@@ -658,22 +486,22 @@ mod tests {
             .collect()
     }
 
-    #[cfg(target_os = "linux")]
+    #[cfg(elf)]
     #[test]
     fn without_dwarf_a_frame_has_the_symbol_tables_name_and_with_it_the_same_name_and_a_line() {
-        use crate::lines::tests::{Scratch, as_if_loaded_from, split};
+        use crate::symbolize::dwarf::tests::{Scratch, as_if_loaded_from, split};
 
         let objects = Objects::current();
         let here = a_function_named_by_its_symbol as *const () as u64;
         let (index, object) = objects.find(here).unwrap();
-        let symbol = crate::symbols::resolve(object, &[here + 4 - object.bias])[0]
+        let symbol = crate::symbolize::symbol_of(object, &[here + 4 - object.bias])[0]
             .clone()
             .expect("the symbol table names it");
 
         let scratch = Scratch::new("profile");
         let (stripped, _debug) = split(&scratch.0);
         let without = objects.with(index, as_if_loaded_from(object, &stripped));
-        let profile = profile_here(&without, super::Symbolize::Full);
+        let profile = profile_here(&without, crate::symbolize::Symbolize::Full);
         assert_eq!(
             lines_of(&profile),
             [[(symbol.name.clone(), String::new(), 0)]],
@@ -683,7 +511,7 @@ mod tests {
         assert!(mapping.has_functions);
         assert!(!mapping.has_line_numbers && !mapping.has_filenames && !mapping.has_inline_frames);
 
-        let profile = profile_here(&objects, super::Symbolize::Full);
+        let profile = profile_here(&objects, crate::symbolize::Symbolize::Full);
         let lines = lines_of(&profile);
         let (name, file, line) = lines[0].last().unwrap().clone();
         assert_eq!(name, symbol.name, "DWARF changes no name");
@@ -699,13 +527,14 @@ mod tests {
         assert!(mapping.has_line_numbers && mapping.has_filenames && mapping.has_inline_frames);
     }
 
-    #[cfg(target_os = "linux")]
+    #[cfg(elf)]
     #[test]
     fn symbolize_none_keeps_addresses_and_mappings_and_names_nothing() {
         let objects = Objects::current();
         let here = a_function_named_by_its_symbol as *const () as u64;
         let (_, object) = objects.find(here).unwrap();
-        let mut builder = ProfileBuilder::new(&objects).symbolize(super::Symbolize::None);
+        let mut builder =
+            ProfileBuilder::new(&objects).symbolize(crate::symbolize::Symbolize::None);
         builder.add(
             vec![Frame::Code(here + 4), Frame::Marker("[truncated]".into())],
             vec![1],
@@ -728,7 +557,7 @@ mod tests {
         assert_eq!(profile.function.len(), 1, "only the marker is a function");
     }
 
-    #[cfg(target_os = "linux")]
+    #[cfg(elf)]
     #[test]
     fn addresses_symbolized_early_give_the_profile_they_would_have_given_late() {
         let objects = Objects::current();
@@ -738,7 +567,7 @@ mod tests {
             vec![Frame::Code(here + 4), Frame::Code(getpid)],
             vec![Frame::Code(here + 8), Frame::Marker("[truncated]".into())],
         ];
-        let build = |before: Option<super::Resolved>| {
+        let build = |before: Option<crate::symbolize::Resolved>| {
             let mut builder = ProfileBuilder::new(&objects);
             if let Some(before) = before {
                 builder = builder.resolved_before(before);
@@ -751,11 +580,14 @@ mod tests {
         let late = build(None);
         // Some addresses looked up before the profile is built (as a window does a fifth
         // of the way before its end), the others when it is.
-        let early = build(Some(super::Resolved::of(&objects, vec![here + 4, getpid])));
+        let early = build(Some(crate::symbolize::Resolved::of(
+            &objects,
+            vec![here + 4, getpid],
+        )));
         assert_eq!(lines_of(&early), lines_of(&late));
         let own = lines_of(&late)[0].last().cloned().unwrap();
         assert!(own.1.ends_with("krabka-pprof/src/profile.rs"), "{own:?}");
-        let flags = |profile: &crate::proto::Profile| -> Vec<(u64, bool, bool, bool)> {
+        let flags = |profile: &super::Profile| -> Vec<(u64, bool, bool, bool)> {
             profile
                 .mapping
                 .iter()

@@ -1,12 +1,15 @@
-//! The HTTP contract: the builders, the route table, and the handlers that run each
-//! request in one `tracing` span, access first, and hand each profile to `crate::views`.
-//! Its rooms: [`access`] (token and guard), [`query`] (parameters, defaults, clamping),
-//! [`response`] (what is sent back).
+//! The HTTP contract, and the only room that knows HTTP: the builders, the route table,
+//! and the handlers that run each request in one `tracing` span, access first, hand it to
+//! its profile kind (`crate::cpu`, `heap`, `threads`, `tasks`) and its answer to
+//! `crate::views`. Its rooms: [`access`] (token and guard), [`query`] (parameters,
+//! defaults, clamping), [`response`] (what is sent back), [`answers`] (each kind's
+//! failures as Go-shaped answers), [`index`] (the HTML index page).
 
 mod access;
+mod answers;
+mod index;
 mod query;
 mod response;
-mod tasks;
 
 use std::sync::Arc;
 
@@ -20,11 +23,11 @@ use tracing::{Instrument as _, field};
 
 use self::access::Access;
 use self::query::{CpuQuery, HeapQuery, ThreadsAnswer, ThreadsQuery};
-use self::response::{bad_request, busy, failed, redirect, unavailable};
+use self::response::{bad_request, redirect};
 use crate::config::{ConfigError, ProfilingConfig};
 use crate::cpu::{self, CpuError, CpuRequest};
 use crate::heap::{self, HeapError, HeapRequest};
-use crate::stacks::{self, DumpError, DumpRequest};
+use crate::threads::{self, DumpRequest};
 use crate::views::{self, View, ViewBody};
 
 /// The profiling routes with the default [`ProfilingConfig`], to merge into an app or
@@ -161,8 +164,11 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
             Route::Heap | Route::Allocs => heap_profile(&shared.config, &parts).await,
             Route::Threads => thread_dump(&shared.config, &parts, "threads").await,
             Route::Goroutine => thread_dump(&shared.config, &parts, "goroutine").await,
-            Route::Tasks => tasks::respond(&parts).await,
-            Route::Cmdline => response::cmdline(stacks::cmdline()),
+            Route::Tasks => match crate::tasks::dump().await {
+                Ok(text) => response::dump_text(text),
+                Err(error) => answers::task_dump(error),
+            },
+            Route::Cmdline => response::cmdline(crate::process::cmdline()),
         }
     }
     .instrument(span)
@@ -198,64 +204,7 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     });
     match rendered.await {
         Ok(view) => response::view(view, "profile"),
-        Err(
-            CpuError::Busy { retry_after }
-            | CpuError::Full {
-                max_windows: 1,
-                retry_after,
-            },
-        ) => {
-            span.record("outcome", "busy");
-            tracing::debug!("refused: a CPU profile is already running");
-            busy(
-                retry_after,
-                "a CPU profile is already running and ends in about {}s; retry after that, \
-                 or add force=true to stop it early",
-            )
-        }
-        Err(CpuError::ForcedRunning { retry_after }) => {
-            span.record("outcome", "busy");
-            tracing::debug!("refused: a forced CPU profile is running");
-            busy(
-                retry_after,
-                "a CPU profile started with force=true is running and ends in about {}s; \
-                 force=true does not stop another forced profile, retry after that",
-            )
-        }
-        Err(CpuError::OtherFrequency {
-            running,
-            retry_after,
-        }) => {
-            span.record("outcome", "busy");
-            tracing::debug!("refused: a CPU profile runs at {running} Hz");
-            busy(
-                retry_after,
-                &format!(
-                    "a CPU profile is running at {running} Hz and ends in about {{}}s; a \
-                     request at {running} Hz joins it at once, another frequency must wait \
-                     for it, or add force=true to stop it early",
-                ),
-            )
-        }
-        Err(CpuError::Full {
-            max_windows,
-            retry_after,
-        }) => {
-            span.record("outcome", "busy");
-            tracing::debug!("refused: {max_windows} CPU profiles are running");
-            busy(
-                retry_after,
-                &format!(
-                    "{max_windows} CPU profiles are running, the most this app allows at once \
-                     (max_windows); the first ends in about {{}}s, retry after that, or add \
-                     force=true to stop them early",
-                ),
-            )
-        }
-        Err(CpuError::Unavailable(reason)) => unavailable(reason),
-        Err(CpuError::Failed(reason)) => failed(&format!(
-            "CPU profiling failed: {reason}; the profiler is free again, retry the request"
-        )),
+        Err(error) => answers::cpu(error),
     }
 }
 
@@ -292,32 +241,7 @@ async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     );
     match rendered.await {
         Ok(view) => response::view(view, "heap"),
-        Err(HeapError::Busy { retry_after }) => {
-            span.record("outcome", "busy");
-            tracing::debug!("refused: a timed heap window is already running");
-            busy(
-                retry_after,
-                "a timed heap sampling window is already running and ends in about {}s; \
-                 retry after that",
-            )
-        }
-        Err(HeapError::Unsupported(reason)) => unavailable(reason),
-        Err(HeapError::NotJemalloc) => unavailable(
-            "heap profiling needs jemalloc as the global allocator: add \
-             `#[global_allocator] static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;` \
-             to the binary and restart it",
-        ),
-        Err(HeapError::NoProfilingSupport) => unavailable(
-            "this binary's jemalloc was built without profiling: enable krabka-pprof's \
-             `heap-profiling` feature, which builds it with profiling, and rebuild",
-        ),
-        Err(HeapError::ProfilingOff) => unavailable(
-            "jemalloc heap sampling is off in this process (MALLOC_CONF or _RJEM_MALLOC_CONF \
-             sets prof:false): remove that setting and restart the process",
-        ),
-        Err(HeapError::Failed(reason)) => failed(&format!(
-            "heap profiling failed: {reason}; retry the request"
-        )),
+        Err(error) => answers::heap(error),
     }
 }
 
@@ -344,7 +268,7 @@ async fn thread_dump(config: &ProfilingConfig, parts: &Parts, filename: &'static
         symbolize: query.naming.symbolize,
     };
     let lines = query.naming.lines;
-    let rendered = stacks::dump(request, move |dump| {
+    let rendered = threads::dump(request, move |dump| {
         let samples = dump.threads.len() as i64;
         let text = |body: String| View {
             body: ViewBody::Text(body),
@@ -355,16 +279,13 @@ async fn thread_dump(config: &ProfilingConfig, parts: &Parts, filename: &'static
                 let subtitle = format!("{samples} threads, {} answered", dump.answered);
                 views::render(&dump.profile, format, lines, "Threads", &subtitle)
             }
-            ThreadsAnswer::Grouped => Ok(text(stacks::grouped_text(&dump))),
-            ThreadsAnswer::Every => Ok(text(stacks::every_thread_text(&dump))),
+            ThreadsAnswer::Grouped => Ok(text(threads::grouped_text(&dump))),
+            ThreadsAnswer::Every => Ok(text(threads::every_thread_text(&dump))),
         }
     });
     match rendered.await {
         Ok(view) => response::view(view, filename),
-        Err(DumpError::Unavailable(reason)) => unavailable(reason),
-        Err(DumpError::Failed(reason)) => failed(&format!(
-            "the thread dump failed: {reason}; retry the request"
-        )),
+        Err(error) => answers::thread_dump(error),
     }
 }
 
@@ -375,5 +296,5 @@ fn index(config: &ProfilingConfig, parts: &Parts) -> Response {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("HOST");
-    response::index(views::index_html(config, host, cpu::status()))
+    response::index(index::index_html(config, host, cpu::status()))
 }

@@ -13,9 +13,12 @@
 
 use pprof::{ProfilerGuard, ProfilerGuardBuilder, Report};
 
-use super::{CpuError, CpuLease, CpuRequest, Hold, Profile, blocking};
+use super::lease::{CpuLease, blocking, drop_off_the_async_worker};
+use super::request::{CpuError, CpuRequest};
 use crate::objects::Objects;
-use crate::profile::{Frame, LabelValue, Meta, Named, ProfileBuilder};
+use crate::profile::Profile;
+use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
+use crate::symbolize::FunctionLine;
 
 #[cfg(sampler)]
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +48,7 @@ where
 {
     let lease = CpuLease::acquire(request.duration, request.force).await?;
     // Refused once the profiler is known free, as every refusal of a valid request.
-    if request.symbolize == crate::profile::Symbolize::None {
+    if request.symbolize == crate::symbolize::Symbolize::None {
         return Err(CpuError::Unavailable(
             "`symbolize=none` needs code addresses, and the pprof crate's sampler (the one \
              this platform uses) keeps names instead: leave `symbolize` out",
@@ -139,7 +142,7 @@ fn report_profile(report: &Report, frequency: u32) -> Profile {
                 Frame::Symbolized(
                     symbols
                         .iter()
-                        .map(|symbol| Named {
+                        .map(|symbol| FunctionLine {
                             name: symbol.name(),
                             system_name: symbol.sys_name().into_owned(),
                             filename: symbol
@@ -183,4 +186,25 @@ fn report_profile(report: &Report, frequency: u32) -> Profile {
         },
         &|_| false,
     )
+}
+
+/// What a request holds while the `pprof` crate's sampler (`S`) runs. If the request is dropped (the client hung up), the sampler is stopped and freed
+/// on the blocking pool (stopping deletes timers or restores the signal disposition,
+/// waits for handlers, frees buffers: no work for an async worker), and only then is the
+/// lease freed, so the next request never finds the sampler still stopping. A request
+/// that finishes takes both out first.
+struct Hold<S: Send + 'static> {
+    sampler: Option<S>,
+    lease: Option<CpuLease>,
+}
+
+impl<S: Send + 'static> Drop for Hold<S> {
+    fn drop(&mut self) {
+        let (sampler, lease) = (self.sampler.take(), self.lease.take());
+        if sampler.is_none() && lease.is_none() {
+            return;
+        }
+        // A tuple drops its fields in order: the sampler stops before the lease frees.
+        drop_off_the_async_worker((sampler, lease));
+    }
 }

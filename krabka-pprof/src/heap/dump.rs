@@ -113,8 +113,8 @@ pub(super) fn is_allocator_frame(name: &str) -> bool {
         "<tikv_jemallocator::",
         "std::alloc::",
         "<std::alloc::",
-        "krabka_pprof::heap::allocator::",
-        "<krabka_pprof::heap::allocator::",
+        "krabka_pprof::heap::jemalloc::",
+        "<krabka_pprof::heap::jemalloc::",
     ];
     const NAMES: &[&str] = &[
         "malloc",
@@ -299,7 +299,7 @@ MAPPED_LIBRARIES:
             "alloc::raw_vec::RawVecInner<A>::try_allocate_in",
             "<alloc::alloc::Global as core::alloc::Allocator>::allocate",
             "<tikv_jemallocator::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
-            "<krabka_pprof::heap::allocator::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
+            "<krabka_pprof::heap::jemalloc::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
             "__rustc::__rust_alloc",
             "<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
             "core::option::Option<T>::map_or_else",

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::config::{MAX_FREQUENCY, MIN_FREQUENCY, ProfilingConfig};
-use crate::profile::Symbolize;
+use crate::symbolize::Symbolize;
 use crate::views::Format;
 
 /// A `/profile` request after defaults and clamping.

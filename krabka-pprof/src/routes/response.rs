@@ -56,7 +56,6 @@ pub(super) fn view(view: View, filename: &'static str) -> Response {
 }
 
 /// 200 with a dump as plain text (tokio's tasks), as Go sends `goroutine?debug=1`.
-#[cfg(task_dumps)]
 pub(super) fn dump_text(text: String) -> Response {
     let span = tracing::Span::current();
     span.record("bytes", text.len());

@@ -10,6 +10,10 @@
 //!   not even to probe.
 //!
 //! If neither works, samples keep their leaf alone under a marker, and the choice says why.
+//!
+//! [`StackReader`] is what the unwinder reads through (step 9 of the contract in
+//! `sampler.rs`): plain loads where the thread table proved the stack readable, else
+//! the system-call copy.
 
 use std::os::fd::{AsRawFd as _, OwnedFd};
 
@@ -33,7 +37,7 @@ pub(crate) struct Choice {
 impl Memory {
     /// Picks the reader for this process as it is now.
     pub(crate) fn choose() -> Choice {
-        let seccomp = seccomp_mode();
+        let seccomp = crate::process::seccomp_mode();
         let vm_readv_refused = if seccomp == 0 {
             let memory = Memory::VmReadv {
                 // SAFETY: getpid has no preconditions.
@@ -159,27 +163,59 @@ fn open_proc_mem() -> std::io::Result<OwnedFd> {
     Ok(file.into())
 }
 
-/// `Seccomp:` from `/proc/self/status`: 0 none, 1 strict, 2 filter. Unknown counts as
-/// filtered, the careful side.
-pub(crate) fn seccomp_mode() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("Seccomp:"))
-                .and_then(|mode| mode.trim().parse().ok())
-        })
-        .unwrap_or(2)
+/// Reads the interrupted thread's stack: directly below `direct_high` (memory proven
+/// readable, see [`Threads`]), else through a lazily grown copy made by system calls.
+pub(crate) struct StackReader<'a> {
+    pub(crate) memory: &'a Memory,
+    pub(crate) sp: u64,
+    /// Zero, or the end of the range above `sp` that may be read with plain loads.
+    pub(crate) direct_high: u64,
+    pub(crate) copy: &'a mut [u8],
+    pub(crate) copied: usize,
+}
+
+impl StackReader<'_> {
+    pub(crate) fn read(&mut self, address: u64) -> Result<u64, ()> {
+        if address >= self.sp
+            && address
+                .checked_add(8)
+                .is_some_and(|end| end <= self.direct_high)
+        {
+            // SAFETY: `[sp, direct_high)` is this thread's live stack, proven readable
+            // (see `threads`): mapped while the thread runs, so the load cannot fault.
+            return Ok(unsafe { (address as *const u64).read_unaligned() });
+        }
+        let offset = usize::try_from(address.checked_sub(self.sp).ok_or(())?).map_err(|_| ())?;
+        let end = offset.checked_add(8).ok_or(())?;
+        if end > self.copy.len() {
+            return Err(());
+        }
+        // A frame can be larger than one step (a big array on the stack): copy step by
+        // step until the address is covered or the stack ends.
+        while self.copied < end {
+            let from = self.sp + self.copied as u64;
+            // Up to the end of the page `end` is on, at most MAX_PAGES pages per call.
+            let page_end = (self.sp + end as u64).div_ceil(PAGE) * PAGE;
+            let step_end = page_end.min((from / PAGE + MAX_PAGES as u64) * PAGE);
+            let limit = (step_end - self.sp).min(self.copy.len() as u64) as usize;
+            let got = self.memory.read(from, &mut self.copy[self.copied..limit]);
+            if got == 0 {
+                return Err(());
+            }
+            self.copied += got;
+        }
+        let bytes: [u8; 8] = self.copy[offset..end].try_into().map_err(|_| ())?;
+        Ok(u64::from_ne_bytes(bytes))
+    }
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
 
     /// A readable page, then an unmapped one (`/proc/self/mem` reads through protections,
     /// as debuggers need, so only a hole stops it), if the hole is still free.
-    pub(in crate::cpu) fn page_before_a_hole() -> u64 {
+    fn page_before_a_hole() -> u64 {
         // SAFETY: an anonymous mapping of two pages; the second is unmapped again.
         unsafe {
             let p = libc::mmap(
@@ -198,7 +234,7 @@ pub(super) mod tests {
     }
 
     /// Whether nothing was mapped into the hole meanwhile (by another test's thread).
-    pub(in crate::cpu) fn hole_still_free(base: u64) -> bool {
+    fn hole_still_free(base: u64) -> bool {
         let hole = (base + PAGE) as *mut libc::c_void;
         // SAFETY: MAP_FIXED_NOREPLACE maps the hole only if it is free, and we unmap it.
         unsafe {
@@ -256,9 +292,74 @@ pub(super) mod tests {
 
     #[test]
     fn without_seccomp_process_vm_readv_is_chosen() {
-        if seccomp_mode() == 0 {
+        if crate::process::seccomp_mode() == 0 {
             let choice = Memory::choose();
             assert_eq!(choice.memory.name(), "process_vm_readv", "{}", choice.why);
         }
+    }
+
+    fn this_process() -> Memory {
+        Memory::VmReadv {
+            // SAFETY: getpid has no preconditions.
+            pid: unsafe { libc::getpid() },
+        }
+    }
+
+    #[test]
+    fn stack_reader_stops_at_unreadable_memory() {
+        // A page we can read, then a hole: reads stop at the boundary.
+        let memory = this_process();
+        for _attempt in 0..5 {
+            let base = page_before_a_hole();
+            let mut copy = vec![0u8; super::super::scratch::MAX_STACK_COPY];
+            let mut reader = StackReader {
+                memory: &memory,
+                sp: base,
+                direct_high: 0,
+                copy: &mut copy,
+                copied: 0,
+            };
+            let reads = [
+                reader.read(base),
+                reader.read(base + PAGE - 8),
+                reader.read(base + PAGE),
+                reader.read(base - 8),
+                reader.read(base + super::super::scratch::MAX_STACK_COPY as u64),
+            ];
+            let valid = hole_still_free(base);
+            // SAFETY: unmapping the page mapped above.
+            unsafe { libc::munmap(base as *mut libc::c_void, PAGE as usize) };
+            if valid {
+                assert_eq!(reads[0], Ok(0x1122_3344_5566_7788));
+                assert_eq!(reads[1], Ok(0));
+                assert_eq!(reads[2], Err(()), "the hole is not read");
+                assert_eq!(reads[3], Err(()), "below the stack pointer");
+                assert_eq!(reads[4], Err(()), "beyond the copy");
+                return;
+            }
+        }
+        panic!("the hole was taken five times in a row");
+    }
+
+    #[test]
+    fn stack_reader_reaches_past_a_frame_larger_than_a_step() {
+        let mut stack = vec![7u64; 40 * 1024 / 8];
+        stack[36 * 1024 / 8] = 9;
+        let memory = this_process();
+        let mut copy = vec![0u8; super::super::scratch::MAX_STACK_COPY];
+        let mut reader = StackReader {
+            memory: &memory,
+            sp: stack.as_ptr() as u64,
+            direct_high: 0,
+            copy: &mut copy,
+            copied: 0,
+        };
+        let far = stack.as_ptr() as u64 + 36 * 1024;
+        assert_eq!(
+            reader.read(far),
+            Ok(9),
+            "36 KiB above sp, several steps away"
+        );
+        assert_eq!(reader.read(far - 8), Ok(7));
     }
 }

@@ -24,7 +24,8 @@ use std::collections::HashMap;
 use std::io;
 use std::time::Duration;
 
-use super::threads::Threads;
+use super::thread_table::Threads;
+use crate::process::{clock_time, list_threads, thread_cpu_clock};
 
 /// What a timer's signal value says, besides the session it belongs to.
 pub(crate) const KIND_THREAD: u64 = 1;
@@ -94,14 +95,10 @@ impl Timers {
     /// Gives a timer to every thread that started since the last call, and forgets the
     /// threads that exited (deleting their timers).
     pub(crate) fn refresh(&mut self, threads: &Threads) {
-        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        let alive = list_threads();
+        if alive.is_empty() {
             return;
-        };
-        let mut alive: Vec<u32> = tasks
-            .flatten()
-            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-            .collect();
-        alive.sort_unstable();
+        }
         let exited: Vec<u32> = threads
             .known()
             .filter(|tid| alive.binary_search(tid).is_err())
@@ -230,28 +227,21 @@ impl Drop for Timers {
     }
 }
 
-/// The kernel's clock id for thread `tid`'s CPU time (what glibc's `pthread_getcpuclockid`
-/// computes): `~tid << 3 | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED`.
-fn thread_cpu_clock(tid: u32) -> libc::clockid_t {
-    ((!(tid as libc::clockid_t)) << 3) | 4 | 2
+/// The layout of a `siginfo_t` for `SIGPROF` on 64-bit Linux as this crate's senders fill
+/// it: a POSIX timer's (`SI_TIMER`: timer id, overrun, value) and a dump's
+/// `rt_tgsigqueueinfo` (`SI_QUEUE`: its value at the same offset).
+#[repr(C)]
+pub(crate) struct SignalInfo {
+    pub(crate) signo: libc::c_int,
+    pub(crate) errno: libc::c_int,
+    pub(crate) code: libc::c_int,
+    pub(crate) _pad: libc::c_int,
+    pub(crate) timer: libc::c_int,
+    pub(crate) overrun: libc::c_int,
+    pub(crate) value: u64,
 }
 
-/// Thread `tid`'s CPU time so far (to the nanosecond; `/proc`'s `stat` counts ticks).
-pub(crate) fn thread_cpu_time(tid: u32) -> io::Result<Duration> {
-    clock_time(thread_cpu_clock(tid))
-}
-
-fn clock_time(clock: libc::clockid_t) -> io::Result<Duration> {
-    let mut time = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    if unsafe { libc::clock_gettime(clock, &mut time) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(Duration::new(time.tv_sec as u64, time.tv_nsec as u32))
-}
+const _: () = assert!(size_of::<SignalInfo>() <= size_of::<libc::siginfo_t>());
 
 /// The raw `timer_create` system call (glibc's wrapper hides the kernel's timer id behind
 /// its own `timer_t`; the kernel id is what `si_timerid` reports and `timer_settime` takes).
@@ -305,18 +295,6 @@ fn seed() -> u64 {
     (u64::from(nanos) << 1 | 1) ^ u64::from(std::process::id()) << 32
 }
 
-/// Whether thread `tid` currently blocks `SIGPROF` (`SigBlk` in its status).
-pub(crate) fn blocks_sigprof(tid: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("SigBlk:"))
-        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (libc::SIGPROF - 1)) != 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,42 +310,5 @@ mod tests {
         assert_eq!(signal_kind(value, 8), None, "another session's timer");
         assert_eq!(signal_kind(0, 7), None, "kill(2) carries no value");
         assert_eq!(signal_kind(value & 0xffff_ffff, 7), None, "no tag");
-    }
-
-    #[test]
-    fn this_threads_clock_id_is_the_kernels() {
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-        let mut clock: libc::clockid_t = 0;
-        // SAFETY: pthread_self is this thread; the clock id is written to `clock`.
-        let found = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
-        assert_eq!(found, 0);
-        assert_eq!(thread_cpu_clock(tid), clock);
-    }
-
-    #[test]
-    fn a_thread_that_blocks_sigprof_is_seen_to() {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            // SAFETY: blocking one signal in this thread's own mask.
-            unsafe {
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                libc::sigaddset(&mut set, libc::SIGPROF);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            }
-            // SAFETY: gettid has no preconditions.
-            tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as u32)
-                .unwrap();
-            let _ = done_rx.recv();
-        });
-        let tid = rx.recv().unwrap();
-        assert!(blocks_sigprof(tid));
-        // SAFETY: gettid has no preconditions.
-        let here = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-        assert!(!blocks_sigprof(here));
-        done_tx.send(()).unwrap();
-        thread.join().unwrap();
     }
 }

@@ -141,6 +141,17 @@ pub(crate) struct Function {
     pub(crate) start_line: i64,
 }
 
+impl Profile {
+    /// The string at `index` of the string table; empty when out of range, as pprof
+    /// tools read a bad index.
+    pub(crate) fn string(&self, index: i64) -> &str {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.string_table.get(i))
+            .map_or("", String::as_str)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,20 +9,18 @@
 //! `force=true`, closes every window early and starts its own session); past
 //! `max_windows` windows, 409 too.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::{
-    CpuError, CpuLease, CpuRequest, FORCE_WAIT, PerProcess, Profile, blocking,
-    drop_off_the_async_worker, released, sampler,
-};
-use sampler::{DRAIN_EVERY, Sampler, StartError};
-
-use crate::objects::Objects;
+use super::lease::{CpuLease, FORCE_WAIT, blocking, drop_off_the_async_worker, released};
+use super::report::{log_report, report_profile};
+use super::request::{CpuError, CpuRequest, Status};
+use crate::process::PerProcess;
+use crate::profile::Profile;
+use crate::sampler::{DRAIN_EVERY, Sampler, StartError};
 
 /// Windows at least this long symbolize what they have gathered before they end (see
 /// [`profile`]); shorter ones hold too little to gain from it.
@@ -232,7 +230,7 @@ impl Drop for WindowGuard {
 }
 
 /// The running session, if any: its frequency, its open windows, the latest end.
-pub(crate) fn status() -> Option<super::Status> {
+pub(crate) fn status() -> Option<Status> {
     let slot = shared_slot();
     let shared = slot.as_ref()?;
     let windows = shared
@@ -240,7 +238,7 @@ pub(crate) fn status() -> Option<super::Status> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     let last_end = windows.open.iter().map(|w| w.ends_at).max()?;
-    Some(super::Status {
+    Some(Status {
         frequency: Some(shared.sampler.frequency()),
         windows: windows.open.len(),
         ends_in: last_end.saturating_duration_since(Instant::now()),
@@ -303,23 +301,6 @@ fn start(frequency: u32, blocklist: &'static [&'static str]) -> Result<Sampler, 
              stop it, or remove it, to take CPU profiles here",
         ),
         StartError::System(call, error) => CpuError::Failed(format!("{call} failed: {error}")),
-    })
-}
-
-/// Asks each of `tids` for its stack (see `sampler/dump.rs`); blocks up to `deadline`.
-pub(crate) fn take_thread_dump(
-    tids: &[u32],
-    blocklist: &[&str],
-    deadline: Duration,
-) -> Result<sampler::Taken, crate::stacks::DumpError> {
-    use crate::stacks::DumpError;
-    sampler::take_dump(tids, blocklist, deadline).map_err(|err| match err {
-        StartError::ForeignHandler => DumpError::Unavailable(
-            "another SIGPROF handler is installed in this process (another profiler?), and \
-             thread dumps ask each thread with SIGPROF; stop it, or remove it, to take them",
-        ),
-        StartError::Running => DumpError::Failed("another dump holds the handler".to_owned()),
-        StartError::System(call, error) => DumpError::Failed(format!("{call} failed: {error}")),
     })
 }
 
@@ -438,11 +419,11 @@ where
     // A fifth of the way before the window ends, what it has gathered so far is
     // symbolized (names, and lines from DWARF), while it runs: after the window only the
     // addresses first sampled since are left to look up.
-    let mut early = (symbolize == crate::profile::Symbolize::Full
+    let mut early = (symbolize == crate::symbolize::Symbolize::Full
         && request.duration >= EARLY_SYMBOLS_FROM)
         .then(|| end - request.duration / 5);
     // Its answer, read on the blocking pool once the window is closed.
-    let mut symbolized: Option<std::sync::mpsc::Receiver<crate::profile::Resolved>> = None;
+    let mut symbolized: Option<std::sync::mpsc::Receiver<crate::symbolize::Resolved>> = None;
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(end) => break,
@@ -467,7 +448,7 @@ where
                         // The session is not kept for the lookup: a window whose client
                         // hung up must be able to stop the sampler meanwhile.
                         drop(session);
-                        let _ = answer.send(crate::profile::Resolved::of(&objects, addresses));
+                        let _ = answer.send(crate::symbolize::Resolved::of(&objects, addresses));
                     }));
                 }
             }
@@ -498,347 +479,4 @@ where
     .await?;
     log_report(&report.0, report.1, report.2);
     rendered
-}
-
-/// Puts what the sampler noticed into the request's span, and says what a reader of
-/// the profile must know (a reader other than the usual one, a capped rate, a handler
-/// replaced) at `warn` or `info`.
-fn log_report(report: &sampler::Report, capped: bool, shared_with: usize) {
-    let span = tracing::Span::current();
-    span.record("windows", shared_with);
-    span.record("stack_reader", report.reader);
-    span.record("threads_timed", report.threads_timed);
-    span.record("foreign_signals", report.foreign_signals);
-    span.record("handler_p50_ns", report.handler_nanos.0);
-    span.record("handler_p99_ns", report.handler_nanos.1);
-    span.record("rate_capped", capped);
-    span.record("handler_replaced", report.handler_replaced);
-    if report.reader == "process_vm_readv" {
-        tracing::debug!(why = %report.reader_why, "stack reader: {}", report.reader);
-    } else {
-        tracing::info!(why = %report.reader_why, "stack reader: {}", report.reader);
-    }
-    if capped {
-        tracing::info!(
-            "the sampling rate was capped by the kernel tick: each sample carries the CPU \
-             time of the periods it stands for"
-        );
-    }
-    if report.handler_replaced {
-        tracing::warn!(
-            "another SIGPROF handler replaced this profiler's during the window; \
-             counting stopped there, the profile covers only the time before"
-        );
-    }
-    if let Some(shortfall) = &report.timer_shortfall {
-        tracing::warn!("{shortfall}");
-    }
-}
-
-/// A stack the sampler recorded (leaf first) as profile frames: return addresses minus
-/// one, so that each lands inside its call, then a marker for each of `flags` (`FLAG_*`)
-/// saying why the stack is shorter than the thread's.
-pub(crate) fn stack_frames(
-    addresses: &[u64],
-    flags: u8,
-    objects: &Objects,
-) -> Vec<crate::profile::Frame> {
-    use crate::profile::Frame;
-    use sampler::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
-
-    let mut frames: Vec<Frame> = addresses
-        .iter()
-        .enumerate()
-        // Return addresses point after the call; minus one lands inside it.
-        .map(|(i, &address)| Frame::Code(if i == 0 { address } else { address - 1 }))
-        .collect();
-    if flags & FLAG_BLOCKLISTED != 0 {
-        let library = addresses
-            .first()
-            .and_then(|pc| objects.find(*pc))
-            .map_or("a blocklisted library", |(_, o)| o.short_name());
-        frames.push(Frame::Marker(format!(
-            "[{library}: blocklisted, not unwound]"
-        )));
-    }
-    if flags & FLAG_NO_SCRATCH != 0 {
-        frames.push(Frame::Marker(
-            "[not unwound: sampler busy on other threads]".into(),
-        ));
-    }
-    if flags & FLAG_NO_STACK_READ != 0 {
-        frames.push(Frame::Marker(
-            "[not unwound: the stack cannot be read here]".into(),
-        ));
-    }
-    if flags & FLAG_TRUNCATED != 0 {
-        frames.push(Frame::Marker("[truncated]".into()));
-    }
-    frames
-}
-
-/// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
-/// sample per distinct (thread, stack); and whether the kernel capped the rate (the
-/// samples stand for more periods than there were signals).
-fn report_profile(
-    collected: sampler::Collected,
-    shared_with: usize,
-    symbolize: crate::profile::Symbolize,
-    before: crate::profile::Resolved,
-) -> (Profile, bool) {
-    use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
-
-    let period = 1_000_000_000 / i64::from(collected.frequency);
-    let mut builder = ProfileBuilder::new(&collected.objects)
-        .symbolize(symbolize)
-        .resolved_before(before);
-    let mut thread_names: HashMap<u32, String> = HashMap::new();
-    let mut name_of = |tid: u32| {
-        thread_names
-            .entry(tid)
-            .or_insert_with(|| thread_name(tid))
-            .clone()
-    };
-    let mut signals = collected.lost.samples;
-    let mut periods = collected.lost.periods;
-    let mut periods_by_thread: HashMap<u32, u64> = HashMap::new();
-    for (stack, tally) in &collected.stacks {
-        signals += tally.samples;
-        periods += tally.periods;
-        *periods_by_thread.entry(stack.tid).or_default() += tally.periods;
-        let frames = stack_frames(&stack.frames, stack.flags, &collected.objects);
-        builder.add(
-            frames,
-            vec![tally.samples as i64, tally.periods as i64 * period],
-            vec![
-                ("thread", LabelValue::Str(name_of(stack.tid))),
-                ("thread_id", LabelValue::Num(i64::from(stack.tid))),
-            ],
-        );
-    }
-    if collected.lost.samples > 0 {
-        builder.add(
-            vec![Frame::Marker("[lost: sample buffer full]".into())],
-            vec![
-                collected.lost.samples as i64,
-                collected.lost.periods as i64 * period,
-            ],
-            Vec::new(),
-        );
-    }
-    // A thread that blocks SIGPROF keeps its timer's signal pending: its CPU is never
-    // charged to another thread, and is shown here from its own clock so that the
-    // total still matches the process's CPU time.
-    for thread in &collected.threads {
-        let sampled = periods_by_thread.get(&thread.tid).copied().unwrap_or(0) as i64 * period;
-        let unsampled = thread.cpu.as_nanos() as i64 - sampled;
-        if unsampled > 2 * period && super::timers::blocks_sigprof(thread.tid) {
-            let name = name_of(thread.tid);
-            builder.add(
-                vec![Frame::Marker(format!(
-                    "[thread {name}: blocks SIGPROF, not sampled]"
-                ))],
-                vec![(unsampled + period / 2) / period, unsampled],
-                vec![
-                    ("thread", LabelValue::Str(name)),
-                    ("thread_id", LabelValue::Num(i64::from(thread.tid))),
-                ],
-            );
-        }
-    }
-    let capped = periods > signals + signals / 8;
-    let report = &collected.report;
-    let mut comments = vec![
-        format!(
-            "krabka-pprof: {} Hz per-thread CPU timers on {} threads; stacks read with {}",
-            collected.frequency, report.threads_timed, report.reader
-        ),
-        format!(
-            "process CPU time over the window: {} ms",
-            collected.cpu_time.as_millis()
-        ),
-    ];
-    if capped {
-        comments.push(format!(
-            "{signals} signals stood for {periods} periods: the kernel tick capped the \
-             rate, and each sample carries the CPU time it stands for"
-        ));
-    }
-    if shared_with > 1 {
-        comments.push(format!(
-            "{shared_with} windows shared the sampler while this one was open; this profile \
-             holds the samples of its own window only"
-        ));
-    }
-    if report.handler_replaced {
-        comments
-            .push("another SIGPROF handler replaced this profiler's during the window".to_owned());
-    }
-    comments.push(format!(
-        "signal handler: median {} ns, p99 {} ns per sample, {:.1} frames on average",
-        report.handler_nanos.0, report.handler_nanos.1, report.mean_depth
-    ));
-    comments.push(format!(
-        "{} stacks unwound: {} to their outermost frame, {} read without a system call",
-        report.unwound, report.complete, report.direct
-    ));
-    if report.foreign_signals > 0 {
-        comments.push(format!(
-            "{} foreign SIGPROF signals ignored (kill, raise, or another timer)",
-            report.foreign_signals
-        ));
-    }
-    let profile = builder.finish(
-        &Meta {
-            sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
-            period_type: ("cpu", "nanoseconds"),
-            period,
-            time: collected.started,
-            duration: collected.duration,
-            default_sample_type: None,
-            comments,
-        },
-        &|_| false,
-    );
-    (profile, capped)
-}
-
-/// A thread's name while it lives; its id once it has exited.
-pub(crate) fn thread_name(tid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
-        .map(|name| name.trim_end().to_owned())
-        .unwrap_or_else(|_| format!("thread {tid}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-    use std::time::{Duration, SystemTime};
-
-    use crate::cpu::sampler::{Collected, Report, StackKey, Tally};
-    use crate::objects::Objects;
-
-    /// The profile of a window that had the sampler to itself.
-    fn report_profile(collected: Collected) -> (crate::proto::Profile, bool) {
-        super::report_profile(
-            collected,
-            1,
-            crate::profile::Symbolize::Full,
-            crate::profile::Resolved::default(),
-        )
-    }
-
-    /// A session's collection: one stack in this test's own code, and what was lost.
-    fn collected(stack: Tally, lost: Tally) -> Collected {
-        let here = collected as fn(Tally, Tally) -> Collected as usize as u64;
-        let mut stacks = HashMap::new();
-        stacks.insert(
-            StackKey {
-                tid: std::process::id(),
-                flags: 0,
-                frames: vec![here].into_boxed_slice(),
-            },
-            stack,
-        );
-        Collected {
-            stacks,
-            lost,
-            started: SystemTime::now(),
-            duration: Duration::from_secs(1),
-            cpu_time: Duration::from_millis(500),
-            frequency: 100,
-            objects: Objects::current(),
-            threads: Vec::new(),
-            report: Report::default(),
-        }
-    }
-
-    /// The values of the sample whose only frame is named `name`.
-    fn marker_values(profile: &crate::proto::Profile, name: &str) -> Option<Vec<i64>> {
-        let function = profile
-            .function
-            .iter()
-            .find(|f| profile.string_table[f.name as usize] == name)?;
-        let location = profile
-            .location
-            .iter()
-            .find(|l| l.line.iter().any(|line| line.function_id == function.id))?;
-        profile
-            .sample
-            .iter()
-            .find(|s| s.location_id == [location.id])
-            .map(|s| s.value.clone())
-    }
-
-    #[test]
-    fn lost_samples_are_a_marker_with_their_periods() {
-        let (profile, capped) = report_profile(collected(
-            Tally {
-                samples: 20,
-                periods: 20,
-            },
-            Tally {
-                samples: 3,
-                periods: 5,
-            },
-        ));
-        assert_eq!(
-            marker_values(&profile, "[lost: sample buffer full]"),
-            Some(vec![3, 5 * 10_000_000]),
-            "3 samples standing for 5 periods of 10 ms"
-        );
-        assert!(
-            !capped,
-            "25 periods from 23 signals is within the 1/8 margin"
-        );
-        let none = report_profile(collected(
-            Tally {
-                samples: 20,
-                periods: 20,
-            },
-            Tally::default(),
-        ))
-        .0;
-        assert_eq!(marker_values(&none, "[lost: sample buffer full]"), None);
-    }
-
-    #[test]
-    fn samples_standing_for_more_periods_keep_their_cpu_time_and_say_so() {
-        let (profile, capped) = report_profile(collected(
-            Tally {
-                samples: 10,
-                periods: 40,
-            },
-            Tally::default(),
-        ));
-        assert!(capped);
-        let total: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
-        assert_eq!(
-            total,
-            40 * 10_000_000,
-            "cpu/nanoseconds counts periods, not signals"
-        );
-        let counts: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
-        assert_eq!(counts, 10, "samples/count counts signals");
-        let comments: Vec<&str> = profile
-            .comment
-            .iter()
-            .map(|&i| profile.string_table[i as usize].as_str())
-            .collect();
-        assert!(
-            comments
-                .iter()
-                .any(|c| c.starts_with("10 signals stood for 40 periods")),
-            "{comments:?}"
-        );
-        // At the margin: 45 periods from 40 signals is not a cap.
-        let (_, capped) = report_profile(collected(
-            Tally {
-                samples: 40,
-                periods: 45,
-            },
-            Tally::default(),
-        ));
-        assert!(!capped);
-    }
 }

@@ -10,6 +10,7 @@ use std::os::unix::fs::FileExt as _;
 #[cfg(windows)]
 use std::os::windows::fs::FileExt as _;
 
+use super::names::demangle;
 use crate::objects::LoadedObject;
 
 /// A resolved function.
@@ -280,14 +281,6 @@ fn read_name(source: &Source<'_>, strings: &Section, offset: u32) -> Option<Stri
     }
 }
 
-/// Rust names (legacy and v0 mangling) without the hash; anything else as it is.
-pub(crate) fn demangle(raw: &str) -> String {
-    match rustc_demangle::try_demangle(raw) {
-        Ok(demangled) => format!("{demangled:#}"),
-        Err(_) => raw.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,7 +299,7 @@ mod tests {
         let resolved = resolve(object, &[here - object.bias, here - object.bias + 1]);
         let name = &resolved[0].as_ref().expect("resolved").name;
         assert!(
-            name.ends_with("symbols::tests::a_function_with_a_findable_name"),
+            name.ends_with("symtab::tests::a_function_with_a_findable_name"),
             "{name}"
         );
         assert_eq!(resolved[1].as_ref().map(|s| &s.name), Some(name));

@@ -1,0 +1,179 @@
+//! What a broken rule of a `ProfilingConfig` says: one value
+//! per rule, with a `Display` a person can act on, and the same sentence at compile time
+//! (`rule`, for `checked`'s panic).
+
+use std::fmt;
+use std::time::Duration;
+
+use super::bounds::{
+    MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION, MIN_FREQUENCY, MIN_WINDOWS,
+};
+
+/// A `ProfilingConfig` duration setting, as it is spelled in `#[pprof_routes(...)]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DurationField {
+    /// `cpu_default`
+    CpuDefault,
+    /// `cpu_max`
+    CpuMax,
+    /// `heap_default`
+    HeapDefault,
+    /// `heap_max`
+    HeapMax,
+}
+
+impl DurationField {
+    /// The key's name in the attribute.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DurationField::CpuDefault => "cpu_default",
+            DurationField::CpuMax => "cpu_max",
+            DurationField::HeapDefault => "heap_default",
+            DurationField::HeapMax => "heap_max",
+        }
+    }
+}
+
+/// A broken [`ProfilingConfig`] rule. The `Display` names the setting, the value found and
+/// what is allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A duration outside 1 s ..= 1 h.
+    DurationOutOfRange {
+        /// The setting.
+        field: DurationField,
+        /// Its value.
+        found: Duration,
+    },
+    /// A `*_default` longer than its `*_max`.
+    DefaultAboveMax {
+        /// `cpu_default` or `heap_default`.
+        default_field: DurationField,
+        /// Its value.
+        default: Duration,
+        /// `cpu_max` or `heap_max`.
+        max_field: DurationField,
+        /// Its value.
+        max: Duration,
+    },
+    /// A frequency outside 1 ..= 1000 Hz.
+    FrequencyOutOfRange {
+        /// The value.
+        found: u32,
+    },
+    /// A `max_windows` outside 1 ..= 64.
+    WindowsOutOfRange {
+        /// The value.
+        found: u32,
+    },
+    /// An empty or blank library name in the blocklist.
+    BlankBlocklistEntry {
+        /// Its position.
+        index: usize,
+    },
+    /// A prefix that is not a plain absolute path.
+    InvalidPrefix {
+        /// The prefix.
+        prefix: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A `token_env` that is not a portable environment variable name.
+    InvalidTokenEnv {
+        /// The name.
+        name: &'static str,
+    },
+}
+
+impl ConfigError {
+    /// The broken rule without the value found: what a compile-time panic can say.
+    pub const fn rule(&self) -> &'static str {
+        match self {
+            ConfigError::DurationOutOfRange { field, .. } => match field {
+                DurationField::CpuDefault => {
+                    "krabka-pprof: `cpu_default` must be between 1s and 1h"
+                }
+                DurationField::CpuMax => "krabka-pprof: `cpu_max` must be between 1s and 1h",
+                DurationField::HeapDefault => {
+                    "krabka-pprof: `heap_default` must be between 1s and 1h"
+                }
+                DurationField::HeapMax => "krabka-pprof: `heap_max` must be between 1s and 1h",
+            },
+            ConfigError::DefaultAboveMax { default_field, .. } => match default_field {
+                DurationField::HeapDefault | DurationField::HeapMax => {
+                    "krabka-pprof: `heap_default` must not exceed `heap_max`"
+                }
+                DurationField::CpuDefault | DurationField::CpuMax => {
+                    "krabka-pprof: `cpu_default` must not exceed `cpu_max`"
+                }
+            },
+            ConfigError::FrequencyOutOfRange { .. } => {
+                "krabka-pprof: `frequency` must be between 1 and 1000 Hz"
+            }
+            ConfigError::WindowsOutOfRange { .. } => {
+                "krabka-pprof: `max_windows` must be between 1 and 64"
+            }
+            ConfigError::BlankBlocklistEntry { .. } => {
+                "krabka-pprof: `blocklist` entries must be non-empty library names"
+            }
+            ConfigError::InvalidPrefix { .. } => {
+                "krabka-pprof: `prefix` must be a plain path such as \"/debug/pprof\""
+            }
+            ConfigError::InvalidTokenEnv { .. } => {
+                "krabka-pprof: `token_env` must be an environment variable name"
+            }
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = |d: &Duration| humantime::format_duration(*d);
+        match self {
+            ConfigError::DurationOutOfRange { field, found } => write!(
+                f,
+                "`{}` must be between {} and {}, found {}",
+                field.name(),
+                d(&MIN_DURATION),
+                d(&MAX_DURATION),
+                d(found)
+            ),
+            ConfigError::DefaultAboveMax {
+                default_field,
+                default,
+                max_field,
+                max,
+            } => write!(
+                f,
+                "`{}` must not exceed `{}` ({}), found {}",
+                default_field.name(),
+                max_field.name(),
+                d(max),
+                d(default)
+            ),
+            ConfigError::FrequencyOutOfRange { found } => write!(
+                f,
+                "`frequency` must be between {MIN_FREQUENCY} and {MAX_FREQUENCY} Hz, found {found}"
+            ),
+            ConfigError::WindowsOutOfRange { found } => write!(
+                f,
+                "`max_windows` must be between {MIN_WINDOWS} and {MAX_WINDOWS}, found {found}"
+            ),
+            ConfigError::BlankBlocklistEntry { index } => write!(
+                f,
+                "`blocklist` entries must be non-empty library names such as \"libc\", found a blank one at position {index}"
+            ),
+            ConfigError::InvalidPrefix { prefix, reason } => {
+                write!(f, "`prefix` {prefix:?} is not usable: {reason}")
+            }
+            ConfigError::InvalidTokenEnv { name } => write!(
+                f,
+                "`token_env` must be an environment variable name (letters, digits, `_`, not starting with a digit), found {name:?}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

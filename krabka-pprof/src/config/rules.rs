@@ -1,0 +1,148 @@
+//! The rules a [`ProfilingConfig`] must obey, as `const fn`s so that a config built in a
+//! `const` (as the attribute's expansion builds it) is checked by the compiler. The
+//! macro's twin is `krabka-pprof-macros/src/rules.rs`: same bounds, same names.
+
+use std::time::Duration;
+
+use super::ProfilingConfig;
+use super::bounds::{
+    MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION, MIN_FREQUENCY, MIN_WINDOWS,
+};
+use super::chars::{char_at, is_control, is_whitespace};
+use super::error::{ConfigError, DurationField};
+
+impl ProfilingConfig {
+    /// Checks every rule; the first broken one is returned.
+    pub const fn validate(&self) -> Result<(), ConfigError> {
+        if let Err(e) = check_duration(DurationField::CpuDefault, self.cpu_default()) {
+            return Err(e);
+        }
+        if let Err(e) = check_duration(DurationField::CpuMax, self.cpu_max) {
+            return Err(e);
+        }
+        if self.cpu_default().as_nanos() > self.cpu_max.as_nanos() {
+            return Err(ConfigError::DefaultAboveMax {
+                default_field: DurationField::CpuDefault,
+                default: self.cpu_default(),
+                max_field: DurationField::CpuMax,
+                max: self.cpu_max,
+            });
+        }
+        if self.frequency < MIN_FREQUENCY || self.frequency > MAX_FREQUENCY {
+            return Err(ConfigError::FrequencyOutOfRange {
+                found: self.frequency,
+            });
+        }
+        if self.max_windows < MIN_WINDOWS || self.max_windows > MAX_WINDOWS {
+            return Err(ConfigError::WindowsOutOfRange {
+                found: self.max_windows,
+            });
+        }
+        let mut index = 0;
+        while index < self.blocklist.len() {
+            if is_blank(self.blocklist[index]) {
+                return Err(ConfigError::BlankBlocklistEntry { index });
+            }
+            index += 1;
+        }
+        if let Err(e) = check_duration(DurationField::HeapDefault, self.heap_default()) {
+            return Err(e);
+        }
+        if let Err(e) = check_duration(DurationField::HeapMax, self.heap_max) {
+            return Err(e);
+        }
+        if self.heap_default().as_nanos() > self.heap_max.as_nanos() {
+            return Err(ConfigError::DefaultAboveMax {
+                default_field: DurationField::HeapDefault,
+                default: self.heap_default(),
+                max_field: DurationField::HeapMax,
+                max: self.heap_max,
+            });
+        }
+        if let Some(reason) = prefix_problem(self.prefix) {
+            return Err(ConfigError::InvalidPrefix {
+                prefix: self.prefix,
+                reason,
+            });
+        }
+        if let Some(name) = self.token_env
+            && !is_env_name(name)
+        {
+            return Err(ConfigError::InvalidTokenEnv { name });
+        }
+        Ok(())
+    }
+}
+
+const fn check_duration(field: DurationField, value: Duration) -> Result<(), ConfigError> {
+    if value.as_nanos() < MIN_DURATION.as_nanos() || value.as_nanos() > MAX_DURATION.as_nanos() {
+        Err(ConfigError::DurationOutOfRange {
+            field,
+            found: value,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+const fn is_blank(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let (c, len) = char_at(bytes, i);
+        if !is_whitespace(c) {
+            return false;
+        }
+        i += len;
+    }
+    true
+}
+
+const fn prefix_problem(prefix: &str) -> Option<&'static str> {
+    let bytes = prefix.as_bytes();
+    if bytes.is_empty() || bytes[0] != b'/' {
+        return Some("it must start with `/`");
+    }
+    if bytes.len() == 1 {
+        return Some("it must name a path below the root, such as \"/debug/pprof\"");
+    }
+    if bytes[bytes.len() - 1] == b'/' {
+        return Some("it must not end with `/`");
+    }
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'{' || b == b'}' || b == b'*' || b == b'?' || b == b'#' {
+            return Some("it must be a plain path without `{`, `}`, `*`, `?` or `#`");
+        }
+        let (c, len) = char_at(bytes, i);
+        if is_whitespace(c) || is_control(c) {
+            return Some("it must not contain spaces or control characters");
+        }
+        if b == b'/' && i + 1 < bytes.len() {
+            if bytes[i + 1] == b'/' {
+                return Some("it must not contain empty segments (`//`)");
+            }
+            if bytes[i + 1] == b':' {
+                return Some("its segments must not start with `:` (axum 0.8 reserves it)");
+            }
+        }
+        i += len;
+    }
+    None
+}
+
+const fn is_env_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes[0].is_ascii_digit() {
+        return false;
+    }
+    let mut i = 0;
+    while i < bytes.len() {
+        if !(bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}

@@ -1,0 +1,223 @@
+//! The config's rules and builders, value by value.
+
+use super::*;
+use axum::http::request::Parts;
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+#[test]
+fn every_setting_reads_back_what_was_set() {
+    fn admit(parts: &Parts) -> bool {
+        parts.method == axum::http::Method::GET
+    }
+    let c = ProfilingConfig::new()
+        .with_cpu_default(S(5))
+        .with_cpu_max(S(7))
+        .with_frequency(250)
+        .with_max_windows(3)
+        .with_blocklist(&["libc"])
+        .with_heap(true)
+        .with_heap_default(S(2))
+        .with_heap_max(S(4))
+        .with_threads(false)
+        .with_prefix("/pp")
+        .with_guard(admit)
+        .with_token_env("PPROF_TOKEN");
+    assert_eq!(c.validate(), Ok(()));
+    assert_eq!((c.cpu_default(), c.cpu_max()), (S(5), S(7)));
+    assert_eq!((c.frequency(), c.max_windows()), (250, 3));
+    assert_eq!(c.blocklist(), ["libc"]);
+    assert!(c.heap());
+    assert_eq!((c.heap_default(), c.heap_max()), (S(2), S(4)));
+    assert!(!c.threads());
+    assert_eq!(c.prefix(), "/pp");
+    let guard = c.guard().expect("the guard set");
+    let (get, _) = axum::http::Request::get("/").body(()).unwrap().into_parts();
+    let (post, _) = axum::http::Request::post("/")
+        .body(())
+        .unwrap()
+        .into_parts();
+    assert!(
+        guard(&get) && !guard(&post),
+        "the function set, not another"
+    );
+    assert_eq!(c.token_env(), Some("PPROF_TOKEN"));
+}
+
+#[test]
+fn defaults_are_valid_and_documented() {
+    let c = ProfilingConfig::default();
+    assert_eq!(c.validate(), Ok(()));
+    assert_eq!(c.cpu_default(), S(30));
+    assert_eq!(c.cpu_max(), S(60));
+    assert_eq!(c.frequency(), 99);
+    assert!(c.blocklist().is_empty(), "unwind through every library");
+    assert!(!c.heap());
+    assert_eq!((c.heap_default(), c.heap_max()), (S(10), S(30)));
+    assert!(c.threads(), "thread dumps on");
+    assert_eq!(c.prefix(), "/debug/pprof");
+    assert!(c.guard().is_none() && c.token_env().is_none());
+}
+
+#[test]
+fn cpu_max_bounds() {
+    let base = ProfilingConfig::new().with_cpu_default(S(1));
+    assert_eq!(base.with_cpu_max(S(1)).validate(), Ok(()));
+    assert_eq!(base.with_cpu_max(S(3600)).validate(), Ok(()));
+    let low = base
+        .with_cpu_max(Duration::from_millis(999))
+        .validate()
+        .unwrap_err();
+    assert_eq!(
+        low.to_string(),
+        "`cpu_max` must be between 1s and 1h, found 999ms"
+    );
+    let high = base.with_cpu_max(S(3601)).validate().unwrap_err();
+    assert_eq!(
+        high.to_string(),
+        "`cpu_max` must be between 1s and 1h, found 1h 1s"
+    );
+}
+
+#[test]
+fn cpu_default_bounds() {
+    let c = ProfilingConfig::new();
+    assert_eq!(c.with_cpu_default(S(1)).validate(), Ok(()));
+    assert_eq!(c.with_cpu_default(S(60)).validate(), Ok(()));
+    let low = c
+        .with_cpu_default(Duration::from_millis(500))
+        .validate()
+        .unwrap_err();
+    assert!(matches!(
+        low,
+        ConfigError::DurationOutOfRange {
+            field: DurationField::CpuDefault,
+            ..
+        }
+    ));
+    let above = c.with_cpu_default(S(61)).validate().unwrap_err();
+    assert_eq!(
+        above.to_string(),
+        "`cpu_default` must not exceed `cpu_max` (1m), found 1m 1s"
+    );
+    assert_eq!(
+        c.with_cpu_max(S(10)).validate(),
+        Ok(()),
+        "an unset default follows the max"
+    );
+    assert_eq!(c.with_cpu_max(S(10)).cpu_default(), S(10));
+    assert_eq!(c.with_cpu_max(S(45)).cpu_default(), S(30));
+    assert_eq!(
+        c.with_cpu_default(S(20))
+            .with_cpu_max(S(10))
+            .validate()
+            .unwrap_err()
+            .rule(),
+        "krabka-pprof: `cpu_default` must not exceed `cpu_max`"
+    );
+}
+
+#[test]
+fn frequency_bounds() {
+    let c = ProfilingConfig::new();
+    assert_eq!(c.with_frequency(1).validate(), Ok(()));
+    assert_eq!(c.with_frequency(1000).validate(), Ok(()));
+    assert_eq!(
+        c.with_frequency(0).validate().unwrap_err().to_string(),
+        "`frequency` must be between 1 and 1000 Hz, found 0"
+    );
+    assert!(c.with_frequency(1001).validate().is_err());
+}
+
+#[test]
+fn max_windows_bounds() {
+    let c = ProfilingConfig::new();
+    assert_eq!(c.max_windows(), 8);
+    assert_eq!(c.with_max_windows(1).validate(), Ok(()));
+    assert_eq!(c.with_max_windows(64).validate(), Ok(()));
+    assert_eq!(
+        c.with_max_windows(0).validate().unwrap_err().to_string(),
+        "`max_windows` must be between 1 and 64, found 0"
+    );
+    assert_eq!(
+        c.with_max_windows(65).validate().unwrap_err().rule(),
+        "krabka-pprof: `max_windows` must be between 1 and 64"
+    );
+}
+
+#[test]
+fn heap_bounds() {
+    let c = ProfilingConfig::new().with_heap(true);
+    assert_eq!(c.with_heap_default(S(1)).validate(), Ok(()));
+    assert_eq!(c.with_heap_default(S(30)).validate(), Ok(()));
+    assert!(c.with_heap_default(S(31)).validate().is_err());
+    assert!(
+        c.with_heap_default(Duration::from_millis(999))
+            .validate()
+            .is_err()
+    );
+    assert_eq!(c.with_heap_max(S(3600)).validate(), Ok(()));
+    assert!(c.with_heap_max(S(3601)).validate().is_err());
+    assert_eq!(
+        c.with_heap_max(S(5)).heap_default(),
+        S(5),
+        "an unset default follows the max"
+    );
+    assert!(
+        c.with_heap_default(S(6))
+            .with_heap_max(S(5))
+            .validate()
+            .is_err()
+    );
+}
+
+#[test]
+fn blocklist_rules() {
+    let c = ProfilingConfig::new();
+    assert_eq!(c.with_blocklist(&[]).validate(), Ok(()));
+    assert_eq!(
+        c.with_blocklist(&["libc", " "]).validate(),
+        Err(ConfigError::BlankBlocklistEntry { index: 1 })
+    );
+    assert!(c.with_blocklist(&[""]).validate().is_err());
+}
+
+#[test]
+fn prefix_rules() {
+    let c = ProfilingConfig::new();
+    assert_eq!(c.with_prefix("/x").validate(), Ok(()));
+    assert_eq!(c.with_prefix("/internal/debug/pprof").validate(), Ok(()));
+    for bad in [
+        "", "x", "/", "/x/", "/{id}", "/a/*r", "/a b", "/a//b", "/:id", "/a?b", "/a#b",
+    ] {
+        assert!(
+            matches!(
+                c.with_prefix(bad).validate(),
+                Err(ConfigError::InvalidPrefix { .. })
+            ),
+            "{bad:?} should be rejected"
+        );
+    }
+}
+
+#[test]
+fn token_env_rules() {
+    let c = ProfilingConfig::new();
+    assert_eq!(c.with_token_env("PPROF_TOKEN").validate(), Ok(()));
+    assert_eq!(c.with_token_env("_t9").validate(), Ok(()));
+    for bad in ["", "9X", "A-B", "A B"] {
+        assert!(c.with_token_env(bad).validate().is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn checked_is_usable_in_const() {
+    const C: ProfilingConfig = ProfilingConfig::new().with_frequency(250).checked();
+    assert_eq!(C.frequency(), 250);
+}
+
+#[test]
+#[should_panic(expected = "`frequency` must be between 1 and 1000 Hz")]
+fn checked_panics_with_the_rule() {
+    let _ = std::hint::black_box(ProfilingConfig::new().with_frequency(0)).checked();
+}

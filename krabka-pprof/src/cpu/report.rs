@@ -1,0 +1,304 @@
+//! What a window collected, as the pprof `Profile` its request gets: `samples/count` and
+//! `cpu/nanoseconds` per distinct (thread, stack), the markers that say what the profile
+//! cannot show (lost samples, threads that block `SIGPROF`), the comments that say how
+//! the session went; and the request's log line.
+
+use std::collections::HashMap;
+
+use crate::process::{blocks_sigprof, thread_name};
+use crate::profile::Profile;
+use crate::sampler::{self, stack_frames};
+
+/// Puts what the sampler noticed into the request's span, and says what a reader of
+/// the profile must know (a reader other than the usual one, a capped rate, a handler
+/// replaced) at `warn` or `info`.
+pub(super) fn log_report(report: &sampler::Report, capped: bool, shared_with: usize) {
+    let span = tracing::Span::current();
+    span.record("windows", shared_with);
+    span.record("stack_reader", report.reader);
+    span.record("threads_timed", report.threads_timed);
+    span.record("foreign_signals", report.foreign_signals);
+    span.record("handler_p50_ns", report.handler_nanos.0);
+    span.record("handler_p99_ns", report.handler_nanos.1);
+    span.record("rate_capped", capped);
+    span.record("handler_replaced", report.handler_replaced);
+    if report.reader == "process_vm_readv" {
+        tracing::debug!(why = %report.reader_why, "stack reader: {}", report.reader);
+    } else {
+        tracing::info!(why = %report.reader_why, "stack reader: {}", report.reader);
+    }
+    if capped {
+        tracing::info!(
+            "the sampling rate was capped by the kernel tick: each sample carries the CPU \
+             time of the periods it stands for"
+        );
+    }
+    if report.handler_replaced {
+        tracing::warn!(
+            "another SIGPROF handler replaced this profiler's during the window; \
+             counting stopped there, the profile covers only the time before"
+        );
+    }
+    if let Some(shortfall) = &report.timer_shortfall {
+        tracing::warn!("{shortfall}");
+    }
+}
+
+/// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
+/// sample per distinct (thread, stack); and whether the kernel capped the rate (the
+/// samples stand for more periods than there were signals).
+pub(super) fn report_profile(
+    collected: sampler::Collected,
+    shared_with: usize,
+    symbolize: crate::symbolize::Symbolize,
+    before: crate::symbolize::Resolved,
+) -> (Profile, bool) {
+    use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
+
+    let period = 1_000_000_000 / i64::from(collected.frequency);
+    let mut builder = ProfileBuilder::new(&collected.objects)
+        .symbolize(symbolize)
+        .resolved_before(before);
+    let mut thread_names: HashMap<u32, String> = HashMap::new();
+    let mut name_of = |tid: u32| {
+        thread_names
+            .entry(tid)
+            .or_insert_with(|| thread_name(tid))
+            .clone()
+    };
+    let mut signals = collected.lost.samples;
+    let mut periods = collected.lost.periods;
+    let mut periods_by_thread: HashMap<u32, u64> = HashMap::new();
+    for (stack, tally) in &collected.stacks {
+        signals += tally.samples;
+        periods += tally.periods;
+        *periods_by_thread.entry(stack.tid).or_default() += tally.periods;
+        let frames = stack_frames(&stack.frames, stack.flags, &collected.objects);
+        builder.add(
+            frames,
+            vec![tally.samples as i64, tally.periods as i64 * period],
+            vec![
+                ("thread", LabelValue::Str(name_of(stack.tid))),
+                ("thread_id", LabelValue::Num(i64::from(stack.tid))),
+            ],
+        );
+    }
+    if collected.lost.samples > 0 {
+        builder.add(
+            vec![Frame::Marker("[lost: sample buffer full]".into())],
+            vec![
+                collected.lost.samples as i64,
+                collected.lost.periods as i64 * period,
+            ],
+            Vec::new(),
+        );
+    }
+    // A thread that blocks SIGPROF keeps its timer's signal pending: its CPU is never
+    // charged to another thread, and is shown here from its own clock so that the
+    // total still matches the process's CPU time.
+    for thread in &collected.threads {
+        let sampled = periods_by_thread.get(&thread.tid).copied().unwrap_or(0) as i64 * period;
+        let unsampled = thread.cpu.as_nanos() as i64 - sampled;
+        if unsampled > 2 * period && blocks_sigprof(thread.tid) {
+            let name = name_of(thread.tid);
+            builder.add(
+                vec![Frame::Marker(format!(
+                    "[thread {name}: blocks SIGPROF, not sampled]"
+                ))],
+                vec![(unsampled + period / 2) / period, unsampled],
+                vec![
+                    ("thread", LabelValue::Str(name)),
+                    ("thread_id", LabelValue::Num(i64::from(thread.tid))),
+                ],
+            );
+        }
+    }
+    let capped = periods > signals + signals / 8;
+    let report = &collected.report;
+    let mut comments = vec![
+        format!(
+            "krabka-pprof: {} Hz per-thread CPU timers on {} threads; stacks read with {}",
+            collected.frequency, report.threads_timed, report.reader
+        ),
+        format!(
+            "process CPU time over the window: {} ms",
+            collected.cpu_time.as_millis()
+        ),
+    ];
+    if capped {
+        comments.push(format!(
+            "{signals} signals stood for {periods} periods: the kernel tick capped the \
+             rate, and each sample carries the CPU time it stands for"
+        ));
+    }
+    if shared_with > 1 {
+        comments.push(format!(
+            "{shared_with} windows shared the sampler while this one was open; this profile \
+             holds the samples of its own window only"
+        ));
+    }
+    if report.handler_replaced {
+        comments
+            .push("another SIGPROF handler replaced this profiler's during the window".to_owned());
+    }
+    comments.push(format!(
+        "signal handler: median {} ns, p99 {} ns per sample, {:.1} frames on average",
+        report.handler_nanos.0, report.handler_nanos.1, report.mean_depth
+    ));
+    comments.push(format!(
+        "{} stacks unwound: {} to their outermost frame, {} read without a system call",
+        report.unwound, report.complete, report.direct
+    ));
+    if report.foreign_signals > 0 {
+        comments.push(format!(
+            "{} foreign SIGPROF signals ignored (kill, raise, or another timer)",
+            report.foreign_signals
+        ));
+    }
+    let profile = builder.finish(
+        &Meta {
+            sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
+            period_type: ("cpu", "nanoseconds"),
+            period,
+            time: collected.started,
+            duration: collected.duration,
+            default_sample_type: None,
+            comments,
+        },
+        &|_| false,
+    );
+    (profile, capped)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::{Duration, SystemTime};
+
+    use crate::objects::Objects;
+    use crate::sampler::{Collected, Report, StackKey, Tally};
+
+    /// The profile of a window that had the sampler to itself.
+    fn report_profile(collected: Collected) -> (crate::profile::proto::Profile, bool) {
+        super::report_profile(
+            collected,
+            1,
+            crate::symbolize::Symbolize::Full,
+            crate::symbolize::Resolved::default(),
+        )
+    }
+
+    /// A session's collection: one stack in this test's own code, and what was lost.
+    fn collected(stack: Tally, lost: Tally) -> Collected {
+        let here = collected as fn(Tally, Tally) -> Collected as usize as u64;
+        let mut stacks = HashMap::new();
+        stacks.insert(
+            StackKey {
+                tid: std::process::id(),
+                flags: 0,
+                frames: vec![here].into_boxed_slice(),
+            },
+            stack,
+        );
+        Collected {
+            stacks,
+            lost,
+            started: SystemTime::now(),
+            duration: Duration::from_secs(1),
+            cpu_time: Duration::from_millis(500),
+            frequency: 100,
+            objects: Objects::current(),
+            threads: Vec::new(),
+            report: Report::default(),
+        }
+    }
+
+    /// The values of the sample whose only frame is named `name`.
+    fn marker_values(profile: &crate::profile::proto::Profile, name: &str) -> Option<Vec<i64>> {
+        let function = profile
+            .function
+            .iter()
+            .find(|f| profile.string_table[f.name as usize] == name)?;
+        let location = profile
+            .location
+            .iter()
+            .find(|l| l.line.iter().any(|line| line.function_id == function.id))?;
+        profile
+            .sample
+            .iter()
+            .find(|s| s.location_id == [location.id])
+            .map(|s| s.value.clone())
+    }
+
+    #[test]
+    fn lost_samples_are_a_marker_with_their_periods() {
+        let (profile, capped) = report_profile(collected(
+            Tally {
+                samples: 20,
+                periods: 20,
+            },
+            Tally {
+                samples: 3,
+                periods: 5,
+            },
+        ));
+        assert_eq!(
+            marker_values(&profile, "[lost: sample buffer full]"),
+            Some(vec![3, 5 * 10_000_000]),
+            "3 samples standing for 5 periods of 10 ms"
+        );
+        assert!(
+            !capped,
+            "25 periods from 23 signals is within the 1/8 margin"
+        );
+        let none = report_profile(collected(
+            Tally {
+                samples: 20,
+                periods: 20,
+            },
+            Tally::default(),
+        ))
+        .0;
+        assert_eq!(marker_values(&none, "[lost: sample buffer full]"), None);
+    }
+
+    #[test]
+    fn samples_standing_for_more_periods_keep_their_cpu_time_and_say_so() {
+        let (profile, capped) = report_profile(collected(
+            Tally {
+                samples: 10,
+                periods: 40,
+            },
+            Tally::default(),
+        ));
+        assert!(capped);
+        let total: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
+        assert_eq!(
+            total,
+            40 * 10_000_000,
+            "cpu/nanoseconds counts periods, not signals"
+        );
+        let counts: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+        assert_eq!(counts, 10, "samples/count counts signals");
+        let comments: Vec<&str> = profile
+            .comment
+            .iter()
+            .map(|&i| profile.string_table[i as usize].as_str())
+            .collect();
+        assert!(
+            comments
+                .iter()
+                .any(|c| c.starts_with("10 signals stood for 40 periods")),
+            "{comments:?}"
+        );
+        // At the margin: 45 periods from 40 signals is not a cap.
+        let (_, capped) = report_profile(collected(
+            Tally {
+                samples: 40,
+                periods: 45,
+            },
+            Tally::default(),
+        ));
+        assert!(!capped);
+    }
+}

@@ -1,0 +1,63 @@
+//! What one request asks of the CPU profiler, after defaults and clamping; every way it
+//! can fail (which `routes` turns into answers); what runs now, for the index page; and
+//! whether CPU profiles can be taken on this target at all.
+
+use std::time::Duration;
+
+/// Why CPU profiles cannot be taken on this target, if they cannot: the 503's sentence
+/// and the index page's note.
+pub(crate) const UNAVAILABLE: Option<&str> = if cfg!(any(sampler, pprof_rs)) {
+    None
+} else {
+    Some("CPU profiling is not available on this platform: it needs Linux, macOS or another Unix")
+};
+
+/// What one request asks of the CPU profiler, after defaults and clamping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CpuRequest {
+    pub(crate) duration: Duration,
+    pub(crate) frequency: u32,
+    pub(crate) blocklist: &'static [&'static str],
+    /// Stop a running profile early instead of answering 409.
+    pub(crate) force: bool,
+    /// How many windows may share one session (`max_windows`).
+    pub(crate) max_windows: u32,
+    /// What the profile names (`?symbolize=`).
+    pub(crate) symbolize: crate::symbolize::Symbolize,
+}
+
+/// What is running now, for the index page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Status {
+    /// The session's frequency, where the sampler shares it.
+    pub(crate) frequency: Option<u32>,
+    /// Windows open on it.
+    pub(crate) windows: usize,
+    /// Until the last one ends.
+    pub(crate) ends_in: Duration,
+}
+
+/// Why a CPU profile could not be produced.
+#[derive(Debug)]
+pub(crate) enum CpuError {
+    /// Another profile is running; it ends in `retry_after`.
+    Busy { retry_after: Duration },
+    /// A profile started with `?force=true` is running, which a `?force=true` request
+    /// does not stop; it ends in `retry_after`.
+    ForcedRunning { retry_after: Duration },
+    /// The session runs at another frequency; it ends in `retry_after`. (Only this
+    /// crate's sampler shares sessions.)
+    #[cfg_attr(not(sampler), allow(dead_code))]
+    OtherFrequency { running: u32, retry_after: Duration },
+    /// `max_windows` windows share the session already; the first ends in `retry_after`.
+    #[cfg_attr(not(sampler), allow(dead_code))]
+    Full {
+        max_windows: u32,
+        retry_after: Duration,
+    },
+    /// Profiling cannot run here (this target, or this process as it is now); the
+    /// sentence says why.
+    Unavailable(&'static str),
+    /// The profiler itself failed.
+    Failed(String),
+}

@@ -1,0 +1,132 @@
+//! The jemalloc glue: [`Jemalloc`], the allocator users install (it notes that it is in
+//! use, which jemalloc cannot tell); the `malloc_conf` that turns sampling on from process
+//! start; and, where dumps exist, reading jemalloc's state and dumping its samples through
+//! `jemalloc_pprof`'s control handle, without ever letting it panic. Built with the
+//! `heap-profiling` feature wherever jemalloc builds (`cfg(jemalloc)`).
+
+use std::alloc::{GlobalAlloc, Layout};
+#[cfg(heap_dumps)]
+use std::io::BufReader;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[cfg(heap_dumps)]
+use tikv_jemalloc_ctl::raw;
+
+#[cfg(heap_dumps)]
+use super::dump::{Parsed, parse};
+#[cfg(heap_dumps)]
+use super::request::HeapError;
+
+/// Set by the first allocation through [`Jemalloc`]: proof that it is the global
+/// allocator, which jemalloc itself cannot tell (its `stats` are compiled out).
+pub(crate) static IN_USE: AtomicBool = AtomicBool::new(false);
+
+/// jemalloc as the global allocator, with heap sampling on from process start.
+///
+/// ```ignore
+/// #[global_allocator]
+/// static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;
+/// ```
+///
+/// It is `tikv_jemallocator::Jemalloc` with the `profiling` feature; this crate also
+/// links a `malloc_conf` of `prof:true,prof_active:true,lg_prof_sample:19`, so the
+/// heap routes work with no environment variable. `MALLOC_CONF` (or
+/// `_RJEM_MALLOC_CONF`) still overrides it at start-up.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Jemalloc;
+
+#[inline]
+fn mark() {
+    // A read almost always, a write once: the flag's cache line stays shared.
+    if !IN_USE.load(Ordering::Relaxed) {
+        IN_USE.store(true, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every method forwards to tikv_jemallocator's implementation, which upholds
+// the `GlobalAlloc` contract.
+unsafe impl GlobalAlloc for Jemalloc {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        mark();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { tikv_jemallocator::Jemalloc.alloc(layout) }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        mark();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { tikv_jemallocator::Jemalloc.alloc_zeroed(layout) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { tikv_jemallocator::Jemalloc.dealloc(ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// jemalloc reads `malloc_conf` before `main`. The symbol is `_rjem_malloc_conf` when
+/// jemalloc's symbols are prefixed (tikv-jemalloc-sys's default) and `malloc_conf` when
+/// another crate in the build turns on `unprefixed_malloc_on_supported_platforms`; both are
+/// defined, so either build reads this setting. `#[used]` plus the export makes rustc's
+/// synthetic object reference them, so the linker keeps them even though nothing in Rust
+/// does (jemalloc's own weak definition would otherwise win silently).
+#[cfg(heap_dumps)]
+mod conf {
+    /// A C string pointer that may live in a `static`.
+    #[repr(transparent)]
+    pub struct ConfString(*const u8);
+
+    // SAFETY: it points to a string literal, immutable and 'static.
+    unsafe impl Sync for ConfString {}
+
+    const CONF: &[u8] = b"prof:true,prof_active:true,lg_prof_sample:19\0";
+
+    #[used]
+    #[unsafe(export_name = "_rjem_malloc_conf")]
+    pub static PREFIXED: ConfString = ConfString(CONF.as_ptr());
+
+    #[used]
+    #[unsafe(export_name = "malloc_conf")]
+    pub static UNPREFIXED: ConfString = ConfString(CONF.as_ptr());
+}
+
+#[cfg(heap_dumps)]
+/// Whether jemalloc samples this process's heap, and whether sampling is active now.
+pub(super) fn state() -> Result<bool, HeapError> {
+    if !IN_USE.load(Ordering::Relaxed) {
+        return Err(HeapError::NotJemalloc);
+    }
+    // Read `opt.prof` ourselves first: jemalloc_pprof's PROF_CTL unwraps it and would
+    // panic (and poison itself) in a jemalloc built without profiling.
+    // SAFETY: "opt.prof" is a documented read-only bool.
+    match unsafe { raw::read::<bool>(b"opt.prof\0") } {
+        Err(_) => Err(HeapError::NoProfilingSupport),
+        Ok(false) => Err(HeapError::ProfilingOff),
+        // SAFETY: "prof.active" is a documented read-write bool.
+        Ok(true) => unsafe { raw::read::<bool>(b"prof.active\0") }
+            .map_err(|e| HeapError::Failed(format!("reading prof.active failed: {e}"))),
+    }
+}
+
+#[cfg(heap_dumps)]
+/// Dumps jemalloc's samples, parsed.
+pub(super) fn dump() -> Result<Parsed, HeapError> {
+    let ctl = jemalloc_pprof::PROF_CTL
+        .as_ref()
+        .ok_or(HeapError::ProfilingOff)?;
+    let file = ctl
+        .blocking_lock()
+        .dump()
+        .map_err(|e| HeapError::Failed(format!("jemalloc's heap dump failed: {e}")))?;
+    parse(BufReader::new(file))
+        .map_err(|e| HeapError::Failed(format!("jemalloc's heap dump is unreadable: {e}")))
+}

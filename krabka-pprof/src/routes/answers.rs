@@ -1,0 +1,135 @@
+//! Every way a profile kind can fail, as the answer Go's `net/http/pprof` would give: one
+//! sentence saying what to do, 409 with `Retry-After` when busy, 503 where it cannot work,
+//! 500 when it failed. The kinds (`cpu`, `heap`, `threads`, `tasks`) know no HTTP; this is
+//! where their errors meet it, and where each refusal is logged.
+
+use axum::response::Response;
+
+use super::response::{busy, failed, unavailable};
+use crate::cpu::CpuError;
+use crate::heap::HeapError;
+use crate::tasks::TaskError;
+use crate::threads::DumpError;
+
+/// A CPU profile's failure.
+pub(super) fn cpu(error: CpuError) -> Response {
+    let span = tracing::Span::current();
+    match error {
+        CpuError::Busy { retry_after }
+        | CpuError::Full {
+            max_windows: 1,
+            retry_after,
+        } => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: a CPU profile is already running");
+            busy(
+                retry_after,
+                "a CPU profile is already running and ends in about {}s; retry after that, \
+                 or add force=true to stop it early",
+            )
+        }
+        CpuError::ForcedRunning { retry_after } => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: a forced CPU profile is running");
+            busy(
+                retry_after,
+                "a CPU profile started with force=true is running and ends in about {}s; \
+                 force=true does not stop another forced profile, retry after that",
+            )
+        }
+        CpuError::OtherFrequency {
+            running,
+            retry_after,
+        } => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: a CPU profile runs at {running} Hz");
+            busy(
+                retry_after,
+                &format!(
+                    "a CPU profile is running at {running} Hz and ends in about {{}}s; a \
+                     request at {running} Hz joins it at once, another frequency must wait \
+                     for it, or add force=true to stop it early",
+                ),
+            )
+        }
+        CpuError::Full {
+            max_windows,
+            retry_after,
+        } => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: {max_windows} CPU profiles are running");
+            busy(
+                retry_after,
+                &format!(
+                    "{max_windows} CPU profiles are running, the most this app allows at once \
+                     (max_windows); the first ends in about {{}}s, retry after that, or add \
+                     force=true to stop them early",
+                ),
+            )
+        }
+        CpuError::Unavailable(reason) => unavailable(reason),
+        CpuError::Failed(reason) => failed(&format!(
+            "CPU profiling failed: {reason}; the profiler is free again, retry the request"
+        )),
+    }
+}
+
+/// A heap profile's failure.
+pub(super) fn heap(error: HeapError) -> Response {
+    let span = tracing::Span::current();
+    match error {
+        HeapError::Busy { retry_after } => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: a timed heap window is already running");
+            busy(
+                retry_after,
+                "a timed heap sampling window is already running and ends in about {}s; \
+                 retry after that",
+            )
+        }
+        HeapError::Unsupported(reason) => unavailable(reason),
+        HeapError::NotJemalloc => unavailable(
+            "heap profiling needs jemalloc as the global allocator: add \
+             `#[global_allocator] static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;` \
+             to the binary and restart it",
+        ),
+        HeapError::NoProfilingSupport => unavailable(
+            "this binary's jemalloc was built without profiling: enable krabka-pprof's \
+             `heap-profiling` feature, which builds it with profiling, and rebuild",
+        ),
+        HeapError::ProfilingOff => unavailable(
+            "jemalloc heap sampling is off in this process (MALLOC_CONF or _RJEM_MALLOC_CONF \
+             sets prof:false): remove that setting and restart the process",
+        ),
+        HeapError::Failed(reason) => failed(&format!(
+            "heap profiling failed: {reason}; retry the request"
+        )),
+    }
+}
+
+/// A thread dump's failure.
+pub(super) fn thread_dump(error: DumpError) -> Response {
+    match error {
+        DumpError::Unavailable(reason) => unavailable(reason),
+        DumpError::Failed(reason) => failed(&format!(
+            "the thread dump failed: {reason}; retry the request"
+        )),
+    }
+}
+
+/// A task dump's failure.
+pub(super) fn task_dump(error: TaskError) -> Response {
+    match error {
+        TaskError::Unavailable(reason) => unavailable(&reason),
+        TaskError::Busy { retry_after } => {
+            tracing::Span::current().record("outcome", "busy");
+            tracing::debug!("refused: a task dump is already running");
+            busy(
+                retry_after,
+                "a task dump is already running (one that timed out waits for a blocked \
+                 worker thread until tokio answers); retry after {}s",
+            )
+        }
+        TaskError::Failed(reason) => failed(&reason),
+    }
+}

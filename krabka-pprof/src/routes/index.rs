@@ -1,0 +1,282 @@
+//! The index page (`{prefix}/`): valid HTML5, self-contained, readable without
+//! JavaScript: every route this app serves with a line on what it returns and links to
+//! its views, the settings in force, and what runs now.
+
+use crate::views::escape;
+
+/// The index page: valid HTML5, self-contained, readable without JavaScript. Links are
+/// relative to `{prefix}/`, where the page is served.
+pub(super) fn index_html(
+    config: &crate::config::ProfilingConfig,
+    host: &str,
+    running: Option<crate::cpu::Status>,
+) -> String {
+    let prefix = escape(config.prefix());
+    let host = escape(host);
+    let secs = |d: std::time::Duration| humantime::format_duration(d).to_string();
+    let svg = cfg!(feature = "flamegraph");
+    let views = |route: &str, query: &str| {
+        let sep = if query.is_empty() { "?" } else { "&amp;" };
+        let mut links = format!("<a href=\"{route}{query}\">pprof</a>");
+        if svg {
+            links.push_str(&format!(
+                " · <a href=\"{route}{query}{sep}format=svg\">flamegraph</a>"
+            ));
+        }
+        links.push_str(&format!(
+            " · <a href=\"{route}{query}{sep}format=text\">top</a>"
+        ));
+        links
+    };
+    // Where a route cannot work on this target or build, its row says so (it answers 503).
+    let note = |unavailable: Option<&str>| {
+        unavailable.map_or(String::new(), |why| {
+            format!(" <strong>Not here</strong>: {}.", escape(why))
+        })
+    };
+    let at_once = if config.max_windows() == 1 || !crate::cpu::shares_windows() {
+        "One at a time: a second request gets 409, unless it adds <code>force=true</code>."
+            .to_owned()
+    } else {
+        format!(
+            "Requests at the same frequency share the sampler, each getting the samples of its \
+             own window, up to {} at once (then 409); another frequency gets 409, unless it \
+             adds <code>force=true</code>, which stops the running ones early (their callers \
+             keep what they had).",
+            config.max_windows()
+        )
+    };
+    let mut rows = format!(
+        "<tr><td><code>profile</code></td><td>CPU profile of the whole process: samples every \
+         thread for <code>seconds</code> (default {}, at most {}) at <code>frequency</code> Hz \
+         (default {}). {at_once}{}</td><td>5 s: {}</td></tr>\n",
+        secs(config.cpu_default()),
+        secs(config.cpu_max()),
+        config.frequency(),
+        note(crate::cpu::UNAVAILABLE),
+        views("profile", "?seconds=5"),
+    );
+    if config.heap() {
+        for (route, what) in [
+            (
+                "heap",
+                "Heap profile: memory in use, by allocation site, from jemalloc's sampling.",
+            ),
+            (
+                "allocs",
+                "The same heap profile, at the path Parca and Grafana Alloy scrape.",
+            ),
+        ] {
+            rows.push_str(&format!(
+                "<tr><td><code>{route}</code></td><td>{what} If sampling is off, it samples for \
+                 <code>seconds</code> (default {}, at most {}) first.{}</td><td>{}</td></tr>\n",
+                secs(config.heap_default()),
+                secs(config.heap_max()),
+                note(crate::heap::UNAVAILABLE),
+                views(route, ""),
+            ));
+        }
+    }
+    if config.threads() {
+        rows.push_str(&format!(
+            "<tr><td><code>threads</code></td><td>Every thread's stack now: each thread \
+             unwinds itself when signalled (a thread that blocks the signal, or does not \
+             answer within <code>deadline</code>, default 100ms, is listed as such). \
+             <code>debug=1</code>: text grouped by stack; <code>debug=2</code>: every thread \
+             with its state, CPU time and what it waits on.{}</td><td>{} · <a \
+             href=\"threads?debug=1\">grouped</a> · <a href=\"threads?debug=2\">every \
+             thread</a></td></tr>\n",
+            note(crate::threads::UNAVAILABLE),
+            views("threads", ""),
+        ));
+        rows.push_str(&format!(
+            "<tr><td><code>goroutine</code></td><td>The same thread dump, at the path Go \
+             tools, Parca and Grafana Alloy ask for (a Rust process has threads, not \
+             goroutines).{}</td><td><a href=\"goroutine\">pprof</a> · <a \
+             href=\"goroutine?debug=2\">every thread</a></td></tr>\n",
+            note(crate::threads::UNAVAILABLE),
+        ));
+        rows.push_str(
+            "<tr><td><code>tasks</code></td><td>tokio's task dump: every async task's \
+             trace, grouped. Needs the app built with \
+             <code>RUSTFLAGS=\"--cfg tokio_unstable\"</code> and krabka-pprof's \
+             <code>task-dump</code> feature (otherwise 503).</td><td><a \
+             href=\"tasks\">text</a></td></tr>\n",
+        );
+    }
+    rows.push_str(
+        "<tr><td><code>cmdline</code></td><td>This process's command line, arguments \
+         separated by NUL bytes, as Go's.</td><td><a href=\"cmdline\">text</a></td></tr>\n",
+    );
+    let access = match (config.token_env(), config.guard().is_some()) {
+        (Some(variable), true) => format!(
+            "bearer token from <code>{}</code>, and a guard function",
+            escape(variable)
+        ),
+        (Some(variable), false) => format!("bearer token from <code>{}</code>", escape(variable)),
+        (None, true) => "a guard function".to_owned(),
+        (None, false) => "open to anyone who can reach this address".to_owned(),
+    };
+    let heap = if config.heap() {
+        "on (<code>/heap</code>, <code>/allocs</code>)"
+    } else {
+        "off (enable with <code>heap = true</code>)"
+    };
+    let now = match running {
+        None => "no CPU profile".to_owned(),
+        Some(status) => format!(
+            "a CPU profile{}, {} window{} open, the last ending in {}",
+            status
+                .frequency
+                .map_or(String::new(), |hz| format!(" at {hz} Hz")),
+            status.windows,
+            if status.windows == 1 { "" } else { "s" },
+            secs(std::time::Duration::from_secs(
+                status.ends_in.as_secs_f64().ceil() as u64
+            )),
+        ),
+    };
+    let formats = if svg {
+        "pprof (default), svg, text"
+    } else {
+        "pprof (default), text"
+    };
+    format!(
+        "<!DOCTYPE html>
+<html lang=\"en\">
+<head>
+<meta charset=\"utf-8\">
+<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">
+<title>{prefix}/ — profiles of this process</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 62rem; margin: 2rem auto; padding: 0 1rem; line-height: 1.5; color: #222; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: .4rem .6rem; text-align: left; vertical-align: top; }}
+code, pre {{ background: #f4f4f4; border-radius: 3px; }}
+code {{ padding: 0 .2rem; }}
+pre {{ padding: .6rem; overflow-x: auto; }}
+</style>
+</head>
+<body>
+<h1>Profiles of this process</h1>
+<p>Served by krabka-pprof {version} under <code>{prefix}</code>. Every view is computed from the same pprof profile; <code>format</code> picks one: {formats}.</p>
+<h2>Routes</h2>
+<table>
+<thead><tr><th>Route</th><th>What it returns</th><th>Open it</th></tr></thead>
+<tbody>
+{rows}</tbody>
+</table>
+<h2>Settings in force</h2>
+<table>
+<tbody>
+<tr><th scope=\"row\">CPU profile length</th><td>default {cpu_default}, at most {cpu_max}</td></tr>
+<tr><th scope=\"row\">Sampling frequency</th><td>{frequency} Hz unless <code>frequency</code> asks otherwise (1 to 1000)</td></tr>
+<tr><th scope=\"row\">CPU profiles at once</th><td>{at_once_setting}</td></tr>
+<tr><th scope=\"row\">Heap profiling</th><td>{heap}</td></tr>
+<tr><th scope=\"row\">Access</th><td>{access}</td></tr>
+<tr><th scope=\"row\">Running now</th><td>{now}</td></tr>
+</tbody>
+</table>
+<h2>From a terminal</h2>
+<pre>go tool pprof -http=127.0.0.1:8080 http://{host}{prefix}/profile?seconds=30
+go tool pprof -top http://{host}{prefix}/profile?seconds=5
+curl -o cpu.pb.gz 'http://{host}{prefix}/profile?seconds=10'</pre>
+</body>
+</html>
+",
+        version = env!("CARGO_PKG_VERSION"),
+        cpu_default = secs(config.cpu_default()),
+        cpu_max = secs(config.cpu_max()),
+        frequency = config.frequency(),
+        at_once_setting = if crate::cpu::shares_windows() {
+            format!(
+                "{}, sharing one sampler at one frequency",
+                config.max_windows()
+            )
+        } else {
+            "1 (this platform's sampler, the <code>pprof</code> crate's, serves one at a time)"
+                .to_owned()
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_says_what_runs_now_and_how_requests_share() {
+        let config = crate::config::ProfilingConfig::new();
+        let idle = index_html(&config, "host", None);
+        assert!(idle.contains("<td>no CPU profile</td>"), "{idle}");
+        assert!(idle.contains("up to 8 at once (then 409)"), "{idle}");
+        assert!(idle.contains("<td>8, sharing one sampler at one frequency</td>"));
+        let busy = index_html(
+            &config,
+            "host",
+            Some(crate::cpu::Status {
+                frequency: Some(99),
+                windows: 2,
+                ends_in: std::time::Duration::from_millis(4_200),
+            }),
+        );
+        assert!(
+            busy.contains("a CPU profile at 99 Hz, 2 windows open, the last ending in 5s"),
+            "{busy}"
+        );
+        let one = index_html(
+            &config.with_max_windows(1),
+            "host",
+            Some(crate::cpu::Status {
+                frequency: None,
+                windows: 1,
+                ends_in: std::time::Duration::ZERO,
+            }),
+        );
+        assert!(
+            one.contains("One at a time: a second request gets 409"),
+            "{one}"
+        );
+        assert!(
+            one.contains("a CPU profile, 1 window open, the last ending in 0s"),
+            "{one}"
+        );
+    }
+
+    #[test]
+    fn index_says_which_routes_cannot_work_here() {
+        let html = index_html(
+            &crate::config::ProfilingConfig::new().with_heap(true),
+            "host",
+            None,
+        );
+        assert_eq!(
+            html.matches("<strong>Not here</strong>").count(),
+            usize::from(crate::cpu::UNAVAILABLE.is_some())
+                + 2 * usize::from(crate::heap::UNAVAILABLE.is_some()),
+            "{html}"
+        );
+        for why in [crate::cpu::UNAVAILABLE, crate::heap::UNAVAILABLE]
+            .into_iter()
+            .flatten()
+        {
+            assert!(html.contains(&escape(why)), "{why}: {html}");
+        }
+        // On the crate's own targets and features (this test runs with and without
+        // `heap-profiling`), the heap note follows the feature.
+        if cfg!(all(target_os = "linux", not(target_env = "musl"))) {
+            assert_eq!(
+                crate::heap::UNAVAILABLE.is_some(),
+                !cfg!(feature = "heap-profiling")
+            );
+        }
+    }
+
+    #[test]
+    fn index_escapes_what_it_echoes() {
+        let html = index_html(&crate::config::ProfilingConfig::new(), "<evil>\"host", None);
+        assert!(html.contains("&lt;evil&gt;&quot;host"));
+        assert!(!html.contains("<evil>"));
+        assert!(html.starts_with("<!DOCTYPE html>"));
+    }
+}

@@ -1,0 +1,303 @@
+//! The sample records: two buffers the signal handler appends to without a lock (step 10
+//! of the contract in `sampler.rs`), and the drain that swaps them and folds their
+//! records into each open window's counts, off the signal path. A record is a header
+//! word `MAGIC << 56 | flags << 48 | depth << 32 | tid`, a weight word (the timer periods
+//! the sample stands for), then the frames, leaf first.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+const MAGIC: u64 = 0xA5;
+const RECORD_HEADER: usize = 2;
+/// The interrupted PC was in a blocklisted library: not unwound.
+pub(crate) const FLAG_BLOCKLISTED: u8 = 1;
+/// Every scratch slot was busy on other threads: not unwound.
+pub(crate) const FLAG_NO_SCRATCH: u8 = 2;
+/// The stack could not be read (no reader works here): not unwound.
+pub(crate) const FLAG_NO_STACK_READ: u8 = 4;
+/// The stack is deeper than `MAX_DEPTH` (`unwind.rs`): its outermost frames are missing.
+pub(crate) const FLAG_TRUNCATED: u8 = 8;
+
+/// A stack as recorded: the interrupted PC first, then return addresses.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct StackKey {
+    pub(crate) tid: u32,
+    pub(crate) flags: u8,
+    pub(crate) frames: Box<[u64]>,
+}
+
+/// How often a stack was sampled, and how many timer periods those samples stand for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    pub(crate) samples: u64,
+    pub(crate) periods: u64,
+}
+
+/// One of the two sample buffers. `state` is `writers << 40 | cursor` (cursor in words).
+struct Buffer {
+    state: AtomicU64,
+    words: Box<[AtomicU64]>,
+}
+
+const WRITER: u64 = 1 << 40;
+const CURSOR_MASK: u64 = WRITER - 1;
+
+impl Buffer {
+    /// A zeroed buffer whose pages become resident only as samples are written to them.
+    fn new(words: usize) -> Buffer {
+        const _: () = assert!(
+            size_of::<AtomicU64>() == size_of::<u64>()
+                && align_of::<AtomicU64>() == align_of::<u64>()
+        );
+        // calloc'd: large buffers are fresh zero pages the kernel maps on first write.
+        let zeroed: Box<[u64]> = vec![0u64; words].into_boxed_slice();
+        // SAFETY: AtomicU64 has the size, alignment and bit validity of u64 (checked above
+        // for this target), so the allocation is a valid `[AtomicU64]` of the same length,
+        // and the `Box` is freed with the same layout.
+        let words = unsafe { Box::from_raw(Box::into_raw(zeroed) as *mut [AtomicU64]) };
+        Buffer {
+            state: AtomicU64::new(0),
+            words,
+        }
+    }
+}
+
+/// What the records have been folded into: each open window's stacks.
+#[derive(Default)]
+pub(crate) struct Drained {
+    /// The open windows, each with the stacks drained since it opened. A record drained
+    /// while no window is open counts for none.
+    pub(crate) windows: Vec<(u64, HashMap<StackKey, Tally>)>,
+    /// Per buffer: words already folded in since its last reset.
+    done: [usize; 2],
+    /// Scratch for a fold shared by several windows.
+    fresh: HashMap<StackKey, Tally>,
+}
+
+impl Drained {
+    /// Folds records `from..to` of `buffer` into every open window.
+    fn fold(&mut self, buffer: &Buffer, from: usize, to: usize) {
+        match self.windows.as_mut_slice() {
+            [] => fold(buffer, from, to, &mut self.fresh),
+            [(_, only)] => return fold(buffer, from, to, only),
+            [rest @ .., (_, last)] => {
+                fold(buffer, from, to, &mut self.fresh);
+                for (_, stacks) in rest {
+                    for (key, tally) in &self.fresh {
+                        let sum = stacks.entry(key.clone()).or_default();
+                        sum.samples += tally.samples;
+                        sum.periods += tally.periods;
+                    }
+                }
+                for (key, tally) in self.fresh.drain() {
+                    let sum = last.entry(key).or_default();
+                    sum.samples += tally.samples;
+                    sum.periods += tally.periods;
+                }
+            }
+        }
+        self.fresh.clear();
+    }
+}
+
+/// The two buffers, the samples lost when the active one was full, and the drained
+/// state. Handlers only [`write`](Records::write); one drainer at a time (the mutex,
+/// which handlers never take) [`drain`](Records::drain)s.
+pub(crate) struct Records {
+    buffers: [Buffer; 2],
+    active: AtomicUsize,
+    lost: AtomicU64,
+    lost_periods: AtomicU64,
+    drained: Mutex<Drained>,
+}
+
+impl Records {
+    /// Two buffers of `words` words each.
+    pub(crate) fn new(words: usize) -> Records {
+        Records {
+            buffers: [Buffer::new(words), Buffer::new(words)],
+            active: AtomicUsize::new(0),
+            lost: AtomicU64::new(0),
+            lost_periods: AtomicU64::new(0),
+            drained: Mutex::new(Drained::default()),
+        }
+    }
+
+    /// Appends one record to the active buffer; async-signal-safe.
+    pub(crate) fn write(&self, tid: u32, flags: u8, periods: u64, frames: &[u64]) {
+        let buffer = &self.buffers[self.active.load(Ordering::Acquire)];
+        let len = RECORD_HEADER + frames.len();
+        let previous = buffer
+            .state
+            .fetch_add(WRITER + len as u64, Ordering::AcqRel);
+        let at = (previous & CURSOR_MASK) as usize;
+        if at + len <= buffer.words.len() {
+            let header =
+                MAGIC << 56 | u64::from(flags) << 48 | (frames.len() as u64) << 32 | u64::from(tid);
+            buffer.words[at].store(header, Ordering::Relaxed);
+            buffer.words[at + 1].store(periods, Ordering::Relaxed);
+            for (word, frame) in buffer.words[at + RECORD_HEADER..at + len]
+                .iter()
+                .zip(frames)
+            {
+                word.store(*frame, Ordering::Relaxed);
+            }
+        } else {
+            self.lost.fetch_add(1, Ordering::Relaxed);
+            self.lost_periods.fetch_add(periods, Ordering::Relaxed);
+        }
+        buffer.state.fetch_sub(WRITER, Ordering::Release);
+    }
+
+    /// Samples lost so far because the active buffer was full.
+    pub(crate) fn lost(&self) -> Tally {
+        Tally {
+            samples: self.lost.load(Ordering::Relaxed),
+            periods: self.lost_periods.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The drained state, without draining.
+    pub(crate) fn drained(&self) -> MutexGuard<'_, Drained> {
+        self.drained.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Swaps the buffers and folds everything the handlers wrote before the swap into
+    /// the open windows. Returns the drained state still locked, so that a window opened
+    /// or closed under it starts or ends exactly at the swap.
+    pub(crate) fn drain(&self) -> MutexGuard<'_, Drained> {
+        let mut drained = self.drained();
+        let old = self.active.load(Ordering::Acquire);
+        self.active.store(1 - old, Ordering::Release);
+        let buffer = &self.buffers[old];
+        loop {
+            // Wait for handlers that reserved space before the swap to finish writing.
+            let state = loop {
+                let state = buffer.state.load(Ordering::Acquire);
+                if state & !CURSOR_MASK == 0 {
+                    break state;
+                }
+                std::thread::yield_now();
+            };
+            let cursor = (state & CURSOR_MASK) as usize;
+            let from = drained.done[old];
+            drained.fold(buffer, from, cursor);
+            drained.done[old] = cursor.min(buffer.words.len());
+            // Reset, unless a late handler (one that read `active` before the swap) has
+            // reserved more space meanwhile; then fold that too.
+            if buffer
+                .state
+                .compare_exchange(state, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                drained.done[old] = 0;
+                return drained;
+            }
+        }
+    }
+}
+
+/// Folds records `from..to` of `buffer` into `stacks` and zeroes them. Stops at the first
+/// empty header: space reserved by a sample that did not fit is never written.
+fn fold(buffer: &Buffer, from: usize, to: usize, stacks: &mut HashMap<StackKey, Tally>) {
+    let words = &buffer.words;
+    let end = to.min(words.len());
+    let mut at = from;
+    while at < end {
+        let header = words[at].swap(0, Ordering::Relaxed);
+        if header >> 56 != MAGIC {
+            break;
+        }
+        let depth = ((header >> 32) & 0xffff) as usize;
+        let Some(record) = words.get(at + RECORD_HEADER..at + RECORD_HEADER + depth) else {
+            break;
+        };
+        let periods = words[at + 1].swap(0, Ordering::Relaxed);
+        let frames: Box<[u64]> = record
+            .iter()
+            .map(|w| w.swap(0, Ordering::Relaxed))
+            .collect();
+        let key = StackKey {
+            tid: header as u32,
+            flags: (header >> 48) as u8,
+            frames,
+        };
+        let tally = stacks.entry(key).or_default();
+        tally.samples += 1;
+        tally.periods += periods;
+        at += RECORD_HEADER + depth;
+    }
+}
+
+/// The buffer words one record of `depth` frames takes.
+pub(crate) const fn record_words(depth: usize) -> usize {
+    RECORD_HEADER + depth
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_records_round_trip_and_overflow_is_counted() {
+        let records = Records::new(10);
+        // Drained while no window is open: counts for none.
+        records.write(6, 0, 1, &[4]);
+        drop(records.drain());
+        records.drained().windows.push((1, HashMap::new()));
+        records.write(7, 0, 1, &[1, 2, 3]);
+        records.write(7, 0, 3, &[1, 2, 3]);
+        records.write(8, FLAG_BLOCKLISTED, 2, &[9, 9, 9]); // does not fit: 5 + 5 + 5 > 10
+        drop(records.drain());
+        // A second window from here on: the later record counts for both.
+        records.drained().windows.push((2, HashMap::new()));
+        records.write(9, FLAG_TRUNCATED, 1, &[5]);
+        let drained = records.drain();
+        let (first, second) = (&drained.windows[0].1, &drained.windows[1].1);
+        let key = |tid, flags, frames: &[u64]| StackKey {
+            tid,
+            flags,
+            frames: frames.into(),
+        };
+        assert_eq!(
+            first.get(&key(7, 0, &[1, 2, 3])),
+            Some(&Tally {
+                samples: 2,
+                periods: 4
+            })
+        );
+        let truncated = Some(&Tally {
+            samples: 1,
+            periods: 1,
+        });
+        assert_eq!(first.get(&key(9, FLAG_TRUNCATED, &[5])), truncated);
+        assert_eq!(first.len(), 2);
+        assert_eq!(second.get(&key(9, FLAG_TRUNCATED, &[5])), truncated);
+        assert_eq!(
+            second.len(),
+            1,
+            "the window opened later has the later record only"
+        );
+        drop(drained);
+        assert_eq!(
+            records.lost(),
+            Tally {
+                samples: 1,
+                periods: 2
+            }
+        );
+        assert!(
+            records
+                .buffers
+                .iter()
+                .all(|b| b.state.load(Ordering::Relaxed) == 0)
+        );
+        assert!(
+            records
+                .buffers
+                .iter()
+                .all(|b| b.words.iter().all(|w| w.load(Ordering::Relaxed) == 0))
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! The signal side of thread dumps: what a thread does, in its `SIGPROF` handler, when a
+//! dump asks it for its stack (step 2 of the contract in `sampler.rs`). The collector's
+//! side, which publishes a [`Dump`] and asks every thread, is `asking.rs`.
+//!
+//! A dump's signal is sent with `rt_tgsigqueueinfo`: `si_code` is `SI_QUEUE` and the
+//! signal value carries [`DUMP_TAG`], the dump's number and the thread's reply slot.
+//! Timers send `SI_TIMER`, so the handler tells the two apart before a CPU session sees
+//! anything: a dump's signal is never a sample, never a foreign signal, and the CPU
+//! session's counts and buffers are untouched.
+//!
+//! In the handler, the thread checks that the slot is its own (`gettid`), claims it with a
+//! compare-and-swap (pending → writing), borrows a scratch slot (its unwind cache and
+//! stack copy; if all are taken, it sleeps on a futex until one is given back or the
+//! deadline passes), unwinds from the interrupted context exactly as a CPU sample does, and
+//! marks the reply done; then it wakes the collector with a futex. Nothing in it
+//! allocates or takes a lock; it waits only for a scratch slot, never past the deadline.
+//! A late signal, after the dump is gone, finds no dump with its number and returns at
+//! once.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::buffer::FLAG_NO_SCRATCH;
+use super::scratch::{Scratch, Slot};
+use super::timers::SignalInfo;
+use super::unwind::{MAX_DEPTH, Unwinding, Unwound, registers};
+use crate::process::current_tid;
+
+/// High 32 bits of a dump's signal value ("KRBD"); a timer's are "KRBA".
+const DUMP_TAG: u64 = 0x4b52_4244;
+/// Reply slots a dump has at most: the signal value has 16 bits for the slot.
+pub(crate) const MAX_DUMP_THREADS: usize = 1 << 16;
+
+pub(crate) const PENDING: u8 = 0;
+pub(crate) const WRITING: u8 = 1;
+pub(crate) const DONE: u8 = 2;
+pub(crate) const EXPIRED: u8 = 3;
+
+/// The dump running now, if any; the handler reads it.
+pub(crate) static DUMP: AtomicPtr<Dump> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The signal value that asks reply slot `index` of dump `id` for its stack.
+pub(crate) fn signal_value(id: u32, index: usize) -> u64 {
+    DUMP_TAG << 32 | u64::from(id & 0xffff) << 16 | index as u64 & 0xffff
+}
+
+/// The dump number and reply slot of a dump's signal value.
+fn parse_value(value: u64) -> Option<(u32, usize)> {
+    (value >> 32 == DUMP_TAG).then_some(((value >> 16 & 0xffff) as u32, (value & 0xffff) as usize))
+}
+
+/// One thread's stack, as its handler wrote it.
+pub(crate) struct Answer {
+    pub(crate) depth: usize,
+    pub(crate) flags: u8,
+    pub(crate) complete: bool,
+    pub(crate) frames: [u64; MAX_DEPTH],
+}
+
+pub(crate) struct Reply {
+    pub(crate) tid: u32,
+    pub(crate) state: AtomicU8,
+    pub(crate) answer: UnsafeCell<Answer>,
+}
+
+/// Everything a dump's handlers read.
+pub(crate) struct Dump {
+    pub(crate) id: u32,
+    pub(crate) unwinding: Unwinding,
+    pub(crate) scratch: Box<[Slot]>,
+    pub(crate) replies: Box<[Reply]>,
+    /// Replies done; the collector waits on it as a futex.
+    pub(crate) answered: AtomicU32,
+    /// Scratch slots given back; handlers waiting for one wait on it as a futex.
+    pub(crate) released: AtomicU32,
+    /// The deadline has passed: a handler still waiting for a scratch slot stops waiting.
+    pub(crate) expired: AtomicBool,
+}
+
+// SAFETY: a reply's `answer` is only written by the handler that moved its state from
+// pending to writing, and only read by the collector once the state is done (release /
+// acquire); the scratch slots are guarded by their flag, as in a CPU session.
+unsafe impl Sync for Dump {}
+
+/// Sleeps until `word` is no longer `expected`, a wake, or `timeout`.
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: FUTEX_WAIT reads the word and sleeps; the pointers are valid for the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &raw const timeout,
+        );
+    }
+}
+
+/// Wakes up to `waiters` threads waiting on `word`; async-signal-safe (one system call).
+pub(crate) fn futex_wake(word: &AtomicU32, waiters: i32) {
+    // SAFETY: FUTEX_WAKE only reads the address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            waiters,
+        );
+    }
+}
+
+/// A dump's signal, in the handler: answers it if its dump is the one running. Returns
+/// whether the signal was a dump's (then the CPU session never sees it).
+///
+/// # Safety
+/// `context` must be what the kernel passed to the `SA_SIGINFO` handler with `info`.
+pub(crate) unsafe fn on_signal(info: &SignalInfo, context: *mut libc::c_void) -> bool {
+    if info.code != libc::SI_QUEUE {
+        return false;
+    }
+    let Some((id, index)) = parse_value(info.value) else {
+        return false;
+    };
+    let dump = DUMP.load(Ordering::SeqCst);
+    if dump.is_null() {
+        return true;
+    }
+    // SAFETY: a published dump lives until no handler runs after it is cleared (`retire`),
+    // and the caller registered in RUNNING_HANDLERS before loading it.
+    let dump = unsafe { &*dump };
+    if id == dump.id {
+        // SAFETY: forwarded from the caller.
+        unsafe { dump.answer(index, context) };
+    }
+    true
+}
+
+impl Dump {
+    /// Writes this thread's stack into reply `index`, if it is this thread's and pending.
+    ///
+    /// # Safety
+    /// `context` must be the `ucontext_t` the kernel passed to the handler.
+    unsafe fn answer(&self, index: usize, context: *mut libc::c_void) {
+        let Some(reply) = self.replies.get(index) else {
+            return;
+        };
+        if reply.tid != current_tid()
+            || reply
+                .state
+                .compare_exchange(PENDING, WRITING, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        // SAFETY: this handler moved the reply from pending to writing: it alone writes it.
+        let answer = unsafe { &mut *reply.answer.get() };
+        answer.depth = 0;
+        answer.flags = 0;
+        answer.complete = false;
+        // SAFETY: forwarded from the caller.
+        if let Some((pc, regs)) = unsafe { registers(context, self.unwinding.code_mask) } {
+            answer.frames[0] = pc;
+            answer.depth = 1;
+            if let Some(flags) = self.unwinding.refusal(pc) {
+                answer.flags = flags;
+            } else if let Some(slot) = self.take_scratch() {
+                // SAFETY: `take_scratch` gave this handler exclusive use of the slot.
+                let Scratch { cache, stack, .. } = unsafe { &mut *slot.scratch.get() };
+                let Unwound {
+                    depth,
+                    flags,
+                    complete,
+                    ..
+                } = self
+                    .unwinding
+                    .unwind((pc, regs), 0, cache, stack, &mut answer.frames);
+                self.release_scratch(slot);
+                answer.depth = depth.max(1);
+                answer.flags = flags;
+                answer.complete = complete;
+            } else {
+                answer.flags = FLAG_NO_SCRATCH;
+            }
+        }
+        reply.state.store(DONE, Ordering::Release);
+        self.answered.fetch_add(1, Ordering::AcqRel);
+        futex_wake(&self.answered, 1);
+    }
+
+    /// A free scratch slot. The holders are other threads' handlers, which finish in
+    /// microseconds once they run again; on a busy machine one may be preempted for a
+    /// while, so this sleeps on [`Dump::released`] until a slot is free, giving up (and
+    /// answering with the PC alone) only once the dump's deadline has passed.
+    fn take_scratch(&self) -> Option<&Slot> {
+        loop {
+            let seen = self.released.load(Ordering::Acquire);
+            if let Some(slot) = self.scratch.iter().find(|slot| slot.try_take()) {
+                return Some(slot);
+            }
+            if self.expired.load(Ordering::Acquire) {
+                return None;
+            }
+            futex_wait(&self.released, seen, Duration::from_millis(1));
+        }
+    }
+
+    /// Gives a scratch slot back and wakes the handlers waiting for one.
+    fn release_scratch(&self, slot: &Slot) {
+        slot.busy.store(false, Ordering::Release);
+        self.released.fetch_add(1, Ordering::AcqRel);
+        futex_wake(&self.released, i32::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_values_carry_the_dump_and_the_slot() {
+        let value = signal_value(0x1_2345, 7);
+        assert_eq!(parse_value(value), Some((0x2345, 7)));
+        assert_eq!(
+            parse_value(super::super::timers::signal_value(3, 1)),
+            None,
+            "a timer's value is not a dump's"
+        );
+        assert_eq!(parse_value(0), None);
+    }
+}

@@ -1,0 +1,326 @@
+//! The signal handler: [`on_sigprof`], installed for `SIGPROF`, and what it reads. It
+//! hands a thread dump's signal to `dump.rs` and a CPU timer's to the running
+//! [`Session`], which keeps only its own timers' signals, weighs the sample, takes a
+//! scratch slot, unwinds and writes the record (steps 1 to 11 of the contract in
+//! `sampler.rs`). Also the handler's installation, its globals, and the fork handler
+//! that clears them in a child.
+
+use std::sync::Once;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use super::buffer::{FLAG_NO_SCRATCH, Records};
+use super::dump;
+use super::scratch::{Scratch, Slot};
+use super::thread_table::{Thread, Threads};
+use super::timers::{KIND_BACKSTOP, KIND_THREAD, SignalInfo, signal_kind};
+use super::unwind::{Unwinding, Unwound, registers};
+use crate::process::current_tid;
+
+/// The running CPU session, if any: the handler's only way to it.
+pub(crate) static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
+/// Handlers running now: a session or a dump is freed only once this is zero after its
+/// pointer was cleared.
+pub(crate) static RUNNING_HANDLERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Why sampling (or a dump) could not start.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// Another session is running in this process (another router, or a bug).
+    Running,
+    /// Another `SIGPROF` handler is installed (another profiler in this process).
+    ForeignHandler,
+    /// A system call failed.
+    System(&'static str, std::io::Error),
+}
+
+/// Everything the handler reads of a CPU session. Immutable after start, apart from
+/// atomics and slots.
+pub(crate) struct Session {
+    /// Matched against each signal's value: only this session's timers count.
+    pub(crate) id: u32,
+    pub(crate) unwinding: Unwinding,
+    pub(crate) slots: Box<[Slot]>,
+    pub(crate) records: Records,
+    pub(crate) foreign: AtomicU64,
+    /// Per thread: whether it has a timer of its own (the backstop's signals on it are
+    /// dropped), and the range of its stack proven readable (read without system calls).
+    pub(crate) threads: Threads,
+    pub(crate) costs: Costs,
+}
+
+/// Handler time per sample, in 100 ns buckets up to 20 µs (the last bucket: longer).
+pub(crate) struct Costs {
+    buckets: [AtomicU32; Costs::BUCKETS],
+    pub(crate) frames: AtomicU64,
+    pub(crate) unwound: AtomicU64,
+    /// Unwound samples that needed no system call to read the stack.
+    pub(crate) direct: AtomicU64,
+    /// Unwound samples that reached the stack's outermost frame.
+    pub(crate) complete: AtomicU64,
+}
+
+impl Costs {
+    const BUCKETS: usize = 201;
+    const WIDTH: u64 = 100;
+
+    pub(crate) fn new() -> Costs {
+        Costs {
+            buckets: [const { AtomicU32::new(0) }; Costs::BUCKETS],
+            frames: AtomicU64::new(0),
+            unwound: AtomicU64::new(0),
+            direct: AtomicU64::new(0),
+            complete: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, nanos: u64) {
+        let bucket = ((nanos / Costs::WIDTH) as usize).min(Costs::BUCKETS - 1);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The upper edge of the bucket holding the `quantile`th sample.
+    pub(crate) fn quantile(&self, quantile: f64) -> u64 {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| u64::from(b.load(Ordering::Relaxed)))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let rank = ((total as f64 * quantile).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (bucket, count) in counts.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                return (bucket as u64 + 1) * Costs::WIDTH;
+            }
+        }
+        Costs::BUCKETS as u64 * Costs::WIDTH
+    }
+}
+
+impl Session {
+    /// One `SIGPROF`. Runs in the signal handler: see the module docs.
+    ///
+    /// # Safety
+    /// `info` and `context` must be what the kernel passed to a `SA_SIGINFO` handler.
+    unsafe fn on_signal(&self, info: *const libc::siginfo_t, context: *mut libc::c_void) {
+        let entered = monotonic_nanos();
+        if info.is_null() {
+            return;
+        }
+        // SAFETY: the kernel's siginfo is valid for the handler's duration, and at least
+        // as large as the timer layout (checked above).
+        let info = unsafe { &*info.cast::<SignalInfo>() };
+        let kind = if info.code == libc::SI_TIMER {
+            signal_kind(info.value, self.id)
+        } else {
+            None
+        };
+        // A thread's own timer names it: no system call needed to learn which it is.
+        let tid = match kind {
+            Some(KIND_THREAD) => self.threads.owner(info.timer).unwrap_or_else(current_tid),
+            _ => current_tid(),
+        };
+        let thread = self.threads.find(tid);
+        let periods = match kind {
+            Some(KIND_THREAD) => 1 + info.overrun.max(0) as u64,
+            // A thread with its own timer is sampled by it; the backstop is for the others.
+            Some(KIND_BACKSTOP) if thread.is_some_and(Thread::is_timed) => return,
+            Some(KIND_BACKSTOP) => 1,
+            _ => {
+                self.foreign.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.sample(tid, thread, periods, context) };
+        self.costs.record(monotonic_nanos().saturating_sub(entered));
+    }
+
+    /// Records one sample standing for `periods` timer periods.
+    ///
+    /// # Safety
+    /// `context` must be the `ucontext_t` the kernel passed to the handler.
+    unsafe fn sample(
+        &self,
+        tid: u32,
+        thread: Option<&Thread>,
+        periods: u64,
+        context: *mut libc::c_void,
+    ) {
+        // SAFETY: forwarded from the caller.
+        let Some((pc, regs)) = (unsafe { registers(context, self.unwinding.code_mask) }) else {
+            return;
+        };
+        let flags = if let Some(flags) = self.unwinding.refusal(pc) {
+            flags
+        } else if let Some(slot) = self.take_slot(tid) {
+            // SAFETY: `take_slot` gave this handler exclusive use of the slot.
+            let Scratch {
+                cache,
+                stack,
+                frames,
+            } = unsafe { &mut *slot.scratch.get() };
+            let sp = regs.sp();
+            let direct_high = match thread.and_then(Thread::known_stack) {
+                Some((low, high)) if low <= sp && sp < high => high,
+                _ => 0,
+            };
+            let Unwound {
+                depth,
+                flags,
+                complete,
+                copied,
+            } = self
+                .unwinding
+                .unwind((pc, regs), direct_high, cache, stack, frames);
+            // An unwind that reached the outermost frame read only this thread's stack:
+            // what it copied is known readable for the thread's later samples.
+            if let Some(thread) = thread.filter(|_| complete && copied > 0) {
+                thread.prove_stack(sp, sp + copied as u64);
+            }
+            if copied == 0 {
+                self.costs.direct.fetch_add(1, Ordering::Relaxed);
+            }
+            if complete {
+                self.costs.complete.fetch_add(1, Ordering::Relaxed);
+            }
+            self.costs.frames.fetch_add(depth as u64, Ordering::Relaxed);
+            self.costs.unwound.fetch_add(1, Ordering::Relaxed);
+            self.records.write(tid, flags, periods, &frames[..depth]);
+            slot.busy.store(false, Ordering::Release);
+            return;
+        } else {
+            FLAG_NO_SCRATCH
+        };
+        self.records.write(tid, flags, periods, &[pc]);
+    }
+
+    fn take_slot(&self, tid: u32) -> Option<&Slot> {
+        let n = self.slots.len();
+        (0..n)
+            .map(|i| &self.slots[(tid as usize + i) % n])
+            .find(|slot| slot.try_take())
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds; async-signal-safe (the vDSO answers it).
+fn monotonic_nanos() -> u64 {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut time) };
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+}
+
+/// The `SIGPROF` handler. See the module docs for what it may and may not do.
+extern "C" fn on_sigprof(
+    _signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
+    // SAFETY: errno is thread-local; reading and restoring it is what makes the handler
+    // invisible to the interrupted code.
+    let errno = unsafe { *libc::__errno_location() };
+    RUNNING_HANDLERS.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: the kernel's siginfo is valid for the handler's duration, and at least as
+    // large as the layout read; `context` comes from the kernel.
+    let dumped = !info.is_null() && unsafe { dump::on_signal(&*info.cast(), context) };
+    let session = SESSION.load(Ordering::SeqCst);
+    if !dumped && !session.is_null() {
+        // SAFETY: a non-null session stays alive until RUNNING_HANDLERS drops to zero
+        // after it was cleared (see `retire`); `info` and `context` come from the kernel.
+        unsafe { (*session).on_signal(info, context) };
+    }
+    RUNNING_HANDLERS.fetch_sub(1, Ordering::SeqCst);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// The `SIGPROF` handler installed now.
+fn current_handler() -> usize {
+    // SAFETY: sigaction with a null new action only writes the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut old) != 0 {
+            return libc::SIG_DFL;
+        }
+        old.sa_sigaction
+    }
+}
+
+pub(crate) fn handler_is_ours() -> bool {
+    current_handler() == on_sigprof as *const () as usize
+}
+
+/// Whether starting may install our handler: nobody else's is there.
+pub(crate) fn handler_is_ours_or_default() -> bool {
+    let handler = current_handler();
+    handler == libc::SIG_DFL || handler == libc::SIG_IGN || handler_is_ours()
+}
+
+/// Installs the handler (again, in case the default came back since the last profile).
+pub(crate) fn install_handler() -> Result<(), StartError> {
+    // SAFETY: the sigaction struct is fully initialised; the handler is async-signal-safe.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigprof as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(libc::SIGPROF, &action, std::ptr::null_mut()) != 0 {
+            return Err(StartError::System(
+                "sigaction(SIGPROF)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// In a child made by `fork`, the parent's session is a copy that no timer feeds and no
+/// thread will ever stop: forget it (leaking the copy), so that the child can profile
+/// itself. Registered once, before the first session starts.
+pub(crate) fn register_fork_handler() {
+    static ONCE: Once = Once::new();
+    extern "C" fn in_child() {
+        SESSION.store(std::ptr::null_mut(), Ordering::SeqCst);
+        dump::DUMP.store(std::ptr::null_mut(), Ordering::SeqCst);
+        RUNNING_HANDLERS.store(0, Ordering::SeqCst);
+    }
+    ONCE.call_once(|| {
+        // SAFETY: the child handler only stores to atomics, which is async-signal-safe.
+        unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    });
+}
+
+/// Waits until no handler runs: called after a session's or a dump's pointer was
+/// cleared, so that none can still use what it pointed to. A handler that loaded the
+/// pointer before it was cleared registered itself first (both `SeqCst`), so it is
+/// counted here until it is done.
+pub(crate) fn wait_for_handlers() {
+    while RUNNING_HANDLERS.load(Ordering::SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handler_costs_give_median_and_tail() {
+        let costs = Costs::new();
+        for nanos in (0..98).map(|i| 1_000 + i * 10).chain([9_000, 50_000]) {
+            costs.record(nanos);
+        }
+        assert_eq!(costs.quantile(0.5), 1_500);
+        assert_eq!(costs.quantile(0.99), 9_100);
+        assert_eq!(costs.quantile(1.0), Costs::BUCKETS as u64 * Costs::WIDTH);
+        assert_eq!(Costs::new().quantile(0.5), 0);
+    }
+}

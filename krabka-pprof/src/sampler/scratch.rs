@@ -1,0 +1,120 @@
+//! Scratch memory for signal handlers: a slot per handler that may unwind at once, taken
+//! with a compare-and-swap (step 6 of the contract in `sampler.rs`), holding the unwinder's
+//! cache, a copy of the interrupted stack and the frames found, so that the handler
+//! uses little of the interrupted thread's own stack.
+
+use std::cell::UnsafeCell;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::unwind::{Cache, MAX_DEPTH};
+
+/// How far above the stack pointer the handler may copy the stack.
+pub(crate) const MAX_STACK_COPY: usize = 256 * 1024;
+
+/// One handler's working memory: kept off the interrupted thread's stack, which may have
+/// little room left.
+pub(crate) struct Scratch {
+    pub(crate) cache: Cache,
+    pub(crate) stack: FreshPages,
+    pub(crate) frames: [u64; MAX_DEPTH],
+}
+
+/// Zeroed memory mapped straight from the kernel: its pages become resident only when
+/// written. (`calloc` of the same size may reuse freed heap memory and zero it all, making
+/// every page resident: a stack copy is sized for the deepest stack, but a typical one
+/// uses a few pages of it.)
+pub(crate) struct FreshPages {
+    start: *mut u8,
+    len: usize,
+}
+
+impl FreshPages {
+    pub(crate) fn new(len: usize) -> FreshPages {
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(
+            start != libc::MAP_FAILED,
+            "mmap of {len} bytes failed: {}",
+            std::io::Error::last_os_error()
+        );
+        FreshPages {
+            start: start.cast(),
+            len,
+        }
+    }
+}
+
+impl Deref for FreshPages {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes, readable, and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.start, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for FreshPages {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, writable, and borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.start, self.len) }
+    }
+}
+
+impl Drop for FreshPages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping came from `mmap` in `new` and is unmapped once.
+        unsafe { libc::munmap(self.start.cast(), self.len) };
+    }
+}
+
+// SAFETY: plain memory owned by this value.
+unsafe impl Send for FreshPages {}
+
+/// How many handlers can unwind at once, each in a scratch slot of its own: one per CPU
+/// and two more, 4 to 16. The two more are for handlers that hold a slot while they are
+/// not running: preempted on a loaded machine, or waiting in a stack read for the kernel's
+/// memory-map lock while another thread maps or unmaps. With one slot per CPU alone, a
+/// third handler on 2 CPUs found none and recorded its PC alone ("sampler busy"), which a
+/// profile of a loaded 2-core machine showed.
+pub(crate) fn scratch_slots() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cpus + 2).clamp(4, 16)
+}
+
+pub(crate) struct Slot {
+    pub(crate) busy: AtomicBool,
+    pub(crate) scratch: UnsafeCell<Scratch>,
+}
+
+// SAFETY: `scratch` is only touched by the handler that set `busy` from false to true, until
+// it stores false again.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    pub(crate) fn new() -> Slot {
+        Slot {
+            busy: AtomicBool::new(false),
+            scratch: UnsafeCell::new(Scratch {
+                cache: Cache::new_in(),
+                stack: FreshPages::new(MAX_STACK_COPY),
+                frames: [0; MAX_DEPTH],
+            }),
+        }
+    }
+
+    /// Takes the slot if no handler holds it; async-signal-safe.
+    pub(crate) fn try_take(&self) -> bool {
+        self.busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+}

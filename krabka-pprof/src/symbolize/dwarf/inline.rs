@@ -1,0 +1,402 @@
+//! Inline trees: for each wanted address, the function DIEs that contain it (the
+//! subprogram, then each call inlined into it), their names followed through
+//! `DW_AT_abstract_origin` and `DW_AT_specification` (across units too, as LTO writes
+//! them), and the chain turned into an address's functions, innermost first.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use gimli::{AttributeValue, DebugInfoOffset, UnitOffset, UnitRef};
+
+use super::file::{Dwarf, Reader, Scattered, Unit};
+use super::rows::{Row, program_file};
+use super::units::span;
+use crate::symbolize::names::{FunctionLine, demangle};
+
+/// A function's name and where it is declared, as its DIE (or the DIEs it refers to,
+/// through `DW_AT_abstract_origin` and `DW_AT_specification`) states it.
+#[derive(Clone, Debug, Default)]
+struct Origin {
+    raw: String,
+    decl: Option<(String, i64)>,
+}
+
+/// A function DIE whose code holds one of the wanted addresses: a subprogram, or a call
+/// inlined into one.
+#[derive(Clone, Debug)]
+pub(crate) struct Scope {
+    origin: Rc<Origin>,
+    /// Where the inlined call is, in the function it was inlined into.
+    call: Option<Row>,
+}
+
+/// Names already looked up in this request, by the DIE's offset in `.debug_info`:
+/// inlined calls of one function share its abstract DIE.
+pub(crate) struct Origins<'s, 'd> {
+    known: HashMap<DebugInfoOffset, Origin>,
+    /// Start offsets of every unit, read once if a DIE refers to another unit.
+    unit_starts: Option<Vec<DebugInfoOffset>>,
+    /// Units other units' DIEs referred to, parsed once: in a release build most inlined
+    /// functions are declared in another unit of their crate.
+    units: HashMap<DebugInfoOffset, Rc<Unit<'d>>>,
+    scattered: &'s Scattered<'s>,
+}
+
+/// For each of `at` (sorted), the function DIEs containing it, outermost first: the
+/// subprogram, then each inlined call in it, nesting inwards. Subtrees whose ranges hold
+/// none of `at` are skipped without reading their attributes' values, and the walk ends
+/// once the `expected` addresses (those the line program covers) each have their
+/// subprogram, read to its end.
+pub(crate) fn inline_chains<'d>(
+    unit: UnitRef<'_, Reader<'d>>,
+    at: &[u64],
+    expected: &[bool],
+    origins: &mut Origins<'_, 'd>,
+) -> Option<Vec<Vec<Scope>>> {
+    let mut chains: Vec<Vec<Scope>> = vec![Vec::new(); at.len()];
+    let mut unplaced = expected.iter().filter(|e| **e).count();
+    let mut entries = unit.entries_raw(None).ok()?;
+    // While set, DIEs deeper than this are inside a function that holds none of `at`.
+    let mut skip_deeper_than: Option<isize> = None;
+    // The depth of the last subprogram that held some of `at`.
+    let mut last_hit: Option<isize> = None;
+    while !entries.is_empty() {
+        let depth = entries.next_depth();
+        if unplaced == 0 && last_hit.is_none_or(|hit| depth <= hit) {
+            break;
+        }
+        let abbrev = entries.read_abbreviation().ok()?;
+        let Some(abbrev) = abbrev else {
+            continue;
+        };
+        if let Some(limit) = skip_deeper_than {
+            if depth > limit {
+                entries.skip_attributes(abbrev.attributes()).ok()?;
+                continue;
+            }
+            skip_deeper_than = None;
+        }
+        let tag = abbrev.tag();
+        if tag != gimli::DW_TAG_subprogram && tag != gimli::DW_TAG_inlined_subroutine {
+            entries.skip_attributes(abbrev.attributes()).ok()?;
+            continue;
+        }
+        let mut die = Die::default();
+        for spec in abbrev.attributes() {
+            let attr = entries.read_attribute(*spec).ok()?;
+            die.read(unit, attr);
+        }
+        let hits = die.hits(unit, at);
+        if hits.is_empty() {
+            skip_deeper_than = Some(depth);
+            continue;
+        }
+        let origin = Rc::new(die.origin(unit, origins));
+        let call = (tag == gimli::DW_TAG_inlined_subroutine).then(|| {
+            let file = die
+                .call_file
+                .and_then(|file| program_file(unit, file))
+                .unwrap_or_default();
+            (file, die.call_line)
+        });
+        if tag == gimli::DW_TAG_subprogram {
+            last_hit = Some(depth);
+            unplaced -= hits
+                .iter()
+                .filter(|&&i| expected.get(i).copied().unwrap_or(false) && chains[i].is_empty())
+                .count()
+                .min(unplaced);
+        }
+        // Depth-first order: a DIE comes before those nested in it, so each chain grows
+        // outwards in.
+        for i in hits {
+            chains[i].push(Scope {
+                origin: origin.clone(),
+                call: call.clone(),
+            });
+        }
+    }
+    Some(chains)
+}
+
+/// The attributes of a function DIE this module reads.
+#[derive(Default)]
+struct Die<'a> {
+    low_pc: Option<u64>,
+    high_pc: Option<u64>,
+    size: Option<u64>,
+    ranges: Option<gimli::RangeListsOffset<usize>>,
+    linkage_name: Option<AttributeValue<Reader<'a>>>,
+    name: Option<AttributeValue<Reader<'a>>>,
+    refers_to: Option<AttributeValue<Reader<'a>>>,
+    decl_file: Option<u64>,
+    decl_line: i64,
+    call_file: Option<u64>,
+    call_line: i64,
+}
+
+impl<'a> Die<'a> {
+    fn read(&mut self, unit: UnitRef<'_, Reader<'a>>, attr: gimli::Attribute<Reader<'a>>) {
+        let value = attr.value();
+        match attr.name() {
+            gimli::DW_AT_low_pc => self.low_pc = unit.attr_address(value).ok().flatten(),
+            gimli::DW_AT_high_pc => match value {
+                AttributeValue::Udata(size) => self.size = Some(size),
+                value => self.high_pc = unit.attr_address(value).ok().flatten(),
+            },
+            gimli::DW_AT_ranges => self.ranges = unit.attr_ranges_offset(value).ok().flatten(),
+            // Names are read only for the functions that hold a wanted address.
+            gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name => {
+                self.linkage_name = Some(value);
+            }
+            gimli::DW_AT_name => self.name = Some(value),
+            gimli::DW_AT_abstract_origin | gimli::DW_AT_specification => {
+                self.refers_to = Some(value);
+            }
+            gimli::DW_AT_decl_file => self.decl_file = file_index(unit, value),
+            gimli::DW_AT_decl_line => self.decl_line = line_number(&attr),
+            gimli::DW_AT_call_file => self.call_file = file_index(unit, value),
+            gimli::DW_AT_call_line => self.call_line = line_number(&attr),
+            _ => {}
+        }
+    }
+
+    /// The indexes of `at` inside this DIE's code.
+    fn hits(&self, unit: UnitRef<'_, Reader<'a>>, at: &[u64]) -> Vec<usize> {
+        let mut hits = Vec::new();
+        if let Some(offset) = self.ranges {
+            if let Ok(mut ranges) = unit.ranges(offset) {
+                while let Ok(Some(range)) = ranges.next() {
+                    hits.extend(span(at, range.begin, range.end));
+                }
+            }
+            hits.sort_unstable();
+            hits.dedup();
+        } else if let Some(low) = self.low_pc {
+            let high = self
+                .high_pc
+                .or_else(|| self.size.map(|size| low.saturating_add(size)));
+            if let Some(high) = high {
+                hits.extend(span(at, low, high));
+            }
+        }
+        hits
+    }
+
+    /// The DIE's own name: its linkage name, else its plain name; and whether it was the
+    /// linkage name.
+    fn own_name(&self, unit: UnitRef<'_, Reader<'a>>, scattered: &Scattered<'_>) -> (String, bool) {
+        let string = |value: AttributeValue<Reader<'a>>| match value {
+            AttributeValue::DebugStrRef(offset) if scattered.debug_str.is_some() => {
+                scattered.string(offset.0)
+            }
+            value => unit
+                .attr_string(value)
+                .ok()
+                .map(|name| name.to_string_lossy().into_owned()),
+        };
+        if let Some(name) = self.linkage_name.and_then(string) {
+            return (name, true);
+        }
+        (self.name.and_then(string).unwrap_or_default(), false)
+    }
+
+    /// The function's name and declaration, following the DIEs it refers to.
+    fn origin(&self, unit: UnitRef<'_, Reader<'a>>, origins: &mut Origins<'_, 'a>) -> Origin {
+        let (raw, has_linkage_name) = self.own_name(unit, origins.scattered);
+        let mut origin = Origin {
+            raw,
+            decl: self.decl(unit),
+        };
+        if !has_linkage_name && let Some(refers_to) = self.refers_to {
+            let referred = origins.follow(unit, refers_to, 16);
+            if !referred.raw.is_empty() {
+                origin.raw = referred.raw;
+            }
+            origin.decl = origin.decl.or(referred.decl);
+        }
+        origin
+    }
+
+    fn decl(&self, unit: UnitRef<'_, Reader<'a>>) -> Option<(String, i64)> {
+        let file = program_file(unit, self.decl_file?)?;
+        Some((file, self.decl_line))
+    }
+}
+
+impl<'s, 'd> Origins<'s, 'd> {
+    pub(crate) fn new(scattered: &'s Scattered<'s>) -> Origins<'s, 'd> {
+        Origins {
+            known: HashMap::new(),
+            unit_starts: None,
+            units: HashMap::new(),
+            scattered,
+        }
+    }
+
+    /// The name and declaration of the DIE `value` refers to, looked up once per request.
+    fn follow(
+        &mut self,
+        unit: UnitRef<'_, Reader<'d>>,
+        value: AttributeValue<Reader<'d>>,
+        limit: u32,
+    ) -> Origin {
+        if limit == 0 {
+            return Origin::default();
+        }
+        match value {
+            AttributeValue::UnitRef(offset) => {
+                let Some(at) = offset.to_debug_info_offset(&unit.header) else {
+                    return Origin::default();
+                };
+                if let Some(known) = self.known.get(&at) {
+                    return known.clone();
+                }
+                let origin = self.read(unit, offset, limit);
+                self.known.insert(at, origin.clone());
+                origin
+            }
+            AttributeValue::DebugInfoRef(at) => {
+                if let Some(known) = self.known.get(&at) {
+                    return known.clone();
+                }
+                let origin = self
+                    .read_elsewhere(unit.dwarf, at, limit)
+                    .unwrap_or_default();
+                self.known.insert(at, origin.clone());
+                origin
+            }
+            _ => Origin::default(),
+        }
+    }
+
+    /// A DIE in another unit: LTO's merged modules refer across units.
+    fn read_elsewhere(
+        &mut self,
+        dwarf: &Dwarf<'d>,
+        at: DebugInfoOffset,
+        limit: u32,
+    ) -> Option<Origin> {
+        let scattered = self.scattered;
+        let starts = self.unit_starts.get_or_insert_with(|| {
+            scattered.unit_starts().unwrap_or_else(|| {
+                // A compressed section is in memory already: walk it.
+                let mut starts = Vec::new();
+                let mut headers = dwarf.units();
+                while let Ok(Some(header)) = headers.next() {
+                    if let Some(offset) = header.debug_info_offset() {
+                        starts.push(offset);
+                    }
+                }
+                starts
+            })
+        });
+        let start = *starts.get(starts.partition_point(|s| *s <= at).checked_sub(1)?)?;
+        let unit = match self.units.get(&start) {
+            Some(unit) => unit.clone(),
+            None => {
+                let header = dwarf.debug_info.header_from_offset(start).ok()?;
+                let unit = Rc::new(dwarf.unit(header).ok()?);
+                self.units.insert(start, unit.clone());
+                unit
+            }
+        };
+        let offset = UnitOffset(at.0.checked_sub(start.0)?);
+        Some(self.read(UnitRef::new(dwarf, &unit), offset, limit))
+    }
+
+    fn read(&mut self, unit: UnitRef<'_, Reader<'d>>, offset: UnitOffset, limit: u32) -> Origin {
+        let Ok(mut entries) = unit.entries_raw(Some(offset)) else {
+            return Origin::default();
+        };
+        let Ok(Some(abbrev)) = entries.read_abbreviation() else {
+            return Origin::default();
+        };
+        let mut die = Die::default();
+        for spec in abbrev.attributes() {
+            let Ok(attr) = entries.read_attribute(*spec) else {
+                return Origin::default();
+            };
+            die.read(unit, attr);
+        }
+        let (raw, has_linkage_name) = die.own_name(unit, self.scattered);
+        let mut origin = Origin {
+            raw,
+            decl: die.decl(unit),
+        };
+        if !has_linkage_name && let Some(refers_to) = die.refers_to {
+            let referred = self.follow(unit, refers_to, limit - 1);
+            if !referred.raw.is_empty() {
+                origin.raw = referred.raw;
+            }
+            origin.decl = origin.decl.or(referred.decl);
+        }
+        origin
+    }
+}
+
+/// A file index attribute, where DWARF 4's index 0 means "no file" and DWARF 5's does not.
+fn file_index(unit: UnitRef<'_, Reader<'_>>, value: AttributeValue<Reader<'_>>) -> Option<u64> {
+    match value {
+        AttributeValue::FileIndex(index) if index > 0 || unit.header.version() >= 5 => Some(index),
+        _ => None,
+    }
+}
+
+fn line_number(attr: &gimli::Attribute<Reader<'_>>) -> i64 {
+    attr.udata_value()
+        .and_then(|line| i64::try_from(line).ok())
+        .unwrap_or(0)
+}
+
+/// An address's functions, innermost first: the innermost function at the line-table row,
+/// and each function it was inlined into at the call's line. Names are DWARF's (the
+/// linkage name demangled where there is one); the symbol table may rename the outermost
+/// (`symbolize.rs`).
+pub(crate) fn functions(chain: &[Scope], row: Option<Row>) -> Vec<FunctionLine> {
+    if chain.is_empty() {
+        // Lines without a function DIE (assembly, line-tables-only C): the line alone,
+        // for the function the symbol table names.
+        return row
+            .map(|(filename, line)| {
+                vec![FunctionLine {
+                    name: String::new(),
+                    system_name: String::new(),
+                    filename,
+                    line,
+                    start_line: 0,
+                }]
+            })
+            .unwrap_or_default();
+    }
+    let mut functions = Vec::with_capacity(chain.len());
+    let mut at = row.unwrap_or_default();
+    for scope in chain.iter().rev() {
+        let (mut filename, line) = at;
+        // Line 0 (code the compiler made up) says nothing of its file: the function's own
+        // file is named instead, so the function stays one function of one file.
+        if (line == 0 || filename.is_empty())
+            && let Some((file, _)) = &scope.origin.decl
+        {
+            filename.clone_from(file);
+        }
+        let start_line = match &scope.origin.decl {
+            Some((file, line)) if *file == filename => *line,
+            _ => 0,
+        };
+        let raw = &scope.origin.raw;
+        functions.push(FunctionLine {
+            name: if raw.is_empty() {
+                String::new()
+            } else {
+                demangle(raw)
+            },
+            system_name: raw.clone(),
+            filename,
+            line,
+            start_line,
+        });
+        at = scope.call.clone().unwrap_or_default();
+    }
+    functions
+}

@@ -1,0 +1,137 @@
+//! Which compilation unit holds each wanted address: `.debug_aranges` where the file
+//! has it, else each unit's own ranges read from its root DIE alone.
+
+use std::collections::BTreeMap;
+
+use gimli::{AttributeValue, DebugInfoOffset};
+
+use super::file::{Dwarf, Reader};
+
+/// The compilation unit holding each address, with the indexes of its addresses: from
+/// `.debug_aranges` where the file has it (rustc and gcc write it), else from each unit's
+/// own ranges (clang writes none by default).
+///
+/// Where the file has `.debug_aranges`, the units it leaves out are not looked at: in a
+/// Rust binary they are the thousands of units that hold only generic code inlined
+/// elsewhere (1,275 of 1,655 in the benchmark's service, one of which has code: a C file
+/// of compiler-builtins built by clang). Reading each one's first DIE to find that out
+/// took 15 ms and made some 10 MB of the file resident, for every profile that holds an
+/// address no unit covers (`_start`, a PLT stub); such code keeps its symbol-table name.
+pub(crate) fn units_of(
+    dwarf: &Dwarf<'_>,
+    addresses: &[u64],
+) -> BTreeMap<DebugInfoOffset, Vec<usize>> {
+    let mut unit_of: Vec<Option<DebugInfoOffset>> = vec![None; addresses.len()];
+    let mut any_listed = false;
+    let mut headers = dwarf.debug_aranges.headers();
+    while let Ok(Some(header)) = headers.next() {
+        let offset = header.debug_info_offset();
+        any_listed = true;
+        let mut entries = header.entries();
+        while let Ok(Some(entry)) = entries.next() {
+            let range = entry.range();
+            for slot in &mut unit_of[span(addresses, range.begin, range.end)] {
+                slot.get_or_insert(offset);
+            }
+        }
+    }
+    if !any_listed {
+        let mut headers = dwarf.units();
+        while let Ok(Some(header)) = headers.next() {
+            let Some(offset) = header.debug_info_offset() else {
+                continue;
+            };
+            let mut place = |begin: u64, end: u64| {
+                for slot in &mut unit_of[span(addresses, begin, end)] {
+                    slot.get_or_insert(offset);
+                }
+            };
+            match root_ranges(dwarf, &header, &mut place) {
+                Some(()) => {}
+                // Ranges this reading cannot place (DWARF 5's indexed forms): the unit's
+                // own, read in full.
+                None => {
+                    let Ok(unit) = dwarf.unit(header) else {
+                        continue;
+                    };
+                    let Ok(mut ranges) = dwarf.unit_ranges(&unit) else {
+                        continue;
+                    };
+                    while let Ok(Some(range)) = ranges.next() {
+                        place(range.begin, range.end);
+                    }
+                }
+            }
+            if unit_of.iter().all(Option::is_some) {
+                break;
+            }
+        }
+    }
+    let mut units: BTreeMap<DebugInfoOffset, Vec<usize>> = BTreeMap::new();
+    for (i, unit) in unit_of.into_iter().enumerate() {
+        if let Some(unit) = unit {
+            units.entry(unit).or_default().push(i);
+        }
+    }
+    units
+}
+
+/// The code ranges of a unit, from its root DIE alone: most units `.debug_aranges` does not
+/// list hold no code at all (generic code only ever inlined elsewhere), and reading just
+/// their first DIE is far cheaper than [`gimli::Dwarf::unit`], which also parses the
+/// unit's line program header. `None` where the ranges need the unit's bases (DWARF 5's
+/// `DW_FORM_addrx`, `DW_FORM_rnglistx`).
+fn root_ranges(
+    dwarf: &Dwarf<'_>,
+    header: &gimli::UnitHeader<Reader<'_>>,
+    place: &mut impl FnMut(u64, u64),
+) -> Option<()> {
+    let abbreviations = header.abbreviations(&dwarf.debug_abbrev).ok()?;
+    let mut entries = header.entries_raw(&abbreviations, None).ok()?;
+    let abbrev = entries.read_abbreviation().ok()??;
+    let (mut low, mut high, mut size, mut ranges) = (None, None, None, None);
+    for spec in abbrev.attributes() {
+        let attr = entries.read_attribute(*spec).ok()?;
+        match (attr.name(), attr.value()) {
+            (gimli::DW_AT_low_pc, AttributeValue::Addr(at)) => low = Some(at),
+            (gimli::DW_AT_high_pc, AttributeValue::Addr(at)) => high = Some(at),
+            (gimli::DW_AT_high_pc, AttributeValue::Udata(n)) => size = Some(n),
+            (gimli::DW_AT_ranges, AttributeValue::SecOffset(at)) => {
+                ranges = Some(gimli::RangeListsOffset(at));
+            }
+            (gimli::DW_AT_low_pc | gimli::DW_AT_high_pc | gimli::DW_AT_ranges, _)
+            | (gimli::DW_AT_addr_base | gimli::DW_AT_rnglists_base, _) => return None,
+            _ => {}
+        }
+    }
+    if let Some(offset) = ranges {
+        if header.version() >= 5 {
+            return None;
+        }
+        let mut list = dwarf
+            .ranges
+            .ranges(
+                offset,
+                header.encoding(),
+                low.unwrap_or(0),
+                &dwarf.debug_addr,
+                gimli::DebugAddrBase(0),
+            )
+            .ok()?;
+        while let Ok(Some(range)) = list.next() {
+            place(range.begin, range.end);
+        }
+    } else if let Some(low) = low
+        && let Some(high) = high.or_else(|| size.map(|n| low.saturating_add(n)))
+    {
+        place(low, high);
+    }
+    Some(())
+}
+
+/// The indexes of the sorted `addresses` in `begin..end`.
+pub(crate) fn span(addresses: &[u64], begin: u64, end: u64) -> std::ops::Range<usize> {
+    let from = addresses.partition_point(|a| *a < begin);
+    let to = addresses.partition_point(|a| *a < end).max(from);
+    from..to
+}

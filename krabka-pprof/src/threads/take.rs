@@ -1,0 +1,187 @@
+//! Taking one thread dump: every thread listed from `/proc/self/task`, each asked for its
+//! stack through the sampler (`crate::sampler::take_dump`), identical stacks grouped into
+//! one sample of a profile, labelled with their threads' names and ids.
+
+#![cfg_attr(not(sampler), allow(dead_code))]
+
+use std::time::Duration;
+
+use crate::process::ProcThread;
+use crate::profile::Profile;
+
+/// Why thread dumps cannot be taken on this target, if they cannot.
+pub(crate) const UNAVAILABLE: Option<&str> = if cfg!(sampler) {
+    None
+} else {
+    Some(
+        "thread dumps are not available on this platform: they need Linux on x86_64 or \
+         aarch64, where krabka-pprof's own signal handler unwinds each thread",
+    )
+};
+
+/// One dump request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DumpRequest {
+    /// How long to wait for the threads' answers.
+    pub(crate) deadline: Duration,
+    pub(crate) blocklist: &'static [&'static str],
+    /// What the profile names (`?symbolize=`).
+    pub(crate) symbolize: crate::symbolize::Symbolize,
+}
+
+/// Why a dump could not be taken.
+#[derive(Debug)]
+pub(crate) enum DumpError {
+    Unavailable(&'static str),
+    Failed(String),
+}
+
+/// A taken dump: the threads and the profile their stacks make.
+pub(crate) struct ThreadDump {
+    /// By thread id.
+    pub(crate) threads: Vec<DumpedThread>,
+    /// One sample per distinct stack (or per reason a thread has none), its value the
+    /// threads with it, labelled with their names and ids.
+    pub(crate) profile: Profile,
+    pub(crate) deadline: Duration,
+    /// Threads that answered with their stack.
+    pub(crate) answered: usize,
+}
+
+/// One thread of a dump.
+pub(crate) struct DumpedThread {
+    pub(crate) proc: ProcThread,
+    /// Its sample in the profile.
+    pub(crate) sample: usize,
+    /// Why it has no stack, if it has none.
+    pub(crate) missing: Option<String>,
+}
+
+#[cfg(not(sampler))]
+pub(super) fn take(_request: DumpRequest) -> Result<ThreadDump, DumpError> {
+    Err(DumpError::Unavailable(UNAVAILABLE.unwrap_or_default()))
+}
+
+#[cfg(sampler)]
+pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
+    use std::collections::HashMap;
+
+    use crate::process::list_threads;
+    use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
+    use crate::sampler::{MAX_DUMP_THREADS, ThreadAnswer, stack_frames};
+
+    let mut threads: Vec<ProcThread> = list_threads()
+        .into_iter()
+        .filter_map(ProcThread::read)
+        .collect();
+    threads.truncate(MAX_DUMP_THREADS);
+    let tids: Vec<u32> = threads.iter().map(|t| t.tid).collect();
+    let taken = ask_every_thread(&tids, request.blocklist, request.deadline)?;
+
+    /// What threads with one sample share.
+    #[derive(PartialEq, Eq, Hash)]
+    enum Group {
+        Stack(Vec<u64>, u8, bool),
+        Missing(String),
+    }
+    let deadline = humantime::format_duration(request.deadline);
+    let mut groups: HashMap<Group, usize> = HashMap::new();
+    let mut members: Vec<(Vec<Frame>, Vec<usize>)> = Vec::new();
+    let mut dumped = Vec::with_capacity(threads.len());
+    let mut answered = 0;
+    for (index, (proc, (_, stack))) in threads.into_iter().zip(taken.stacks).enumerate() {
+        let missing = match &stack {
+            ThreadAnswer::Unwound { .. } => None,
+            ThreadAnswer::SignalBlocked => {
+                Some("blocks SIGPROF (SigBlk), so it cannot be asked for its stack".to_owned())
+            }
+            ThreadAnswer::NoAnswer => Some(format!("did not answer within {deadline}")),
+            ThreadAnswer::Exited => Some("exited during the dump".to_owned()),
+            ThreadAnswer::NotSignalled(err) => Some(format!("could not be signalled: {err}")),
+        };
+        let group = match stack {
+            ThreadAnswer::Unwound {
+                frames,
+                flags,
+                complete,
+            } => {
+                answered += 1;
+                Group::Stack(frames, flags, complete)
+            }
+            _ => Group::Missing(missing.clone().unwrap_or_default()),
+        };
+        let next = members.len();
+        let sample = *groups.entry(group).or_insert_with_key(|group| {
+            let frames = match group {
+                Group::Stack(frames, flags, complete) => {
+                    let mut frames = stack_frames(frames, *flags, &taken.objects);
+                    if !complete && *flags == 0 {
+                        frames.push(Frame::Marker(
+                            "[unwinding stopped: the rest of the stack is unknown]".to_owned(),
+                        ));
+                    }
+                    frames
+                }
+                Group::Missing(why) => vec![Frame::Marker(format!("[{why}]"))],
+            };
+            members.push((frames, Vec::new()));
+            next
+        });
+        members[sample].1.push(index);
+        dumped.push(DumpedThread {
+            proc,
+            sample,
+            missing,
+        });
+    }
+
+    let mut builder = ProfileBuilder::new(&taken.objects).symbolize(request.symbolize);
+    for (frames, threads) in members {
+        let mut labels = Vec::with_capacity(threads.len() * 2);
+        for &index in &threads {
+            let proc = &dumped[index].proc;
+            labels.push(("thread", LabelValue::Str(proc.name.clone())));
+            labels.push(("tid", LabelValue::Num(i64::from(proc.tid))));
+        }
+        builder.add(frames, vec![threads.len() as i64], labels);
+    }
+    let meta = Meta {
+        sample_types: &[("threads", "count")],
+        period_type: ("threads", "count"),
+        period: 1,
+        time: std::time::SystemTime::now(),
+        duration: Duration::ZERO,
+        default_sample_type: None,
+        comments: vec![format!(
+            "krabka-pprof thread dump: {} threads, {answered} answered within {deadline} \
+             (in {} µs); stacks read with {}",
+            dumped.len(),
+            taken.elapsed.as_micros(),
+            taken.reader
+        )],
+    };
+    Ok(ThreadDump {
+        threads: dumped,
+        profile: builder.finish(&meta, &|_| false),
+        deadline: request.deadline,
+        answered,
+    })
+}
+
+/// Asks each of `tids` for its stack (see `sampler/asking.rs`); blocks up to `deadline`.
+#[cfg(sampler)]
+fn ask_every_thread(
+    tids: &[u32],
+    blocklist: &[&str],
+    deadline: Duration,
+) -> Result<crate::sampler::ThreadStacks, DumpError> {
+    use crate::sampler::StartError;
+    crate::sampler::take_dump(tids, blocklist, deadline).map_err(|err| match err {
+        StartError::ForeignHandler => DumpError::Unavailable(
+            "another SIGPROF handler is installed in this process (another profiler?), and \
+             thread dumps ask each thread with SIGPROF; stop it, or remove it, to take them",
+        ),
+        StartError::Running => DumpError::Failed("another dump holds the handler".to_owned()),
+        StartError::System(call, error) => DumpError::Failed(format!("{call} failed: {error}")),
+    })
+}
