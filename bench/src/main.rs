@@ -43,7 +43,8 @@ mod harness;
 mod stats;
 mod system;
 
-// The attribute's modules, compiled in to time `expand` outside rustc (see figures/m6.rs).
+// The attribute's modules, compiled in to time `expand` outside rustc (see figures/m6.rs);
+// each is declared here because they name one another `crate::…`.
 #[path = "../../krabka-pprof-macros/src/args.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod args;
@@ -53,9 +54,15 @@ mod duration;
 #[path = "../../krabka-pprof-macros/src/expand.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod expand;
+#[path = "../../krabka-pprof-macros/src/keys.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod keys;
 #[path = "../../krabka-pprof-macros/src/rules.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod rules;
+#[path = "../../krabka-pprof-macros/src/values.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod values;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
