@@ -1,18 +1,31 @@
-//! The figures of the README's Performance table, one file each, named after its id; M1
-//! and M4 come from the same rounds, so they share `m1_m4.rs`. Each starts its own
-//! services through the harness and returns its rows of the table.
+//! The figures of the README's Performance table. Each file is named for what it
+//! measures, starts its own services through the harness and returns its rows of the
+//! table, each row keeping its id (the `--only` names):
+//!
+//! - `cpu_profile_cost.rs`: M1 (resident memory around a profile) and M4 (window end to
+//!   last byte), which come from the same rounds;
+//! - `throughput_while_profiling.rs`: M2;
+//! - `throughput_idle_attribute.rs`: M3;
+//! - `current_thread_latency.rs`: M5;
+//! - `build_time.rs`: M6, the attribute's build and expansion time;
+//! - `views.rs`: V, each view of a CPU profile;
+//! - `heap.rs`: H, heap dumps and jemalloc's sampling cost;
+//! - `handler_cost.rs`: S, the signal handler's cost per sample;
+//! - `thread_dump.rs`: T;
+//! - `lines.rs`: L, a CPU profile read with line tables;
+//! - `soak.rs`: K, the soak.
 
-pub mod h;
-pub mod k;
-pub mod l;
-pub mod m1_m4;
-pub mod m2;
-pub mod m3;
-pub mod m5;
-pub mod m6;
-pub mod s;
-pub mod t;
-pub mod v;
+pub mod build_time;
+pub mod cpu_profile_cost;
+pub mod current_thread_latency;
+pub mod handler_cost;
+pub mod heap;
+pub mod lines;
+pub mod soak;
+pub mod thread_dump;
+pub mod throughput_idle_attribute;
+pub mod throughput_while_profiling;
+pub mod views;
 
 pub const MB: f64 = 1024.0 * 1024.0;
 

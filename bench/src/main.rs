@@ -36,14 +36,15 @@
 //! `--soak` adds K.
 //!
 //! This file holds the arguments and the run order; `harness.rs` (and `harness/`) the
-//! processes and fetching, `stats.rs` the statistics, `figures/` one file per figure.
+//! processes and fetching, `stats.rs` the statistics, `figures/` a file per thing measured.
 
 mod figures;
 mod harness;
 mod stats;
 mod system;
 
-// The attribute's modules, compiled in to time `expand` outside rustc (see figures/m6.rs).
+// The attribute's modules, compiled in to time `expand` outside rustc (see
+// figures/build_time.rs); each is declared here because they name one another `crate::…`.
 #[path = "../../krabka-pprof-macros/src/args.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod args;
@@ -53,9 +54,15 @@ mod duration;
 #[path = "../../krabka-pprof-macros/src/expand.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod expand;
+#[path = "../../krabka-pprof-macros/src/keys.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod keys;
 #[path = "../../krabka-pprof-macros/src/rules.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod rules;
+#[path = "../../krabka-pprof-macros/src/values.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod values;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -210,41 +217,47 @@ fn run(options: &Options) {
     }
     let mut rows = Vec::new();
     if options.wants("M1") || options.wants("M4") {
-        figures::m1_m4::memory_and_latency(options, &mut rows);
+        figures::cpu_profile_cost::memory_and_latency(options, &mut rows);
     }
     if options.wants("M1") {
-        rows.extend(figures::m1_m4::memory_with_windows(options, 8));
+        rows.extend(figures::cpu_profile_cost::memory_with_windows(options, 8));
     }
     if options.wants("M2") {
-        rows.push(figures::m2::profiling_overhead(options, 1));
-        rows.push(figures::m2::profiling_overhead(options, 8));
+        rows.push(figures::throughput_while_profiling::profiling_overhead(
+            options, 1,
+        ));
+        rows.push(figures::throughput_while_profiling::profiling_overhead(
+            options, 8,
+        ));
     }
     if options.wants("M3") {
-        rows.extend(figures::m3::idle_overhead(options));
+        rows.extend(figures::throughput_idle_attribute::idle_overhead(options));
     }
     if options.wants("M5") {
-        rows.extend(figures::m5::current_thread_latency(options));
+        rows.extend(figures::current_thread_latency::current_thread_latency(
+            options,
+        ));
     }
     if options.wants("V") {
-        rows.extend(figures::v::view_times(options));
+        rows.extend(figures::views::view_times(options));
     }
     if options.wants("H") {
-        rows.extend(figures::h::heap_figures(options));
+        rows.extend(figures::heap::heap_figures(options));
     }
     if options.wants("S") {
-        rows.extend(figures::s::handler_cost(options));
+        rows.extend(figures::handler_cost::handler_cost(options));
     }
     if options.wants("T") {
-        rows.extend(figures::t::thread_dumps(options));
+        rows.extend(figures::thread_dump::thread_dumps(options));
     }
     if options.wants("L") {
-        rows.extend(figures::l::lines(options));
+        rows.extend(figures::lines::lines(options));
     }
     if options.wants("M6") {
-        rows.extend(figures::m6::build_cost(options));
+        rows.extend(figures::build_time::build_cost(options));
     }
     if soak {
-        rows.extend(figures::k::soak(options));
+        rows.extend(figures::soak::soak(options));
     }
 
     let width = rows.iter().map(|r| r.figure.len()).max().unwrap_or(10);

@@ -1,5 +1,5 @@
 //! Duration literals (`"30s"`, `"1m 30s"`, `"500ms"`) to [`Duration`], with messages that
-//! say how to write a valid one. Pure functions, no spans: `args.rs` attaches the span.
+//! say how to write a valid one. Pure functions, no spans: `values.rs` attaches the span.
 
 use std::time::Duration;
 

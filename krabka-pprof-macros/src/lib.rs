@@ -1,13 +1,19 @@
 //! The `#[pprof_routes]` attribute of [krabka-pprof](https://docs.rs/krabka-pprof).
 //!
 //! Depend on `krabka-pprof`, not on this crate: it re-exports the attribute and holds the
-//! runtime the expansion calls. `docs/keys.md` is a copy of krabka-pprof's, which a test
-//! there keeps equal: a published crate can include only its own files.
+//! runtime the expansion calls. `docs/keys.md` is the only copy of the keys table, which
+//! krabka-pprof's docs show through the re-export: it lives here because a published crate
+//! can include only its own files.
 
+// Imports point one way, no circle: expand -> args; args -> values, keys, rules;
+// values -> keys, rules, duration; rules -> duration. `rules.rs` knows no spans, so it
+// reads like its runtime twin in krabka-pprof's config.rs.
 mod args;
 mod duration;
 mod expand;
+mod keys;
 mod rules;
+mod values;
 
 #[cfg(test)]
 mod properties;

@@ -40,7 +40,7 @@ fn config() -> ProptestConfig {
 fn fragment() -> impl Strategy<Value = String> {
     // Every key the attribute knows, and a few it does not.
     let keys = prop::sample::select(
-        crate::args::KEYS
+        crate::keys::KEYS
             .iter()
             .copied()
             .chain(["seconds", "Frequency", "r#heap"])

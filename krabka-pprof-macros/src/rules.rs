@@ -18,12 +18,13 @@
 //! `src/properties.rs` checks, value by value, that these rules accept exactly what
 //! `validate` accepts.
 //!
-//! Rules the runtime has no twin for (value types, keys, heap keys only with `heap = true`)
-//! stay in `args.rs`.
+//! Rules the runtime has no twin for stay with the syntax: value types in `values.rs`,
+//! keys in `keys.rs`, heap keys only with `heap = true` in `args.rs`. Like config.rs, this
+//! file knows no spans and imports nothing but `duration.rs`: callers put its messages on
+//! the user's tokens.
 
 use std::time::Duration;
 
-use crate::args::Spanned;
 use crate::duration;
 
 /// `MIN_DURATION` in config.rs.
@@ -57,34 +58,24 @@ pub(crate) fn check_duration(key: &str, value: Duration) -> Result<(), String> {
     Ok(())
 }
 
-/// A `*_default` does not exceed its `*_max`, written or built in (the `DefaultAboveMax`
-/// checks in `ProfilingConfig::validate`). Unset, the default is the built-in one or the
-/// maximum, whichever is shorter, so it can only break the rule when written.
+/// A written `*_default` does not exceed its `*_max`, written (`Some`) or built in (the
+/// `DefaultAboveMax` checks in `ProfilingConfig::validate`). Unset, the default is the
+/// built-in one or the maximum, whichever is shorter, so it can only break the rule when
+/// written. The error is the whole message; the caller puts it on the default's token.
 pub(crate) fn check_default_within_max(
-    (default_key, default): (&str, Option<&Spanned<Duration>>),
-    (max_key, max, builtin_max): (&str, Option<&Spanned<Duration>>, Duration),
-) -> syn::Result<()> {
-    let Some(max) = max else {
-        if let Some(default) = default.filter(|d| d.value > builtin_max) {
-            return Err(syn::Error::new(
-                default.span,
-                format!(
-                    "`{default_key}` must not exceed `{max_key}` (default {}), found {}; raise `{max_key}` too",
-                    duration::format(builtin_max),
-                    duration::format(default.value),
-                ),
-            ));
-        }
-        return Ok(());
-    };
-    match default {
-        Some(default) if default.value > max.value => Err(syn::Error::new(
-            default.span,
-            format!(
-                "`{default_key}` must not exceed `{max_key}` ({}), found {}",
-                duration::format(max.value),
-                duration::format(default.value),
-            ),
+    (default_key, default): (&str, Duration),
+    (max_key, max, builtin_max): (&str, Option<Duration>, Duration),
+) -> Result<(), String> {
+    match max {
+        None if default > builtin_max => Err(format!(
+            "`{default_key}` must not exceed `{max_key}` (default {}), found {}; raise `{max_key}` too",
+            duration::format(builtin_max),
+            duration::format(default),
+        )),
+        Some(max) if default > max => Err(format!(
+            "`{default_key}` must not exceed `{max_key}` ({}), found {}",
+            duration::format(max),
+            duration::format(default),
         )),
         _ => Ok(()),
     }
@@ -187,6 +178,29 @@ mod tests {
         ] {
             assert!(prefix_problem(bad).is_some(), "{bad} should be rejected");
         }
+    }
+
+    #[test]
+    fn default_within_max_rules() {
+        let (sixty, sixty_one) = (Duration::from_secs(60), Duration::from_secs(61));
+        let cpu = |default, max| {
+            check_default_within_max(("cpu_default", default), ("cpu_max", max, DEFAULT_CPU_MAX))
+        };
+        assert_eq!(cpu(sixty, Some(sixty)), Ok(()));
+        assert_eq!(cpu(sixty, None), Ok(()), "at the built-in maximum");
+        assert_eq!(
+            cpu(sixty_one, Some(sixty)),
+            Err("`cpu_default` must not exceed `cpu_max` (1m), found 1m 1s".to_owned())
+        );
+        assert_eq!(
+            cpu(sixty_one, None),
+            Err(
+                "`cpu_default` must not exceed `cpu_max` (default 1m), found 1m 1s; raise `cpu_max` too"
+                    .to_owned()
+            )
+        );
+        // A written maximum replaces the built-in one, above it as below it.
+        assert_eq!(cpu(sixty_one, Some(Duration::from_secs(120))), Ok(()));
     }
 
     #[test]
