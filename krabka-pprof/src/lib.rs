@@ -18,6 +18,12 @@
 //! the keys). Without the attribute, [`pprof_router`] and [`pprof_router_with_config`]
 //! build the same routes, for example to serve them on an internal listener.
 //!
+//! The HTTP contract follows; the [`guide`] has a page for each of the rest:
+//! [how the CPU sampler works](guide::cpu), [heap profiling](guide::heap),
+//! [thread and task dumps](guide::threads), [good stacks in release
+//! builds](guide::release_builds), [platforms](guide::platforms) and
+//! [limits](guide::limits).
+//!
 //! # The HTTP contract
 //!
 #![doc = include_str!("../docs/http.md")]
@@ -27,8 +33,7 @@
 
 mod config;
 mod cpu;
-#[cfg(test)]
-mod docs;
+pub mod guide;
 mod heap;
 #[cfg(target_os = "linux")]
 mod lines;
@@ -51,6 +56,7 @@ pub use config::{
 };
 #[cfg(all(feature = "heap-profiling", not(target_env = "msvc")))]
 pub use heap::Jemalloc;
+#[doc(inline)]
 pub use krabka_pprof_macros::pprof_routes;
 pub use routes::{pprof_router, pprof_router_with_config};
 
