@@ -18,6 +18,12 @@
 //! the keys). Without the attribute, [`pprof_router`] and [`pprof_router_with_config`]
 //! build the same routes, for example to serve them on an internal listener.
 //!
+//! The HTTP contract follows; the [`guide`] has a page for each of the rest:
+//! [how the CPU sampler works](guide::cpu), [heap profiling](guide::heap),
+//! [thread and task dumps](guide::threads), [good stacks in release
+//! builds](guide::release_builds), [platforms](guide::platforms) and
+//! [limits](guide::limits).
+//!
 //! # The HTTP contract
 //!
 #![doc = include_str!("../docs/http.md")]
@@ -28,8 +34,7 @@
 
 mod config;
 mod cpu;
-#[cfg(test)]
-mod docs;
+pub mod guide;
 mod heap;
 // Loaded objects, their symbols and the profiles built from them exist for the Linux
 // sampler and heap dumps; profiles are built everywhere a profile route works. Each is
@@ -55,6 +60,7 @@ pub use config::{
 };
 #[cfg(jemalloc)]
 pub use heap::Jemalloc;
+#[doc(inline)]
 pub use krabka_pprof_macros::pprof_routes;
 pub use routes::{pprof_router, pprof_router_with_config};
 
