@@ -1,4 +1,4 @@
-//! The figures of the README's Performance table. Each file is named for what it
+//! The figures of the Performance table in bench/README.md. Each file is named for what it
 //! measures, starts its own services through the harness and returns its rows of the
 //! table, each row keeping its id (the `--only` names):
 //!

@@ -1,5 +1,6 @@
-//! L: a CPU profile of the service built with line tables, the way the README tells users
-//! to build for lines (`debug = "line-tables-only"` in the release profile): the same
+//! L: a CPU profile of the service built with line tables, the way
+//! krabka-pprof/docs/release-builds.md tells users to build for lines
+//! (`debug = "line-tables-only"` in the release profile): the same
 //! rounds as M1/M4, so the difference is what reading DWARF costs.
 
 use std::time::Duration;

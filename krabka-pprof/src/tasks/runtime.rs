@@ -64,7 +64,7 @@ impl Drop for Turn {
 }
 
 /// tokio's task dump of the runtime this runs on, as text.
-pub(super) async fn dump() -> Result<String, TaskError> {
+pub(crate) async fn dump() -> Result<String, TaskError> {
     let handle = Handle::current();
     if handle.runtime_flavor() == RuntimeFlavor::CurrentThread {
         return Err(TaskError::Unavailable(

@@ -44,7 +44,7 @@ impl DebugFile {
         // SAFETY: the map is private and read-only, and lives only for one request. A file
         // truncated meanwhile would fault on access (SIGBUS), as for every reader of mapped
         // binaries (the dynamic loader maps them the same way): package managers and deploy
-        // tools replace files by rename, which leaves this map on the old file; the README
+        // tools replace files by rename, which leaves this map on the old file; docs/limits.md
         // says not to rewrite debug files in place.
         let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
         // Only parts are read: no readahead beyond them when the file is not cached.
