@@ -214,8 +214,8 @@ pub(crate) fn current_tid() -> u32 {
 }
 
 #[cfg(procfs)]
-/// Whether thread `tid` currently blocks `SIGPROF` (`SigBlk` in its status).
-pub(crate) fn blocks_sigprof(tid: u32) -> bool {
+/// Whether thread `tid` currently blocks `signal` (`SigBlk` in its status).
+pub(crate) fn blocks_signal(tid: u32, signal: libc::c_int) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else {
         return false;
     };
@@ -223,7 +223,7 @@ pub(crate) fn blocks_sigprof(tid: u32) -> bool {
         .lines()
         .find_map(|line| line.strip_prefix("SigBlk:"))
         .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (libc::SIGPROF - 1)) != 0)
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
 
 #[cfg(procfs)]
@@ -305,10 +305,10 @@ mod tests {
             let _ = done_rx.recv();
         });
         let tid = rx.recv().unwrap();
-        assert!(blocks_sigprof(tid));
+        assert!(blocks_signal(tid, libc::SIGPROF));
         // SAFETY: gettid has no preconditions.
         let here = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-        assert!(!blocks_sigprof(here));
+        assert!(!blocks_signal(here, libc::SIGPROF));
         done_tx.send(()).unwrap();
         thread.join().unwrap();
     }

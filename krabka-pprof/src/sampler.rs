@@ -79,10 +79,12 @@ use std::time::{Duration, Instant, SystemTime};
 mod asking;
 mod buffer;
 mod dump;
+mod fork;
 mod frames;
 mod handler;
 mod memory;
 mod scratch;
+mod signals;
 mod thread_table;
 mod timers;
 mod unwind;
@@ -91,18 +93,17 @@ pub(crate) use asking::{ThreadAnswer, ThreadStacks, take_dump};
 pub(crate) use buffer::{StackKey, Tally};
 pub(crate) use dump::MAX_DUMP_THREADS;
 pub(crate) use frames::stack_frames;
-pub(crate) use handler::StartError;
+pub(crate) use signals::StartError;
 pub(crate) use timers::ThreadCpu;
 
 use crate::objects::Objects;
 use crate::process::process_cpu_time;
 use buffer::{Records, record_words};
-use handler::{
-    Costs, SESSION, Session, handler_is_ours, handler_is_ours_or_default, install_handler,
-    register_fork_handler, wait_for_handlers,
-};
+use fork::register_fork_handler;
+use handler::{CPU_HANDLERS, Costs, SESSION, Session, on_sigprof};
 use memory::Memory;
 use scratch::{Slot, scratch_slots};
+use signals::{CPU_SIGNAL, DUMP_SIGNAL, install, is_free_for};
 use thread_table::Threads;
 use timers::Timers;
 use unwind::{Library, MAX_DEPTH, Unwinding};
@@ -237,7 +238,7 @@ impl Sampler {
     /// the handler will use, installs the handler. Takes about a millisecond.
     pub(crate) fn start(frequency: u32, blocklist: &[&str]) -> Result<Sampler, StartError> {
         register_fork_handler();
-        if !handler_is_ours_or_default() {
+        if !is_free_for(CPU_SIGNAL, on_sigprof) {
             return Err(StartError::ForeignHandler);
         }
         let objects = Objects::current();
@@ -262,7 +263,7 @@ impl Sampler {
             costs: Costs::new(),
         });
 
-        install_handler()?;
+        install(CPU_SIGNAL, on_sigprof, DUMP_SIGNAL)?;
         let pointer = Box::into_raw(session);
         if SESSION
             .compare_exchange(
@@ -396,7 +397,7 @@ impl Sampler {
             reader: self.session().map_or("none", |s| s.unwinding.memory.name()),
             reader_why: self.reader_why.clone(),
             foreign_signals: counts.foreign,
-            handler_replaced: self.handler_replaced.load(Ordering::Relaxed) || !handler_is_ours(),
+            handler_replaced: self.handler_replaced.load(Ordering::Relaxed) || !handler::is_ours(),
             threads_timed,
             timer_shortfall,
             handler_nanos,
@@ -440,7 +441,7 @@ impl Sampler {
         };
         drop(session.records.drain());
         let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
-        if !handler_is_ours() {
+        if !handler::is_ours() {
             self.handler_replaced.store(true, Ordering::Relaxed);
             drop(timers.take());
         } else if let Some(timers) = timers.as_mut() {
@@ -488,7 +489,7 @@ fn retire(pointer: *mut Session) -> Box<Session> {
         Ordering::SeqCst,
         Ordering::SeqCst,
     );
-    wait_for_handlers();
+    CPU_HANDLERS.wait_until_none();
     // SAFETY: `pointer` came from `Box::into_raw`, and no handler can reach it any more.
     unsafe { Box::from_raw(pointer) }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::process::{blocks_sigprof, thread_name};
+use crate::process::{blocks_signal, thread_name};
 use crate::profile::Profile;
 use crate::sampler::{self, stack_frames};
 
@@ -99,7 +99,7 @@ pub(super) fn report_profile(
     for thread in &collected.threads {
         let sampled = periods_by_thread.get(&thread.tid).copied().unwrap_or(0) as i64 * period;
         let unsampled = thread.cpu.as_nanos() as i64 - sampled;
-        if unsampled > 2 * period && blocks_sigprof(thread.tid) {
+        if unsampled > 2 * period && blocks_signal(thread.tid, libc::SIGPROF) {
             let name = name_of(thread.tid);
             builder.add(
                 vec![Frame::Marker(format!(

@@ -22,18 +22,16 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::dump::{
-    Answer, DONE, DUMP, Dump, EXPIRED, MAX_DUMP_THREADS, PENDING, Reply, WRITING, futex_wait,
-    futex_wake, signal_value,
+    Answer, DONE, DUMP, DUMP_HANDLERS, Dump, EXPIRED, MAX_DUMP_THREADS, PENDING, Reply, WRITING,
+    futex_wait, futex_wake, on_dump_signal, signal_value,
 };
-use super::handler::{
-    StartError, handler_is_ours_or_default, install_handler, register_fork_handler,
-    wait_for_handlers,
-};
+use super::fork::register_fork_handler;
 use super::memory::Memory;
 use super::scratch::{Slot, scratch_slots};
+use super::signals::{CPU_SIGNAL, DUMP_SIGNAL, StartError, install, is_free_for};
 use super::unwind::{MAX_DEPTH, Unwinding};
 use crate::objects::Objects;
-use crate::process::{PerProcess, blocks_sigprof};
+use crate::process::{PerProcess, blocks_signal};
 
 /// How often a thread that has not answered is signalled again.
 const RESEND_EVERY: Duration = Duration::from_millis(10);
@@ -89,7 +87,7 @@ pub(crate) fn take_dump(
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     register_fork_handler();
-    if !handler_is_ours_or_default() {
+    if !is_free_for(DUMP_SIGNAL, on_dump_signal) {
         return Err(StartError::ForeignHandler);
     }
     let objects = Objects::current();
@@ -116,7 +114,7 @@ pub(crate) fn take_dump(
         released: AtomicU32::new(0),
         expired: AtomicBool::new(false),
     });
-    install_handler()?;
+    install(DUMP_SIGNAL, on_dump_signal, CPU_SIGNAL)?;
     let pointer = Box::into_raw(dump);
     // One dump at a time (`ONE_DUMP`), and a forked child clears its copy: the slot is
     // free.
@@ -144,7 +142,7 @@ pub(crate) fn take_dump(
     let mut asked = vec![false; tids.len()];
     let mut deferred = Vec::new();
     for (index, &tid) in tids.iter().enumerate() {
-        if blocks_sigprof(tid) {
+        if blocks_signal(tid, DUMP_SIGNAL) {
             deferred.push(index);
         } else {
             asked[index] = ask(index, &mut outcome);
@@ -162,7 +160,7 @@ pub(crate) fn take_dump(
         }
         if last_checked.elapsed() >= BLOCKED_LOOK {
             for index in deferred.drain(..) {
-                if blocks_sigprof(tids[index]) {
+                if blocks_signal(tids[index], DUMP_SIGNAL) {
                     dump.replies[index].state.store(EXPIRED, Ordering::SeqCst);
                     outcome[index] = Some(ThreadAnswer::SignalBlocked);
                 } else {
@@ -181,7 +179,7 @@ pub(crate) fn take_dump(
                         && outcome[*index].is_none()
                         && reply.state.load(Ordering::Acquire) == PENDING
                 })
-                .all(|(_, reply)| !is_alive(reply.tid) || blocks_sigprof(reply.tid));
+                .all(|(_, reply)| !is_alive(reply.tid) || blocks_signal(reply.tid, DUMP_SIGNAL));
             if all_unable && all_unable_before {
                 break;
             }
@@ -237,7 +235,7 @@ pub(crate) fn take_dump(
                 flags: answer.flags,
                 complete: answer.complete,
             }
-        } else if blocks_sigprof(reply.tid) {
+        } else if blocks_signal(reply.tid, DUMP_SIGNAL) {
             ThreadAnswer::SignalBlocked
         } else if !is_alive(reply.tid) {
             ThreadAnswer::Exited
@@ -270,7 +268,7 @@ pub(crate) fn take_dump(
 /// Clears [`DUMP`], waits until no handler can still use the dump, and hands it back.
 fn retire(pointer: *mut Dump) -> Box<Dump> {
     DUMP.store(std::ptr::null_mut(), Ordering::SeqCst);
-    wait_for_handlers();
+    DUMP_HANDLERS.wait_until_none();
     // SAFETY: `pointer` came from `Box::into_raw`, and no handler can reach it any more.
     unsafe { Box::from_raw(pointer) }
 }
@@ -301,7 +299,7 @@ fn send(tid: u32, value: u64) -> std::io::Result<()> {
     let result = unsafe {
         let mut info: libc::siginfo_t = std::mem::zeroed();
         let queued = (&raw mut info).cast::<QueuedSignalInfo>();
-        (*queued).signo = libc::SIGPROF;
+        (*queued).signo = DUMP_SIGNAL;
         (*queued).code = libc::SI_QUEUE;
         (*queued).pid = libc::getpid();
         (*queued).uid = libc::getuid();
@@ -310,7 +308,7 @@ fn send(tid: u32, value: u64) -> std::io::Result<()> {
             libc::SYS_rt_tgsigqueueinfo,
             libc::getpid(),
             tid as libc::pid_t,
-            libc::SIGPROF,
+            DUMP_SIGNAL,
             &raw const info,
         )
     };

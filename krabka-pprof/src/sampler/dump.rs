@@ -1,12 +1,13 @@
-//! The signal side of thread dumps: what a thread does, in its `SIGPROF` handler, when a
-//! dump asks it for its stack (step 2 of the contract in `sampler.rs`). The collector's
+//! The signal side of thread dumps: what a thread does, in its `SIGURG` handler
+//! ([`on_dump_signal`]), when a dump asks it for its stack (step 2 of the contract in
+//! `sampler.rs`). The collector's
 //! side, which publishes a [`Dump`] and asks every thread, is `asking.rs`.
 //!
 //! A dump's signal is sent with `rt_tgsigqueueinfo`: `si_code` is `SI_QUEUE` and the
 //! signal value carries [`DUMP_TAG`], the dump's number and the thread's reply slot.
-//! Timers send `SI_TIMER`, so the handler tells the two apart before a CPU session sees
-//! anything: a dump's signal is never a sample, never a foreign signal, and the CPU
-//! session's counts and buffers are untouched.
+//! It is `SIGURG`, not the CPU timers' `SIGPROF` (`signals.rs`), so a dump's signal is
+//! never a sample, never a foreign signal, and the CPU session's counts and buffers are
+//! untouched; a `SIGURG` that is not a dump's is left alone.
 //!
 //! In the handler, the thread checks that the slot is its own (`gettid`), claims it with a
 //! compare-and-swap (pending → writing), borrows a scratch slot (its unwind cache and
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use super::buffer::FLAG_NO_SCRATCH;
 use super::scratch::{Scratch, Slot};
+use super::signals::Running;
 use super::timers::SignalInfo;
 use super::unwind::{MAX_DEPTH, Unwinding, Unwound, registers};
 use crate::process::current_tid;
@@ -114,30 +116,55 @@ pub(crate) fn futex_wake(word: &AtomicU32, waiters: i32) {
     }
 }
 
-/// A dump's signal, in the handler: answers it if its dump is the one running. Returns
-/// whether the signal was a dump's (then the CPU session never sees it).
+/// Dump handlers running now: a dump is freed only once this is zero after its pointer
+/// was cleared.
+pub(crate) static DUMP_HANDLERS: Running = Running::new();
+
+/// The handler of a dump's signal (`SIGURG`, see `signals.rs`): answers it if its dump is
+/// the one running; any other `SIGURG` is left alone, as its default action would.
+pub(crate) extern "C" fn on_dump_signal(
+    _signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
+    if info.is_null() {
+        return;
+    }
+    // SAFETY: errno is thread-local; reading and restoring it is what makes the handler
+    // invisible to the interrupted code.
+    let errno = unsafe { *libc::__errno_location() };
+    DUMP_HANDLERS.enter();
+    // SAFETY: the kernel's siginfo is valid for the handler's duration, and at least as
+    // large as the layout read; `context` comes from the kernel.
+    unsafe { answer_signal(&*info.cast::<SignalInfo>(), context) };
+    DUMP_HANDLERS.leave();
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Answers a dump's signal if its dump is the one running.
 ///
 /// # Safety
 /// `context` must be what the kernel passed to the `SA_SIGINFO` handler with `info`.
-pub(crate) unsafe fn on_signal(info: &SignalInfo, context: *mut libc::c_void) -> bool {
+unsafe fn answer_signal(info: &SignalInfo, context: *mut libc::c_void) {
     if info.code != libc::SI_QUEUE {
-        return false;
+        return;
     }
     let Some((id, index)) = parse_value(info.value) else {
-        return false;
+        return;
     };
     let dump = DUMP.load(Ordering::SeqCst);
     if dump.is_null() {
-        return true;
+        return;
     }
-    // SAFETY: a published dump lives until no handler runs after it is cleared (`retire`),
-    // and the caller registered in RUNNING_HANDLERS before loading it.
+    // SAFETY: a published dump lives until DUMP_HANDLERS is seen at zero after it was
+    // cleared (`retire` in asking.rs), and this handler entered DUMP_HANDLERS before
+    // loading it.
     let dump = unsafe { &*dump };
     if id == dump.id {
         // SAFETY: forwarded from the caller.
         unsafe { dump.answer(index, context) };
     }
-    true
 }
 
 impl Dump {

@@ -1,16 +1,14 @@
-//! The signal handler: [`on_sigprof`], installed for `SIGPROF`, and what it reads. It
-//! hands a thread dump's signal to `dump.rs` and a CPU timer's to the running
-//! [`Session`], which keeps only its own timers' signals, weighs the sample, takes a
-//! scratch slot, unwinds and writes the record (steps 1 to 11 of the contract in
-//! `sampler.rs`). Also the handler's installation, its globals, and the fork handler
-//! that clears them in a child.
+//! The CPU sample's signal handler: [`on_sigprof`], installed for `SIGPROF`, and what it
+//! reads. It hands each signal to the running [`Session`], which keeps only its own
+//! timers' signals, weighs the sample, takes a scratch slot, unwinds and writes the record
+//! (steps 1 and 3 to 11 of the contract in `sampler.rs`). A thread dump's signal has a
+//! handler of its own, in `dump.rs`.
 
-use std::sync::Once;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::buffer::{FLAG_NO_SCRATCH, Records};
-use super::dump;
 use super::scratch::{Scratch, Slot};
+use super::signals::{CPU_SIGNAL, Running, is_installed};
 use super::thread_table::{Thread, Threads};
 use super::timers::{KIND_BACKSTOP, KIND_THREAD, SignalInfo, signal_kind};
 use super::unwind::{Unwinding, Unwound, registers};
@@ -18,20 +16,9 @@ use crate::process::current_tid;
 
 /// The running CPU session, if any: the handler's only way to it.
 pub(crate) static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
-/// Handlers running now: a session or a dump is freed only once this is zero after its
+/// CPU sample handlers running now: a session is freed only once this is zero after its
 /// pointer was cleared.
-pub(crate) static RUNNING_HANDLERS: AtomicUsize = AtomicUsize::new(0);
-
-/// Why sampling (or a dump) could not start.
-#[derive(Debug)]
-pub(crate) enum StartError {
-    /// Another session is running in this process (another router, or a bug).
-    Running,
-    /// Another `SIGPROF` handler is installed (another profiler in this process).
-    ForeignHandler,
-    /// A system call failed.
-    System(&'static str, std::io::Error),
-}
+pub(crate) static CPU_HANDLERS: Running = Running::new();
 
 /// Everything the handler reads of a CPU session. Immutable after start, apart from
 /// atomics and slots.
@@ -218,8 +205,9 @@ fn monotonic_nanos() -> u64 {
     time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
 }
 
-/// The `SIGPROF` handler. See the module docs for what it may and may not do.
-extern "C" fn on_sigprof(
+/// The `SIGPROF` handler. See the module docs of `sampler.rs` for what it may and may not
+/// do.
+pub(crate) extern "C" fn on_sigprof(
     _signal: libc::c_int,
     info: *mut libc::siginfo_t,
     context: *mut libc::c_void,
@@ -227,85 +215,22 @@ extern "C" fn on_sigprof(
     // SAFETY: errno is thread-local; reading and restoring it is what makes the handler
     // invisible to the interrupted code.
     let errno = unsafe { *libc::__errno_location() };
-    RUNNING_HANDLERS.fetch_add(1, Ordering::SeqCst);
-    // SAFETY: the kernel's siginfo is valid for the handler's duration, and at least as
-    // large as the layout read; `context` comes from the kernel.
-    let dumped = !info.is_null() && unsafe { dump::on_signal(&*info.cast(), context) };
+    CPU_HANDLERS.enter();
     let session = SESSION.load(Ordering::SeqCst);
-    if !dumped && !session.is_null() {
-        // SAFETY: a non-null session stays alive until RUNNING_HANDLERS drops to zero
-        // after it was cleared (see `retire`); `info` and `context` come from the kernel.
+    if !session.is_null() {
+        // SAFETY: a non-null session stays alive until CPU_HANDLERS is seen at zero after
+        // it was cleared (see `retire` in sampler.rs); `info` and `context` come from the
+        // kernel.
         unsafe { (*session).on_signal(info, context) };
     }
-    RUNNING_HANDLERS.fetch_sub(1, Ordering::SeqCst);
+    CPU_HANDLERS.leave();
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 
-/// The `SIGPROF` handler installed now.
-fn current_handler() -> usize {
-    // SAFETY: sigaction with a null new action only writes the current one into `old`.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut old) != 0 {
-            return libc::SIG_DFL;
-        }
-        old.sa_sigaction
-    }
-}
-
-pub(crate) fn handler_is_ours() -> bool {
-    current_handler() == on_sigprof as *const () as usize
-}
-
-/// Whether starting may install our handler: nobody else's is there.
-pub(crate) fn handler_is_ours_or_default() -> bool {
-    let handler = current_handler();
-    handler == libc::SIG_DFL || handler == libc::SIG_IGN || handler_is_ours()
-}
-
-/// Installs the handler (again, in case the default came back since the last profile).
-pub(crate) fn install_handler() -> Result<(), StartError> {
-    // SAFETY: the sigaction struct is fully initialised; the handler is async-signal-safe.
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = on_sigprof as *const () as usize;
-        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        libc::sigemptyset(&mut action.sa_mask);
-        if libc::sigaction(libc::SIGPROF, &action, std::ptr::null_mut()) != 0 {
-            return Err(StartError::System(
-                "sigaction(SIGPROF)",
-                std::io::Error::last_os_error(),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// In a child made by `fork`, the parent's session is a copy that no timer feeds and no
-/// thread will ever stop: forget it (leaking the copy), so that the child can profile
-/// itself. Registered once, before the first session starts.
-pub(crate) fn register_fork_handler() {
-    static ONCE: Once = Once::new();
-    extern "C" fn in_child() {
-        SESSION.store(std::ptr::null_mut(), Ordering::SeqCst);
-        dump::DUMP.store(std::ptr::null_mut(), Ordering::SeqCst);
-        RUNNING_HANDLERS.store(0, Ordering::SeqCst);
-    }
-    ONCE.call_once(|| {
-        // SAFETY: the child handler only stores to atomics, which is async-signal-safe.
-        unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
-    });
-}
-
-/// Waits until no handler runs: called after a session's or a dump's pointer was
-/// cleared, so that none can still use what it pointed to. A handler that loaded the
-/// pointer before it was cleared registered itself first (both `SeqCst`), so it is
-/// counted here until it is done.
-pub(crate) fn wait_for_handlers() {
-    while RUNNING_HANDLERS.load(Ordering::SeqCst) != 0 {
-        std::thread::yield_now();
-    }
+/// Whether our handler is the one installed for `SIGPROF`.
+pub(crate) fn is_ours() -> bool {
+    is_installed(CPU_SIGNAL, on_sigprof)
 }
 
 #[cfg(test)]

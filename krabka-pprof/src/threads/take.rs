@@ -93,7 +93,7 @@ pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
         let missing = match &stack {
             ThreadAnswer::Unwound { .. } => None,
             ThreadAnswer::SignalBlocked => {
-                Some("blocks SIGPROF (SigBlk), so it cannot be asked for its stack".to_owned())
+                Some("blocks SIGURG (SigBlk), so it cannot be asked for its stack".to_owned())
             }
             ThreadAnswer::NoAnswer => Some(format!("did not answer within {deadline}")),
             ThreadAnswer::Exited => Some("exited during the dump".to_owned()),
@@ -178,8 +178,9 @@ fn ask_every_thread(
     use crate::sampler::StartError;
     crate::sampler::take_dump(tids, blocklist, deadline).map_err(|err| match err {
         StartError::ForeignHandler => DumpError::Unavailable(
-            "another SIGPROF handler is installed in this process (another profiler?), and \
-             thread dumps ask each thread with SIGPROF; stop it, or remove it, to take them",
+            "another SIGURG handler is installed in this process (a Go runtime linked in, or \
+             a library that watches sockets' urgent data), and thread dumps ask each thread \
+             with SIGURG; remove it to take them",
         ),
         StartError::Running => DumpError::Failed("another dump holds the handler".to_owned()),
         StartError::System(call, error) => DumpError::Failed(format!("{call} failed: {error}")),

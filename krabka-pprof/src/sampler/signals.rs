@@ -1,0 +1,116 @@
+//! The two signals the sampler takes, their dispositions, and the count of handlers
+//! running for each. CPU samples come with `SIGPROF` (POSIX CPU timers send it, and its
+//! name is what profilers use); a thread dump asks each thread with `SIGURG`, whose default
+//! action is to ignore it, so that a dump's signal still pending on a thread that blocks
+//! it, or that calls `execve` meanwhile, can never kill the process or the program it
+//! becomes. Each handler blocks the other signal while it runs, so that the two never
+//! nest on one thread, and each kind has its own count: stopping a CPU session never waits
+//! for a dump's handlers, nor a dump for a CPU sample's.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The signal of CPU samples.
+pub(crate) const CPU_SIGNAL: libc::c_int = libc::SIGPROF;
+/// The signal of thread dumps.
+pub(crate) const DUMP_SIGNAL: libc::c_int = libc::SIGURG;
+
+/// A `SA_SIGINFO` handler.
+pub(crate) type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// Why sampling (or a dump) could not start.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// Another session is running in this process (another router, or a bug).
+    Running,
+    /// Another handler is installed for the signal (another profiler, or a runtime that
+    /// uses it, in this process).
+    ForeignHandler,
+    /// A system call failed.
+    System(&'static str, std::io::Error),
+}
+
+/// The handler installed for `signal` now.
+fn installed(signal: libc::c_int) -> usize {
+    // SAFETY: sigaction with a null new action only writes the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signal, std::ptr::null(), &mut old) != 0 {
+            return libc::SIG_DFL;
+        }
+        old.sa_sigaction
+    }
+}
+
+/// Whether `handler` is the one installed for `signal`.
+pub(crate) fn is_installed(signal: libc::c_int, handler: Handler) -> bool {
+    installed(signal) == handler as usize
+}
+
+/// Whether `handler` may be installed for `signal`: nobody else's is there.
+pub(crate) fn is_free_for(signal: libc::c_int, handler: Handler) -> bool {
+    let now = installed(signal);
+    now == libc::SIG_DFL || now == libc::SIG_IGN || now == handler as usize
+}
+
+/// Installs `handler` for `signal` (again, in case the default came back since), with
+/// `also_blocked` blocked while it runs.
+pub(crate) fn install(
+    signal: libc::c_int,
+    handler: Handler,
+    also_blocked: libc::c_int,
+) -> Result<(), StartError> {
+    // SAFETY: the sigaction struct is fully initialised; the handlers are async-signal-safe.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaddset(&mut action.sa_mask, also_blocked);
+        if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
+            return Err(StartError::System(
+                if signal == CPU_SIGNAL {
+                    "sigaction(SIGPROF)"
+                } else {
+                    "sigaction(SIGURG)"
+                },
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How many handlers of one kind run now. What a handler reads is freed only once its
+/// pointer was cleared and this count has then been seen at zero: a handler that loaded
+/// the pointer before it was cleared entered first (both `SeqCst`), so it is counted
+/// until it is done.
+pub(crate) struct Running(AtomicUsize);
+
+impl Running {
+    pub(crate) const fn new() -> Running {
+        Running(AtomicUsize::new(0))
+    }
+
+    /// A handler starts; async-signal-safe.
+    pub(crate) fn enter(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A handler is done; async-signal-safe.
+    pub(crate) fn leave(&self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Waits until no handler of this kind runs. Handlers take microseconds and never
+    /// wait for each other, so this wait is bounded by one handler's run.
+    pub(crate) fn wait_until_none(&self) {
+        while self.0.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// In a child made by `fork`: no handler of the parent's runs here.
+    pub(crate) fn reset(&self) {
+        self.0.store(0, Ordering::SeqCst);
+    }
+}
