@@ -154,6 +154,22 @@ impl Objects {
         self.list.get(index)
     }
 
+    /// These objects, and those of `older` that no object of these overlaps: the objects a
+    /// session saw, a library unloaded since included, so its frames still have a name.
+    pub(crate) fn merged_with(&self, older: &Objects) -> Objects {
+        let mut list = self.list.clone();
+        for object in &older.list {
+            let overlaps = self.list.iter().any(|new| {
+                new.range.start < object.range.end && object.range.start < new.range.end
+            });
+            if !overlaps {
+                list.push(object.clone());
+            }
+        }
+        list.sort_by_key(|o| o.range.start);
+        Objects { list }
+    }
+
     /// The object whose segments contain `avma`, with its index.
     pub(crate) fn find(&self, avma: u64) -> Option<(usize, &LoadedObject)> {
         let i = self.list.partition_point(|o| o.range.start <= avma);
@@ -164,6 +180,52 @@ impl Objects {
             .iter()
             .any(|s| s.avma.contains(&avma))
             .then_some((index, object))
+    }
+}
+
+/// The dynamic loader's count of objects loaded and unloaded in this process's life
+/// (`dlpi_adds`, `dlpi_subs`): a change means the list of objects changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Loaded {
+    adds: u64,
+    subs: u64,
+}
+
+impl Loaded {
+    /// The counts now; the loader's lock is taken for one object only.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn now() -> Loaded {
+        unsafe extern "C" fn first(
+            info: *mut libc::dl_phdr_info,
+            _size: usize,
+            data: *mut c_void,
+        ) -> c_int {
+            // SAFETY: the loader passes a valid info for the duration of the callback, and
+            // `data` is the `Loaded` that `now` passed in.
+            unsafe {
+                let loaded = &mut *data.cast::<Loaded>();
+                loaded.adds = (*info).dlpi_adds;
+                loaded.subs = (*info).dlpi_subs;
+            }
+            1
+        }
+        let mut loaded = Loaded { adds: 0, subs: 0 };
+        // SAFETY: the callback only copies two counters, during the call.
+        unsafe {
+            libc::dl_iterate_phdr(Some(first), (&raw mut loaded).cast::<c_void>());
+        }
+        loaded
+    }
+
+    /// Nothing is ever loaded where objects are not listed.
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn now() -> Loaded {
+        Loaded { adds: 0, subs: 0 }
+    }
+
+    /// Whether objects were loaded or unloaded since these counts were taken.
+    pub(crate) fn changed(&self) -> bool {
+        Loaded::now() != *self
     }
 }
 

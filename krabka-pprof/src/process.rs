@@ -120,6 +120,22 @@ impl ProcThread {
         })
     }
 
+    /// Thread `tid`'s seccomp mode and number of filters (`Seccomp:`, `Seccomp_filters:`
+    /// in its own status: a filter installed by one thread without `TSYNC` shows there,
+    /// not in the process's). Mode 0 none, 1 strict, 2 filter; the count is 0 on kernels
+    /// before 5.9, which do not show it. `None` if the thread is gone.
+    #[cfg(procfs)]
+    pub(crate) fn seccomp(tid: u32) -> Option<(u32, u32)> {
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|value| value.trim().parse::<u32>().ok())
+        };
+        Some((field("Seccomp:")?, field("Seccomp_filters:").unwrap_or(0)))
+    }
+
     /// The state as a word.
     pub(crate) fn state_name(&self) -> &'static str {
         match self.state {
@@ -216,14 +232,19 @@ pub(crate) fn current_tid() -> u32 {
 #[cfg(procfs)]
 /// Whether thread `tid` currently blocks `signal` (`SigBlk` in its status).
 pub(crate) fn blocks_signal(tid: u32, signal: libc::c_int) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else {
-        return false;
-    };
+    status_field(tid, "SigBlk:")
+        .and_then(|mask| u64::from_str_radix(&mask, 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+}
+
+/// One field of thread `tid`'s `status`, trimmed.
+#[cfg(procfs)]
+fn status_field(tid: u32, name: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("SigBlk:"))
-        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+        .find_map(|line| line.strip_prefix(name))
+        .map(|value| value.trim().to_owned())
 }
 
 #[cfg(procfs)]

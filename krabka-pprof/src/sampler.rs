@@ -73,9 +73,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+mod accounting;
 mod asking;
 mod buffer;
 mod dump;
@@ -83,79 +84,42 @@ mod fork;
 mod frames;
 mod handler;
 mod memory;
+mod published;
 mod scratch;
 mod signals;
 mod thread_table;
 mod timers;
 mod unwind;
+mod windows;
 
 pub(crate) use asking::{ThreadAnswer, ThreadStacks, take_dump};
 pub(crate) use buffer::{StackKey, Tally};
 pub(crate) use dump::MAX_DUMP_THREADS;
 pub(crate) use frames::stack_frames;
 pub(crate) use signals::StartError;
-pub(crate) use timers::ThreadCpu;
+pub(crate) use windows::{Collected, Report};
 
-use crate::objects::Objects;
-use crate::process::process_cpu_time;
+use crate::objects::{Loaded, Objects};
+use crate::process::{ProcThread, blocks_signal, list_threads, process_cpu_time};
+use accounting::Accounting;
 use buffer::{Records, record_words};
 use fork::register_fork_handler;
 use handler::{CPU_HANDLERS, Costs, SESSION, Session, on_sigprof};
 use memory::Memory;
+use published::Published;
 use scratch::{Slot, scratch_slots};
 use signals::{CPU_SIGNAL, DUMP_SIGNAL, install, is_free_for};
 use thread_table::Threads;
-use timers::Timers;
-use unwind::{Library, MAX_DEPTH, Unwinding};
+use timers::{Backstop, Registry};
+use unwind::{MAX_DEPTH, Unwinding};
+use windows::Windows;
 
 /// How often the caller should [`Sampler::drain`] while a profile runs.
 pub(crate) const DRAIN_EVERY: Duration = Duration::from_millis(100);
-/// Threads that can have a timer of their own in one session.
-const MAX_THREADS: usize = 4096;
-
-/// What one window of a session collected.
-pub(crate) struct Collected {
-    pub(crate) stacks: HashMap<StackKey, Tally>,
-    /// Samples dropped because the buffer was full.
-    pub(crate) lost: Tally,
-    pub(crate) started: SystemTime,
-    pub(crate) duration: Duration,
-    /// CPU time the whole process used during the window (user + system).
-    pub(crate) cpu_time: Duration,
-    pub(crate) frequency: u32,
-    pub(crate) objects: Objects,
-    /// Each tracked thread's CPU over the window, from its own clock.
-    pub(crate) threads: Vec<ThreadCpu>,
-    pub(crate) report: Report,
-}
-
-/// How the session went, for the response's log line and the profile's comments.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Report {
-    /// The stack reader, and why it was chosen.
-    pub(crate) reader: &'static str,
-    pub(crate) reader_why: String,
-    /// `SIGPROF`s that were not this session's (another sender, a late timer).
-    pub(crate) foreign_signals: u64,
-    /// Our handler was replaced by someone else's during the window; counting stopped.
-    pub(crate) handler_replaced: bool,
-    /// Threads that had a timer of their own.
-    pub(crate) threads_timed: usize,
-    /// Why some threads had none.
-    pub(crate) timer_shortfall: Option<String>,
-    /// Handler time per sample: median and 99th percentile, nanoseconds.
-    pub(crate) handler_nanos: (u64, u64),
-    /// Mean frames per unwound sample.
-    pub(crate) mean_depth: f64,
-    /// Unwound samples: read without a system call, and unwound to the outermost frame.
-    pub(crate) unwound: u64,
-    pub(crate) direct: u64,
-    pub(crate) complete: u64,
-}
 
 /// The session's running counts at one moment; a window's are the difference between
 /// its close and its open.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Counts {
     lost: Tally,
     foreign: u64,
@@ -163,10 +127,28 @@ struct Counts {
     direct: u64,
     complete: u64,
     frames: u64,
+    rebuilds: u64,
+    /// The handler's cost histogram.
+    costs: Vec<u32>,
 }
 
 impl Counts {
-    fn since(self, start: Counts) -> Counts {
+    /// The session's counts now; read under the drain lock, so that they match what has
+    /// been drained.
+    fn of(session: &Session, rebuilds: u64) -> Counts {
+        Counts {
+            lost: session.records.lost(),
+            foreign: session.foreign.load(Ordering::Relaxed),
+            unwound: session.costs.unwound.load(Ordering::Relaxed),
+            direct: session.costs.direct.load(Ordering::Relaxed),
+            complete: session.costs.complete.load(Ordering::Relaxed),
+            frames: session.costs.frames.load(Ordering::Relaxed),
+            rebuilds,
+            costs: session.costs.histogram(),
+        }
+    }
+
+    fn since(&self, start: &Counts) -> Counts {
         Counts {
             lost: Tally {
                 samples: self.lost.samples.saturating_sub(start.lost.samples),
@@ -177,21 +159,13 @@ impl Counts {
             direct: self.direct.saturating_sub(start.direct),
             complete: self.complete.saturating_sub(start.complete),
             frames: self.frames.saturating_sub(start.frames),
-        }
-    }
-}
-
-impl Counts {
-    /// The session's running counts now; read under the drained state's lock, so that
-    /// they match what has been drained.
-    fn of(session: &Session) -> Counts {
-        Counts {
-            lost: session.records.lost(),
-            foreign: session.foreign.load(Ordering::Relaxed),
-            unwound: session.costs.unwound.load(Ordering::Relaxed),
-            direct: session.costs.direct.load(Ordering::Relaxed),
-            complete: session.costs.complete.load(Ordering::Relaxed),
-            frames: session.costs.frames.load(Ordering::Relaxed),
+            rebuilds: self.rebuilds.saturating_sub(start.rebuilds),
+            costs: self
+                .costs
+                .iter()
+                .zip(start.costs.iter().chain(std::iter::repeat(&0)))
+                .map(|(now, then)| now.saturating_sub(*then))
+                .collect(),
         }
     }
 }
@@ -203,47 +177,73 @@ pub(crate) struct WindowStart {
     started_at: Instant,
     cpu: Duration,
     counts: Counts,
-    /// Each tracked thread's CPU clock.
-    threads: HashMap<u32, Duration>,
+}
+
+/// What the drain works with, under one lock (the only writer of the session's
+/// published tables): the windows, the CPU accounting, the objects last listed.
+struct DrainState {
+    windows: Windows,
+    accounting: Accounting,
+    /// One drain's samples, reused.
+    batch: HashMap<StackKey, Tally>,
+    /// The timed threads' clocks, reused.
+    clocks: Vec<(u32, Duration)>,
+    /// The loaded objects, and the loader's count of loads and unloads when they were
+    /// listed: a change means the unwinder is built anew.
+    loaded: Loaded,
+    /// Every object seen during the session: what profiles are symbolized with (a library
+    /// unloaded before the window ends still names its frames).
+    objects: Objects,
+    rebuilds: u64,
+    /// The timers stopped: another handler replaced ours.
+    stopped: bool,
 }
 
 static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
 
 /// A running sampler. Dropping it stops sampling and frees its memory; it may block for a
-/// moment (deleting timers, waiting for handlers, `dlclose`), so drop it on a blocking
-/// thread.
+/// moment (disarming timers, waiting for handlers), so drop it on a blocking thread.
 pub(crate) struct Sampler {
     /// Shared with the handler through [`SESSION`]; null once taken back.
     session: *mut Session,
-    /// A reference to every shared library whose unwind tables the handler reads, so
-    /// that a `dlclose` elsewhere cannot unmap them while the session lives.
-    libraries: Vec<Library>,
-    objects: Objects,
-    timers: Mutex<Option<Timers>>,
+    drain: Mutex<DrainState>,
+    backstop: Option<Backstop>,
+    blocklist: &'static [&'static str],
     handler_replaced: AtomicBool,
     reader_why: String,
     frequency: u32,
+    /// The process that started it: a child made by `fork` that drops it touches no
+    /// timer (the ids would name the child's own).
+    pid: u32,
+    /// The seccomp mode and filters of the thread that chose the session's stack reader
+    /// (and proved it works): a thread whose own differ has a filter of its own, which may
+    /// forbid that reader.
+    seccomp: Option<(u32, u32)>,
 }
 
-// SAFETY: `Session` is `Sync` (atomics, a mutex, and slots guarded by their flag), and the
-// sampler only hands out shared references to it until it takes it back in `stop`/`drop`.
-// The library handles are only passed to `dlclose`, from whichever thread drops them.
+// SAFETY: `Session` is `Sync` (atomics, and slots guarded by their flag), and the sampler
+// only hands out shared references to it until it takes it back in `drop`.
 unsafe impl Send for Sampler {}
-// SAFETY: `&Sampler` only allows `drain` and the window calls, which go through the
-// session's and the timers' mutexes.
+// SAFETY: `&Sampler` only allows `drain` and the window calls, which go through the drain
+// lock.
 unsafe impl Sync for Sampler {}
 
 impl Sampler {
     /// Arms the timers at `frequency` Hz. Locates unwind tables, allocates every buffer
-    /// the handler will use, installs the handler. Takes about a millisecond.
-    pub(crate) fn start(frequency: u32, blocklist: &[&str]) -> Result<Sampler, StartError> {
+    /// the handler will use, installs the handler. Takes a millisecond or so.
+    pub(crate) fn start(
+        frequency: u32,
+        blocklist: &'static [&'static str],
+    ) -> Result<Sampler, StartError> {
         register_fork_handler();
         if !is_free_for(CPU_SIGNAL, on_sigprof) {
             return Err(StartError::ForeignHandler);
         }
+        let loaded = Loaded::now();
         let objects = Objects::current();
         let reader = Memory::choose();
-        let (unwinding, libraries) = Unwinding::new(&objects, blocklist, reader.memory);
+        let unwinding = Unwinding::new(&objects, blocklist, reader.memory);
+        let period = Duration::from_nanos(1_000_000_000 / u64::from(frequency.max(1)));
 
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         // A buffer holds a quarter second of the worst case (every CPU sampled at the
@@ -252,14 +252,15 @@ impl Sampler {
         let per_second = frequency as usize * cpus.min(64) * record_words(MAX_DEPTH);
         let words = (per_second / 4).clamp(16 * 1024, 1024 * 1024);
 
+        let alive = list_threads();
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let session = Box::new(Session {
             id,
-            unwinding,
+            unwinding: Published::new(unwinding),
             slots: (0..scratch_slots()).map(|_| Slot::new()).collect(),
             records: Records::new(words),
             foreign: AtomicU64::new(0),
-            threads: Threads::new(MAX_THREADS),
+            threads: Published::new(Threads::new(alive.len())),
             costs: Costs::new(),
         });
 
@@ -278,24 +279,44 @@ impl Sampler {
             drop(unsafe { Box::from_raw(pointer) });
             return Err(StartError::Running);
         }
-        // SAFETY: the session lives until `retire` below or the sampler's `take_session`.
-        let threads = unsafe { &(*pointer).threads };
-        let timers = match Timers::start(id, frequency, threads) {
-            Ok(timers) => timers,
-            Err(err) => {
-                drop(retire(pointer));
-                return Err(StartError::System("timer_create", err));
-            }
-        };
-        Ok(Sampler {
+        let mut sampler = Sampler {
             session: pointer,
-            libraries,
-            objects,
-            timers: Mutex::new(Some(timers)),
+            drain: Mutex::new(DrainState {
+                windows: Windows::default(),
+                accounting: Accounting::new(period, process_cpu_time()),
+                batch: HashMap::new(),
+                clocks: Vec::new(),
+                loaded,
+                objects,
+                rebuilds: 0,
+                stopped: false,
+            }),
+            backstop: None,
+            blocklist,
             handler_replaced: AtomicBool::new(false),
             reader_why: reader.why,
             frequency,
-        })
+            pid: std::process::id(),
+            seccomp: ProcThread::seccomp(crate::process::current_tid()),
+        };
+        {
+            let mut registry = Registry::lock();
+            registry.arm(period);
+            let state = sampler
+                .drain
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner);
+            // SAFETY: the session lives until `take_session`, which needs `&mut self`.
+            let session = unsafe { &*pointer };
+            refresh_threads(session, state, &mut registry, &alive, sampler.seccomp);
+        }
+        // After the threads' own timers, so that it never samples a thread that has one.
+        match Backstop::start(id, period) {
+            Ok(backstop) => sampler.backstop = Some(backstop),
+            // Dropping the sampler disarms the thread timers and retires the session.
+            Err(err) => return Err(StartError::System("timer_create", err)),
+        }
+        Ok(sampler)
     }
 
     /// The frequency the timers run at.
@@ -309,52 +330,32 @@ impl Sampler {
         (!self.session.is_null()).then(|| unsafe { &*self.session })
     }
 
+    fn state(&self) -> MutexGuard<'_, DrainState> {
+        self.drain.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The code addresses window `id` has gathered so far (drained ones; sorted, unique),
     /// as its profile will name them: each stack's leaf as sampled, its return addresses
     /// minus one. Lets the request symbolize most of its profile before the window ends.
     pub(crate) fn window_addresses(&self, id: u64) -> Vec<u64> {
-        let Some(session) = self.session() else {
-            return Vec::new();
-        };
-        let drained = session.records.drained();
-        let Some((_, stacks)) = drained.windows.iter().find(|(open, _)| *open == id) else {
-            return Vec::new();
-        };
-        let mut addresses: Vec<u64> = stacks
-            .keys()
-            .flat_map(|key| {
-                key.frames
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &address)| if i == 0 { address } else { address - 1 })
-            })
-            .collect();
-        drop(drained);
-        addresses.sort_unstable();
-        addresses.dedup();
-        addresses
+        self.state().windows.addresses(id)
     }
 
-    /// The objects this session's profiles are built with (loaded when it started).
-    pub(crate) fn objects(&self) -> &Objects {
-        &self.objects
+    /// The objects this session's profiles are built with: every object seen loaded
+    /// while it ran.
+    pub(crate) fn objects(&self) -> Objects {
+        self.state().objects.clone()
     }
 
     /// Opens window `id`: every sample recorded from now on counts for it, until it
     /// closes. The records before are drained first (for the windows already open).
     pub(crate) fn open_window(&self, id: u64) -> WindowStart {
-        let threads = self
-            .timers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(Timers::clocks)
-            .unwrap_or_default();
         let mut counts = Counts::default();
         if let Some(session) = self.session() {
-            let mut drained = session.records.drain();
-            counts = Counts::of(session);
-            drained.windows.push((id, HashMap::new()));
+            let mut state = self.state();
+            self.drain_locked(session, &mut state);
+            counts = Counts::of(session, state.rebuilds);
+            state.windows.open(id);
         }
         WindowStart {
             id,
@@ -362,39 +363,42 @@ impl Sampler {
             started_at: Instant::now(),
             cpu: process_cpu_time(),
             counts,
-            threads,
         }
     }
 
     /// Closes a window and returns what it collected: every sample recorded while it was
     /// open, and the session's counts, clocks and report over that time.
     pub(crate) fn close_window(&self, start: WindowStart) -> Collected {
+        let mut drained = None;
+        let mut counts = Counts::default();
+        let (threads_timed, timer_shortfall);
+        let (objects, reader);
+        {
+            let mut state = self.state();
+            if let Some(session) = self.session() {
+                self.drain_locked(session, &mut state);
+                counts = Counts::of(session, state.rebuilds).since(&start.counts);
+                drained = state.windows.close(start.id);
+            }
+            objects = state.objects.clone();
+            reader = self.session().map_or("none", |session| {
+                // SAFETY: the drain lock is held, under which alone the unwinder is
+                // replaced.
+                let unwinding = unsafe { session.unwinding.get() };
+                unwinding.memory.name()
+            });
+            let registry = Registry::lock();
+            threads_timed = registry.len();
+            timer_shortfall = registry.shortfall().map(str::to_owned);
+        }
         let duration = start.started_at.elapsed();
         let cpu_time = process_cpu_time().saturating_sub(start.cpu);
-        let (threads, threads_timed, timer_shortfall) = {
-            let timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
-            match timers.as_ref() {
-                Some(timers) => (
-                    timers.cpu_since(&start.threads),
-                    timers.tracked(),
-                    timers.shortfall.clone(),
-                ),
-                None => (Vec::new(), 0, None),
-            }
-        };
-        let mut stacks = HashMap::new();
-        let mut counts = Counts::default();
-        let mut handler_nanos = (0, 0);
-        if let Some(session) = self.session() {
-            let mut drained = session.records.drain();
-            counts = Counts::of(session).since(start.counts);
-            handler_nanos = (session.costs.quantile(0.5), session.costs.quantile(0.99));
-            if let Some(at) = drained.windows.iter().position(|(id, _)| *id == start.id) {
-                stacks = drained.windows.swap_remove(at).1;
-            }
-        }
+        let handler_nanos = (
+            Costs::quantile_of(&counts.costs, 0.5),
+            Costs::quantile_of(&counts.costs, 0.99),
+        );
         let report = Report {
-            reader: self.session().map_or("none", |s| s.unwinding.memory.name()),
+            reader,
             reader_why: self.reader_why.clone(),
             foreign_signals: counts.foreign,
             handler_replaced: self.handler_replaced.load(Ordering::Relaxed) || !handler::is_ours(),
@@ -409,16 +413,23 @@ impl Sampler {
             } else {
                 counts.frames as f64 / counts.unwound as f64
             },
+            unwinder_rebuilds: counts.rebuilds,
         };
+        let drained = drained.unwrap_or(windows::Drained {
+            stacks: HashMap::new(),
+            blocked: Vec::new(),
+            unattributed: Duration::ZERO,
+        });
         Collected {
-            stacks,
+            stacks: drained.stacks,
             lost: counts.lost,
+            blocked: drained.blocked,
+            unattributed: drained.unattributed,
             started: start.started,
             duration,
             cpu_time,
             frequency: self.frequency,
-            objects: self.objects.clone(),
-            threads,
+            objects,
             report,
         }
     }
@@ -426,46 +437,168 @@ impl Sampler {
     /// Closes window `id` without collecting it (its client hung up); nothing if it is
     /// not open.
     pub(crate) fn forget_window(&self, id: u64) {
-        if let Some(session) = self.session() {
-            let mut drained = session.records.drained();
-            drained.windows.retain(|(open, _)| *open != id);
-        }
+        drop(self.state().windows.close(id));
     }
 
-    /// Folds the records written so far into the stack counts, and gives threads that
-    /// started since the last drain their own timers. If another handler replaced ours,
-    /// the timers stop: their signals would only disturb the other profiler.
+    /// Folds the records written so far into the open windows' stack counts, gives
+    /// threads that started since the last drain their own timers, and follows libraries
+    /// loaded or unloaded. If another handler replaced ours, the timers stop: their
+    /// signals would only disturb the other profiler.
     pub(crate) fn drain(&self) {
         let Some(session) = self.session() else {
             return;
         };
-        drop(session.records.drain());
-        let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state();
+        self.drain_locked(session, &mut state);
+    }
+
+    /// [`drain`](Self::drain), under the drain lock.
+    fn drain_locked(&self, session: &Session, state: &mut DrainState) {
+        let mut registry = Registry::lock();
+        let DrainState {
+            windows,
+            accounting,
+            batch,
+            clocks,
+            ..
+        } = &mut *state;
+        registry.clocks(clocks);
+        session.records.drain(batch);
+        let process = process_cpu_time();
+        let drain = accounting.drain(clocks, process, batch, &mut |tid| {
+            blocks_signal(tid, libc::SIGPROF)
+        });
+        windows.add(batch, &drain);
+        if state.stopped {
+            return;
+        }
         if !handler::is_ours() {
             self.handler_replaced.store(true, Ordering::Relaxed);
-            drop(timers.take());
-        } else if let Some(timers) = timers.as_mut() {
-            timers.refresh(&session.threads);
+            registry.disarm();
+            state.stopped = true;
+            return;
+        }
+        // SAFETY: the drain lock is held: this is the one writer of the published tables.
+        let threads = unsafe { session.threads.get() };
+        for tid in drain.silent {
+            // Its timer measures a thread that exited; the id is another thread's now.
+            if registry.renew(tid)
+                && let Ok(clock) = crate::process::thread_cpu_time(tid)
+            {
+                state.accounting.track(tid, clock);
+            }
+        }
+        // A thread that ran may have installed a seccomp filter of its own since.
+        for tid in drain.ran {
+            if let Some(entry) = threads.find(tid)
+                && !entry.is_filtered()
+                && has_own_filter(tid, self.seccomp)
+            {
+                mark_filtered(session, entry);
+            }
+        }
+        let alive = list_threads();
+        refresh_threads(session, state, &mut registry, &alive, self.seccomp);
+        drop(registry);
+        if state.loaded.changed() {
+            self.follow_libraries(session, state);
         }
     }
 
-    /// Deletes the timers and takes the session back from the handler.
+    /// Libraries were loaded or unloaded: the unwinder is built anew over the objects
+    /// loaded now (copying the tables of new libraries), and published; the objects the
+    /// profiles are symbolized with gain the new ones.
+    fn follow_libraries(&self, session: &Session, state: &mut DrainState) {
+        state.loaded = Loaded::now();
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, self.blocklist, Memory::choose().memory);
+        session.unwinding.replace(unwinding, &CPU_HANDLERS);
+        state.objects = objects.merged_with(&state.objects);
+        state.rebuilds += 1;
+    }
+
+    /// Disarms the timers and takes the session back from the handler.
     fn take_session(&mut self) -> Option<Session> {
-        drop(
-            self.timers
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
         let pointer = std::mem::replace(&mut self.session, std::ptr::null_mut());
         if pointer.is_null() {
             return None;
         }
-        let session = *retire(pointer);
-        // Only now that no handler can read their unwind tables.
-        self.libraries.clear();
-        Some(session)
+        if self.pid == std::process::id() {
+            Registry::lock().disarm();
+        } else if let Some(backstop) = self.backstop.take() {
+            // A child made by `fork`: the ids are not its own.
+            std::mem::forget(backstop);
+        }
+        drop(self.backstop.take());
+        Some(*retire(pointer))
     }
+}
+
+/// Gives every thread in `alive` (sorted) a timer and an entry in the session's table, and
+/// forgets the threads that exited; rebuilds the table when tombstones would fill it.
+fn refresh_threads(
+    session: &Session,
+    state: &mut DrainState,
+    registry: &mut Registry,
+    alive: &[u32],
+    seccomp: Option<(u32, u32)>,
+) {
+    let changes = registry.refresh(alive);
+    // SAFETY: the caller holds the drain lock: this is the one writer of the table.
+    let mut threads = unsafe { session.threads.get() };
+    for &tid in &changes.exited {
+        threads.forget(tid);
+    }
+    if threads.needs_rebuild(alive.len()) {
+        session
+            .threads
+            .replace(threads.rebuilt(alive.len()), &CPU_HANDLERS);
+        // SAFETY: as above; the new table.
+        threads = unsafe { session.threads.get() };
+    }
+    let known: Vec<u32> = threads.known().collect();
+    for tid in known {
+        if alive.binary_search(&tid).is_err() {
+            threads.forget(tid);
+        }
+    }
+    for &tid in alive {
+        let Some(entry) = threads.add(tid) else {
+            continue;
+        };
+        let timed = registry.is_timed(tid);
+        if timed != entry.is_timed() {
+            entry.set_timed(timed);
+        }
+    }
+    for &tid in &changes.timed {
+        if let Some(entry) = threads.find(tid)
+            && has_own_filter(tid, seccomp)
+        {
+            mark_filtered(session, entry);
+        }
+        if let Ok(clock) = crate::process::thread_cpu_time(tid) {
+            state.accounting.track(tid, clock);
+        }
+    }
+}
+
+/// Whether thread `tid` has a seccomp filter the thread that chose the stack reader
+/// (`chooser`: its mode and filter count) does not: one it installed itself.
+fn has_own_filter(tid: u32, chooser: Option<(u32, u32)>) -> bool {
+    match ProcThread::seccomp(tid) {
+        Some((0, _)) | None => false,
+        theirs => theirs != chooser,
+    }
+}
+
+/// Marks a thread as having a seccomp filter of its own: from now on its stack is copied
+/// through the scratch slots' pipes, opened first.
+fn mark_filtered(session: &Session, entry: &thread_table::Thread) {
+    for slot in session.slots.iter() {
+        slot.pipe.open();
+    }
+    entry.set_filtered();
 }
 
 impl Drop for Sampler {

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::process::{blocks_signal, thread_name};
+use crate::process::thread_name;
 use crate::profile::Profile;
 use crate::sampler::{self, stack_frames};
 
@@ -94,24 +94,33 @@ pub(super) fn report_profile(
         );
     }
     // A thread that blocks SIGPROF keeps its timer's signal pending: its CPU is never
-    // charged to another thread, and is shown here from its own clock so that the
-    // total still matches the process's CPU time.
-    for thread in &collected.threads {
-        let sampled = periods_by_thread.get(&thread.tid).copied().unwrap_or(0) as i64 * period;
-        let unsampled = thread.cpu.as_nanos() as i64 - sampled;
-        if unsampled > 2 * period && blocks_signal(thread.tid, libc::SIGPROF) {
-            let name = name_of(thread.tid);
-            builder.add(
-                vec![Frame::Marker(format!(
-                    "[thread {name}: blocks SIGPROF, not sampled]"
-                ))],
-                vec![(unsampled + period / 2) / period, unsampled],
-                vec![
-                    ("thread", LabelValue::Str(name)),
-                    ("thread_id", LabelValue::Num(i64::from(thread.tid))),
-                ],
-            );
-        }
+    // charged to another thread, and is shown here from its own clock (drain by drain,
+    // see sampler/accounting.rs) so that the total still matches the process's CPU time.
+    for &(tid, unsampled) in &collected.blocked {
+        let name = name_of(tid);
+        let unsampled = unsampled.as_nanos() as i64;
+        builder.add(
+            vec![Frame::Marker(format!(
+                "[thread {name}: blocks SIGPROF, not sampled]"
+            ))],
+            vec![(unsampled + period / 2) / period, unsampled],
+            vec![
+                ("thread", LabelValue::Str(name)),
+                ("thread_id", LabelValue::Num(i64::from(tid))),
+            ],
+        );
+    }
+    // CPU no thread's clock accounts for: threads that lived and died between two
+    // drains, where the kernel gave the backstop's signals to threads that drop them.
+    let unattributed = collected.unattributed.as_nanos() as i64;
+    if unattributed > 2 * period {
+        builder.add(
+            vec![Frame::Marker(
+                "[threads too short-lived to be sampled]".to_owned(),
+            )],
+            vec![(unattributed + period / 2) / period, unattributed],
+            Vec::new(),
+        );
     }
     let capped = periods > signals + signals / 8;
     let report = &collected.report;
@@ -149,6 +158,13 @@ pub(super) fn report_profile(
         "{} stacks unwound: {} to their outermost frame, {} read without a system call",
         report.unwound, report.complete, report.direct
     ));
+    if report.unwinder_rebuilds > 0 {
+        comments.push(format!(
+            "libraries were loaded or unloaded during the window: the unwinder followed them \
+             ({} times)",
+            report.unwinder_rebuilds
+        ));
+    }
     if report.foreign_signals > 0 {
         comments.push(format!(
             "{} foreign SIGPROF signals ignored (kill, raise, or another timer)",
@@ -208,7 +224,8 @@ mod tests {
             cpu_time: Duration::from_millis(500),
             frequency: 100,
             objects: Objects::current(),
-            threads: Vec::new(),
+            blocked: Vec::new(),
+            unattributed: Duration::ZERO,
             report: Report::default(),
         }
     }

@@ -91,7 +91,7 @@ pub(crate) fn take_dump(
         return Err(StartError::ForeignHandler);
     }
     let objects = Objects::current();
-    let (unwinding, libraries) = Unwinding::new(&objects, blocklist, Memory::choose().memory);
+    let unwinding = Unwinding::new(&objects, blocklist, Memory::choose().memory);
     let tids = &tids[..tids.len().min(MAX_DUMP_THREADS)];
     let dump = Box::new(Dump {
         id: NEXT_DUMP.fetch_add(1, Ordering::Relaxed) & 0xffff,
@@ -247,8 +247,6 @@ pub(crate) fn take_dump(
     let dump = retire(pointer);
     let reader = dump.unwinding.memory.name();
     drop(dump);
-    // Only now that no handler can read their unwind tables.
-    drop(libraries);
     Ok(ThreadStacks {
         stacks: tids
             .iter()

@@ -1,12 +1,12 @@
 //! The sample records: two buffers the signal handler appends to without a lock (step 10
 //! of the contract in `sampler.rs`), and the drain that swaps them and folds their
-//! records into each open window's counts, off the signal path. A record is a header
+//! records into counts per stack, off the signal path (`windows.rs` hands them to the
+//! windows open). A record is a header
 //! word `MAGIC << 56 | flags << 48 | depth << 32 | tid`, a weight word (the timer periods
 //! the sample stands for), then the frames, leaf first.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 const MAGIC: u64 = 0xA5;
 const RECORD_HEADER: usize = 2;
@@ -18,6 +18,9 @@ pub(crate) const FLAG_NO_SCRATCH: u8 = 2;
 pub(crate) const FLAG_NO_STACK_READ: u8 = 4;
 /// The stack is deeper than `MAX_DEPTH` (`unwind.rs`): its outermost frames are missing.
 pub(crate) const FLAG_TRUNCATED: u8 = 8;
+/// The thread has a seccomp filter of its own and no pipe was open yet to copy its stack
+/// through: not unwound past what plain loads could read.
+pub(crate) const FLAG_FILTERED: u8 = 16;
 
 /// A stack as recorded: the interrupted PC first, then return addresses.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -63,53 +66,16 @@ impl Buffer {
     }
 }
 
-/// What the records have been folded into: each open window's stacks.
-#[derive(Default)]
-pub(crate) struct Drained {
-    /// The open windows, each with the stacks drained since it opened. A record drained
-    /// while no window is open counts for none.
-    pub(crate) windows: Vec<(u64, HashMap<StackKey, Tally>)>,
-    /// Per buffer: words already folded in since its last reset.
-    done: [usize; 2],
-    /// Scratch for a fold shared by several windows.
-    fresh: HashMap<StackKey, Tally>,
-}
-
-impl Drained {
-    /// Folds records `from..to` of `buffer` into every open window.
-    fn fold(&mut self, buffer: &Buffer, from: usize, to: usize) {
-        match self.windows.as_mut_slice() {
-            [] => fold(buffer, from, to, &mut self.fresh),
-            [(_, only)] => return fold(buffer, from, to, only),
-            [rest @ .., (_, last)] => {
-                fold(buffer, from, to, &mut self.fresh);
-                for (_, stacks) in rest {
-                    for (key, tally) in &self.fresh {
-                        let sum = stacks.entry(key.clone()).or_default();
-                        sum.samples += tally.samples;
-                        sum.periods += tally.periods;
-                    }
-                }
-                for (key, tally) in self.fresh.drain() {
-                    let sum = last.entry(key).or_default();
-                    sum.samples += tally.samples;
-                    sum.periods += tally.periods;
-                }
-            }
-        }
-        self.fresh.clear();
-    }
-}
-
-/// The two buffers, the samples lost when the active one was full, and the drained
-/// state. Handlers only [`write`](Records::write); one drainer at a time (the mutex,
-/// which handlers never take) [`drain`](Records::drain)s.
+/// The two buffers and the samples lost when the active one was full. Handlers only
+/// [`write`](Records::write); one drainer at a time [`drain`](Records::drain)s (the
+/// caller holds the session's drain lock, which handlers never take).
 pub(crate) struct Records {
     buffers: [Buffer; 2],
     active: AtomicUsize,
     lost: AtomicU64,
     lost_periods: AtomicU64,
-    drained: Mutex<Drained>,
+    /// Per buffer: words already drained since its last reset (the drainer's alone).
+    done: [AtomicUsize; 2],
 }
 
 impl Records {
@@ -120,7 +86,7 @@ impl Records {
             active: AtomicUsize::new(0),
             lost: AtomicU64::new(0),
             lost_periods: AtomicU64::new(0),
-            drained: Mutex::new(Drained::default()),
+            done: [AtomicUsize::new(0), AtomicUsize::new(0)],
         }
     }
 
@@ -158,19 +124,13 @@ impl Records {
         }
     }
 
-    /// The drained state, without draining.
-    pub(crate) fn drained(&self) -> MutexGuard<'_, Drained> {
-        self.drained.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Swaps the buffers and folds everything the handlers wrote before the swap into
-    /// the open windows. Returns the drained state still locked, so that a window opened
-    /// or closed under it starts or ends exactly at the swap.
-    pub(crate) fn drain(&self) -> MutexGuard<'_, Drained> {
-        let mut drained = self.drained();
+    /// Swaps the buffers and adds everything the handlers wrote before the swap to
+    /// `into`. For one drainer at a time (see [`Records`]).
+    pub(crate) fn drain(&self, into: &mut HashMap<StackKey, Tally>) {
         let old = self.active.load(Ordering::Acquire);
         self.active.store(1 - old, Ordering::Release);
         let buffer = &self.buffers[old];
+        let done = &self.done[old];
         loop {
             // Wait for handlers that reserved space before the swap to finish writing.
             let state = loop {
@@ -181,9 +141,8 @@ impl Records {
                 std::thread::yield_now();
             };
             let cursor = (state & CURSOR_MASK) as usize;
-            let from = drained.done[old];
-            drained.fold(buffer, from, cursor);
-            drained.done[old] = cursor.min(buffer.words.len());
+            fold(buffer, done.load(Ordering::Relaxed), cursor, into);
+            done.store(cursor.min(buffer.words.len()), Ordering::Relaxed);
             // Reset, unless a late handler (one that read `active` before the swap) has
             // reserved more space meanwhile; then fold that too.
             if buffer
@@ -191,8 +150,8 @@ impl Records {
                 .compare_exchange(state, 0, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                drained.done[old] = 0;
-                return drained;
+                done.store(0, Ordering::Relaxed);
+                return;
             }
         }
     }
@@ -242,44 +201,43 @@ mod tests {
     #[test]
     fn buffer_records_round_trip_and_overflow_is_counted() {
         let records = Records::new(10);
-        // Drained while no window is open: counts for none.
-        records.write(6, 0, 1, &[4]);
-        drop(records.drain());
-        records.drained().windows.push((1, HashMap::new()));
+        let mut first = HashMap::new();
         records.write(7, 0, 1, &[1, 2, 3]);
         records.write(7, 0, 3, &[1, 2, 3]);
         records.write(8, FLAG_BLOCKLISTED, 2, &[9, 9, 9]); // does not fit: 5 + 5 + 5 > 10
-        drop(records.drain());
-        // A second window from here on: the later record counts for both.
-        records.drained().windows.push((2, HashMap::new()));
+        records.drain(&mut first);
+        // The other buffer from here on; then the first one again.
+        let mut second = HashMap::new();
         records.write(9, FLAG_TRUNCATED, 1, &[5]);
-        let drained = records.drain();
-        let (first, second) = (&drained.windows[0].1, &drained.windows[1].1);
+        records.drain(&mut second);
+        records.write(9, FLAG_TRUNCATED, 1, &[5]);
+        records.drain(&mut second);
         let key = |tid, flags, frames: &[u64]| StackKey {
             tid,
             flags,
             frames: frames.into(),
         };
         assert_eq!(
-            first.get(&key(7, 0, &[1, 2, 3])),
-            Some(&Tally {
-                samples: 2,
-                periods: 4
-            })
+            first,
+            HashMap::from([(
+                key(7, 0, &[1, 2, 3]),
+                Tally {
+                    samples: 2,
+                    periods: 4
+                }
+            )])
         );
-        let truncated = Some(&Tally {
-            samples: 1,
-            periods: 1,
-        });
-        assert_eq!(first.get(&key(9, FLAG_TRUNCATED, &[5])), truncated);
-        assert_eq!(first.len(), 2);
-        assert_eq!(second.get(&key(9, FLAG_TRUNCATED, &[5])), truncated);
         assert_eq!(
-            second.len(),
-            1,
-            "the window opened later has the later record only"
+            second,
+            HashMap::from([(
+                key(9, FLAG_TRUNCATED, &[5]),
+                Tally {
+                    samples: 2,
+                    periods: 2
+                }
+            )]),
+            "records of both buffers, each drained once"
         );
-        drop(drained);
         assert_eq!(
             records.lost(),
             Tally {

@@ -205,7 +205,7 @@ impl Dump {
                     ..
                 } = self
                     .unwinding
-                    .unwind((pc, regs), 0, cache, stack, &mut answer.frames);
+                    .unwind((pc, regs), 0, None, cache, stack, &mut answer.frames);
                 self.release_scratch(slot);
                 answer.depth = depth.max(1);
                 answer.flags = flags;
@@ -253,7 +253,7 @@ mod tests {
         let value = signal_value(0x1_2345, 7);
         assert_eq!(parse_value(value), Some((0x2345, 7)));
         assert_eq!(
-            parse_value(super::super::timers::signal_value(3, 1)),
+            parse_value(super::super::timers::thread_value(3)),
             None,
             "a timer's value is not a dump's"
         );

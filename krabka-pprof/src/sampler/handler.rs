@@ -6,11 +6,12 @@
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-use super::buffer::{FLAG_NO_SCRATCH, Records};
+use super::buffer::{FLAG_FILTERED, FLAG_NO_SCRATCH, Records};
+use super::published::Published;
 use super::scratch::{Scratch, Slot};
 use super::signals::{CPU_SIGNAL, Running, is_installed};
 use super::thread_table::{Thread, Threads};
-use super::timers::{KIND_BACKSTOP, KIND_THREAD, SignalInfo, signal_kind};
+use super::timers::{SignalInfo, Source, source};
 use super::unwind::{Unwinding, Unwound, registers};
 use crate::process::current_tid;
 
@@ -21,17 +22,21 @@ pub(crate) static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mu
 pub(crate) static CPU_HANDLERS: Running = Running::new();
 
 /// Everything the handler reads of a CPU session. Immutable after start, apart from
-/// atomics and slots.
+/// atomics, slots, and what the drain publishes anew.
 pub(crate) struct Session {
-    /// Matched against each signal's value: only this session's timers count.
+    /// Matched against each backstop signal's value: only this session's count.
     pub(crate) id: u32,
-    pub(crate) unwinding: Unwinding,
+    /// The unwind tables, blocklist and stack reader; published anew when libraries come
+    /// and go.
+    pub(crate) unwinding: Published<Unwinding>,
     pub(crate) slots: Box<[Slot]>,
     pub(crate) records: Records,
     pub(crate) foreign: AtomicU64,
     /// Per thread: whether it has a timer of its own (the backstop's signals on it are
-    /// dropped), and the range of its stack proven readable (read without system calls).
-    pub(crate) threads: Threads,
+    /// dropped), whether a seccomp filter of its own forbids reading its stack with a
+    /// system call, and the range of its stack proven readable (read without system
+    /// calls); published anew when the drain rebuilds it.
+    pub(crate) threads: Published<Threads>,
     pub(crate) costs: Costs,
 }
 
@@ -65,13 +70,24 @@ impl Costs {
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The upper edge of the bucket holding the `quantile`th sample.
-    pub(crate) fn quantile(&self, quantile: f64) -> u64 {
-        let counts: Vec<u64> = self
-            .buckets
+    /// The counts per bucket now.
+    pub(crate) fn histogram(&self) -> Vec<u32> {
+        self.buckets
             .iter()
-            .map(|b| u64::from(b.load(Ordering::Relaxed)))
-            .collect();
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The upper edge of the bucket holding the `quantile`th sample.
+    #[cfg(test)]
+    pub(crate) fn quantile(&self, quantile: f64) -> u64 {
+        Costs::quantile_of(&self.histogram(), quantile)
+    }
+
+    /// The upper edge of the bucket holding the `quantile`th sample of `histogram` (from
+    /// [`histogram`](Self::histogram), or the difference of two).
+    pub(crate) fn quantile_of(histogram: &[u32], quantile: f64) -> u64 {
+        let counts: Vec<u64> = histogram.iter().map(|&b| u64::from(b)).collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {
             return 0;
@@ -101,27 +117,28 @@ impl Session {
         // SAFETY: the kernel's siginfo is valid for the handler's duration, and at least
         // as large as the timer layout (checked above).
         let info = unsafe { &*info.cast::<SignalInfo>() };
-        let kind = if info.code == libc::SI_TIMER {
-            signal_kind(info.value, self.id)
+        let source = if info.code == libc::SI_TIMER {
+            source(info.value, self.id)
         } else {
             None
         };
+        // SAFETY: this handler is counted in CPU_HANDLERS, which the drain waits on before
+        // it frees a replaced table.
+        let threads = unsafe { self.threads.get() };
         // A thread's own timer names it: no system call needed to learn which it is.
-        let tid = match kind {
-            Some(KIND_THREAD) => self.threads.owner(info.timer).unwrap_or_else(current_tid),
-            _ => current_tid(),
-        };
-        let thread = self.threads.find(tid);
-        let periods = match kind {
-            Some(KIND_THREAD) => 1 + info.overrun.max(0) as u64,
-            // A thread with its own timer is sampled by it; the backstop is for the others.
-            Some(KIND_BACKSTOP) if thread.is_some_and(Thread::is_timed) => return,
-            Some(KIND_BACKSTOP) => 1,
-            _ => {
+        let (tid, periods) = match source {
+            Some(Source::Thread(tid)) => (tid, 1 + info.overrun.max(0) as u64),
+            Some(Source::Backstop) => (current_tid(), 1),
+            None => {
                 self.foreign.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         };
+        let thread = threads.find(tid);
+        // A thread with its own timer is sampled by it; the backstop is for the others.
+        if source == Some(Source::Backstop) && thread.is_some_and(Thread::is_timed) {
+            return;
+        }
         // SAFETY: forwarded from the caller.
         unsafe { self.sample(tid, thread, periods, context) };
         self.costs.record(monotonic_nanos().saturating_sub(entered));
@@ -138,11 +155,16 @@ impl Session {
         periods: u64,
         context: *mut libc::c_void,
     ) {
+        // SAFETY: this handler is counted in CPU_HANDLERS (see `on_signal`).
+        let unwinding = unsafe { self.unwinding.get() };
         // SAFETY: forwarded from the caller.
-        let Some((pc, regs)) = (unsafe { registers(context, self.unwinding.code_mask) }) else {
+        let Some((pc, regs)) = (unsafe { registers(context, unwinding.code_mask) }) else {
             return;
         };
-        let flags = if let Some(flags) = self.unwinding.refusal(pc) {
+        // A thread with a seccomp filter of its own is copied through a pipe, with `write`
+        // and `read`: its filter may forbid `pread` and `process_vm_readv`.
+        let filtered = thread.is_some_and(Thread::is_filtered);
+        let flags = if let Some(flags) = unwinding.refusal(pc) {
             flags
         } else if let Some(slot) = self.take_slot(tid) {
             // SAFETY: `take_slot` gave this handler exclusive use of the slot.
@@ -158,16 +180,24 @@ impl Session {
             };
             let Unwound {
                 depth,
-                flags,
+                mut flags,
                 complete,
                 copied,
-            } = self
-                .unwinding
-                .unwind((pc, regs), direct_high, cache, stack, frames);
+            } = unwinding.unwind(
+                (pc, regs),
+                direct_high,
+                filtered.then_some(&slot.pipe),
+                cache,
+                stack,
+                frames,
+            );
             // An unwind that reached the outermost frame read only this thread's stack:
             // what it copied is known readable for the thread's later samples.
             if let Some(thread) = thread.filter(|_| complete && copied > 0) {
                 thread.prove_stack(sp, sp + copied as u64);
+            }
+            if filtered && !complete && !slot.pipe.is_open() {
+                flags |= FLAG_FILTERED;
             }
             if copied == 0 {
                 self.costs.direct.fetch_add(1, Ordering::Relaxed);

@@ -1,13 +1,13 @@
 //! Reading the interrupted thread's stack from the signal handler without ever faulting:
 //! every byte goes through a system call that reports unreadable memory as an error.
 //!
-//! Two readers, chosen once per profile before any timer is armed:
-//! - `process_vm_readv` on our own pid: one call copies several pages;
-//! - `pread` on `/proc/self/mem`, opened before the window: for processes where a seccomp
-//!   filter is installed (hardened systemd units, sandboxes, container runtimes with
-//!   strict profiles), which may answer `process_vm_readv` with `EPERM` or kill the
-//!   process for calling it. With a filter installed, `process_vm_readv` is never called,
-//!   not even to probe.
+//! Two readers, chosen once per profile before any timer is armed ([`Memory::choose`]):
+//! - `pread` on `/proc/self/mem`, opened before the window: what seccomp filters allow
+//!   (hardened systemd units, sandboxes, container runtimes with strict profiles answer
+//!   `process_vm_readv` with `EPERM`, or kill the process for calling it);
+//! - `process_vm_readv` on our own pid, where `/proc` cannot be read and no filter is
+//!   installed. With a filter installed, `process_vm_readv` is never called, not even to
+//!   probe.
 //!
 //! If neither works, samples keep their leaf alone under a marker, and the choice says why.
 //!
@@ -16,6 +16,7 @@
 //! the system-call copy.
 
 use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 pub(crate) const PAGE: u64 = 4096;
 /// Pages one read may ask for at most.
@@ -35,48 +36,59 @@ pub(crate) struct Choice {
 }
 
 impl Memory {
-    /// Picks the reader for this process as it is now.
+    /// Picks the reader for this process as it is now: `pread` of `/proc/self/mem` where
+    /// it works, else `process_vm_readv` where no seccomp filter is installed (on the
+    /// process's main thread, the one `/proc/self/status` describes), else none.
+    ///
+    /// `pread` comes first because it is what seccomp filters allow: container runtimes'
+    /// default profiles, hardened systemd units and sandboxes forbid `process_vm_readv`
+    /// (some by killing the caller) but almost never `pread64`, and any thread may install
+    /// a filter of its own at any moment. A thread known to have one is never read with a
+    /// system call at all (`thread_table.rs`).
     pub(crate) fn choose() -> Choice {
-        let seccomp = crate::process::seccomp_mode();
-        let vm_readv_refused = if seccomp == 0 {
-            let memory = Memory::VmReadv {
-                // SAFETY: getpid has no preconditions.
-                pid: unsafe { libc::getpid() },
-            };
-            match probe(&memory) {
-                Ok(()) => {
-                    return Choice {
-                        memory,
-                        why: "process_vm_readv works here".to_owned(),
-                    };
-                }
-                Err(err) => format!("process_vm_readv failed ({err})"),
-            }
-        } else {
-            format!("a seccomp filter is installed (Seccomp: {seccomp})")
-        };
-        match open_proc_mem() {
+        let proc_mem_refused = match open_proc_mem() {
             Ok(file) => {
                 let memory = Memory::ProcMem { file };
                 match probe(&memory) {
-                    Ok(()) => Choice {
-                        memory,
-                        why: format!("{vm_readv_refused}: reading /proc/self/mem instead"),
-                    },
-                    Err(err) => Choice {
-                        memory: Memory::Unreadable,
-                        why: format!(
-                            "{vm_readv_refused}, and /proc/self/mem cannot be read ({err}): \
-                             stacks are not unwound"
-                        ),
-                    },
+                    Ok(()) => {
+                        let why = match crate::process::seccomp_mode() {
+                            0 => "pread of /proc/self/mem works here".to_owned(),
+                            mode => format!(
+                                "a seccomp filter is installed (Seccomp: {mode}): pread of \
+                                 /proc/self/mem, which filters allow, never process_vm_readv"
+                            ),
+                        };
+                        return Choice { memory, why };
+                    }
+                    Err(err) => format!("/proc/self/mem cannot be read ({err})"),
                 }
             }
+            Err(err) => format!("/proc/self/mem cannot be opened ({err})"),
+        };
+        let seccomp = crate::process::seccomp_mode();
+        if seccomp != 0 {
+            return Choice {
+                memory: Memory::Unreadable,
+                why: format!(
+                    "{proc_mem_refused}, and a seccomp filter is installed (Seccomp: {seccomp}), \
+                     which may forbid process_vm_readv: stacks are not unwound"
+                ),
+            };
+        }
+        let memory = Memory::VmReadv {
+            // SAFETY: getpid has no preconditions.
+            pid: unsafe { libc::getpid() },
+        };
+        match probe(&memory) {
+            Ok(()) => Choice {
+                memory,
+                why: format!("{proc_mem_refused}: reading with process_vm_readv instead"),
+            },
             Err(err) => Choice {
                 memory: Memory::Unreadable,
                 why: format!(
-                    "{vm_readv_refused}, and /proc/self/mem cannot be opened ({err}): \
-                     stacks are not unwound"
+                    "{proc_mem_refused}, and process_vm_readv failed ({err}): stacks are not \
+                     unwound"
                 ),
             },
         }
@@ -163,10 +175,118 @@ fn open_proc_mem() -> std::io::Result<OwnedFd> {
     Ok(file.into())
 }
 
+/// A pipe to copy memory through with `write` and `read`: the two system calls every
+/// seccomp filter allows (strict mode allows little else), and `write` reports memory it
+/// cannot read with `EFAULT` instead of faulting. For threads with a filter of their own,
+/// which may forbid `pread` and `process_vm_readv`. One per scratch slot, since the copy
+/// passes through the pipe's buffer; opened off the signal path, only once such a thread
+/// is seen (no file descriptors are taken otherwise).
+pub(crate) struct Pipe {
+    read: AtomicI32,
+    write: AtomicI32,
+}
+
+impl Pipe {
+    pub(crate) const fn closed() -> Pipe {
+        Pipe {
+            read: AtomicI32::new(-1),
+            write: AtomicI32::new(-1),
+        }
+    }
+
+    /// Whether the pipe is open. Async-signal-safe.
+    pub(crate) fn is_open(&self) -> bool {
+        self.write.load(Ordering::Acquire) >= 0
+    }
+
+    /// Opens the pipe if it is not open; off the signal path, by its slot's one writer.
+    pub(crate) fn open(&self) {
+        if self.write.load(Ordering::Acquire) >= 0 {
+            return;
+        }
+        let mut fds = [-1; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } == 0 {
+            self.read.store(fds[0], Ordering::Release);
+            self.write.store(fds[1], Ordering::Release);
+        }
+    }
+
+    /// Copies up to one page of `target.len()` bytes from `address` through the pipe;
+    /// returns the bytes copied (0: not open, or nothing readable). Async-signal-safe.
+    fn copy(&self, address: u64, target: &mut [u8]) -> usize {
+        let (read, write) = (
+            self.read.load(Ordering::Acquire),
+            self.write.load(Ordering::Acquire),
+        );
+        if read < 0 || write < 0 {
+            return 0;
+        }
+        // Within one page, at most PIPE_BUF: the pipe takes it whole, never blocking.
+        let page_end = (address / PAGE + 1) * PAGE;
+        let len = target.len().min((page_end - address) as usize);
+        // SAFETY: the kernel reads `len` bytes at `address` (EFAULT where it cannot) and
+        // writes them into the pipe; the pipe is this slot's and empty between copies.
+        let sent = unsafe { libc::write(write, address as *const libc::c_void, len) };
+        let Ok(sent) = usize::try_from(sent) else {
+            return 0;
+        };
+        let mut got = 0;
+        while got < sent {
+            // SAFETY: reading back what was just written into `target`, within its length.
+            let n = unsafe {
+                libc::read(
+                    read,
+                    target[got..sent].as_mut_ptr().cast::<libc::c_void>(),
+                    sent - got,
+                )
+            };
+            match usize::try_from(n) {
+                Ok(n) if n > 0 => got += n,
+                _ => break,
+            }
+        }
+        got
+    }
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        for fd in [
+            self.read.load(Ordering::Acquire),
+            self.write.load(Ordering::Acquire),
+        ] {
+            if fd >= 0 {
+                // SAFETY: descriptors this pipe opened, closed once.
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+}
+
+/// How a stack is copied where it cannot be read directly.
+#[derive(Clone, Copy)]
+pub(crate) enum Copies<'a> {
+    /// With the session's reader.
+    Memory(&'a Memory),
+    /// Through a scratch slot's pipe: for threads with a seccomp filter of their own.
+    Pipe(&'a Pipe),
+}
+
+impl Copies<'_> {
+    fn read(self, address: u64, target: &mut [u8]) -> usize {
+        match self {
+            Copies::Memory(memory) => memory.read(address, target),
+            Copies::Pipe(pipe) => pipe.copy(address, target),
+        }
+    }
+}
+
 /// Reads the interrupted thread's stack: directly below `direct_high` (memory proven
-/// readable, see [`Threads`]), else through a lazily grown copy made by system calls.
+/// readable, see `thread_table.rs`), else through a lazily grown copy made by system
+/// calls.
 pub(crate) struct StackReader<'a> {
-    pub(crate) memory: &'a Memory,
+    pub(crate) copies: Copies<'a>,
     pub(crate) sp: u64,
     /// Zero, or the end of the range above `sp` that may be read with plain loads.
     pub(crate) direct_high: u64,
@@ -198,7 +318,7 @@ impl StackReader<'_> {
             let page_end = (self.sp + end as u64).div_ceil(PAGE) * PAGE;
             let step_end = page_end.min((from / PAGE + MAX_PAGES as u64) * PAGE);
             let limit = (step_end - self.sp).min(self.copy.len() as u64) as usize;
-            let got = self.memory.read(from, &mut self.copy[self.copied..limit]);
+            let got = self.copies.read(from, &mut self.copy[self.copied..limit]);
             if got == 0 {
                 return Err(());
             }
@@ -291,11 +411,9 @@ mod tests {
     }
 
     #[test]
-    fn without_seccomp_process_vm_readv_is_chosen() {
-        if crate::process::seccomp_mode() == 0 {
-            let choice = Memory::choose();
-            assert_eq!(choice.memory.name(), "process_vm_readv", "{}", choice.why);
-        }
+    fn proc_self_mem_is_chosen_where_it_can_be_read() {
+        let choice = Memory::choose();
+        assert_eq!(choice.memory.name(), "/proc/self/mem", "{}", choice.why);
     }
 
     fn this_process() -> Memory {
@@ -313,7 +431,7 @@ mod tests {
             let base = page_before_a_hole();
             let mut copy = vec![0u8; super::super::scratch::MAX_STACK_COPY];
             let mut reader = StackReader {
-                memory: &memory,
+                copies: Copies::Memory(&memory),
                 sp: base,
                 direct_high: 0,
                 copy: &mut copy,
@@ -348,7 +466,7 @@ mod tests {
         let memory = this_process();
         let mut copy = vec![0u8; super::super::scratch::MAX_STACK_COPY];
         let mut reader = StackReader {
-            memory: &memory,
+            copies: Copies::Memory(&memory),
             sp: stack.as_ptr() as u64,
             direct_high: 0,
             copy: &mut copy,
@@ -361,5 +479,42 @@ mod tests {
             "36 KiB above sp, several steps away"
         );
         assert_eq!(reader.read(far - 8), Ok(7));
+    }
+
+    #[test]
+    fn a_pipe_copies_what_can_be_read_and_stops_at_a_hole() {
+        let pipe = Pipe::closed();
+        let source = [0x5au8; 64];
+        let mut target = [0u8; 64];
+        assert_eq!(
+            pipe.copy(source.as_ptr() as u64, &mut target),
+            0,
+            "closed: nothing"
+        );
+        pipe.open();
+        assert!(pipe.is_open());
+        let mut checked = false;
+        for _attempt in 0..5 {
+            assert_eq!(pipe.copy(source.as_ptr() as u64, &mut target), 64);
+            assert_eq!(target, source);
+            let base = page_before_a_hole();
+            let mut page = [0u8; 16];
+            let first = pipe.copy(base, &mut page[..8]);
+            let value = u64::from_ne_bytes(page[..8].try_into().unwrap());
+            let beyond = pipe.copy(base + PAGE, &mut page);
+            let valid = hole_still_free(base);
+            // SAFETY: unmapping the page mapped above.
+            unsafe { libc::munmap(base as *mut libc::c_void, PAGE as usize) };
+            if valid {
+                assert_eq!((first, value), (8, 0x1122_3344_5566_7788));
+                assert_eq!(beyond, 0, "the hole is not read, and nothing faults");
+                // The pipe is empty again: the next copy reads its own bytes.
+                assert_eq!(pipe.copy(source.as_ptr() as u64, &mut target[..8]), 8);
+                assert_eq!(target[..8], source[..8]);
+                checked = true;
+                break;
+            }
+        }
+        assert!(checked, "the hole was taken five times in a row");
     }
 }

@@ -7,6 +7,7 @@ use std::cell::UnsafeCell;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::memory::Pipe;
 use super::unwind::{Cache, MAX_DEPTH};
 
 /// How far above the stack pointer the handler may copy the stack.
@@ -93,6 +94,9 @@ pub(crate) fn scratch_slots() -> usize {
 pub(crate) struct Slot {
     pub(crate) busy: AtomicBool,
     pub(crate) scratch: UnsafeCell<Scratch>,
+    /// The pipe its handler copies the stack of a thread with its own seccomp filter
+    /// through; closed until the drain sees such a thread.
+    pub(crate) pipe: Pipe,
 }
 
 // SAFETY: `scratch` is only touched by the handler that set `busy` from false to true, until
@@ -108,6 +112,7 @@ impl Slot {
                 stack: FreshPages::new(MAX_STACK_COPY),
                 frames: [0; MAX_DEPTH],
             }),
+            pipe: Pipe::closed(),
         }
     }
 

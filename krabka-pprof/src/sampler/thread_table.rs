@@ -1,7 +1,9 @@
 //! What the signal handler knows about each thread of the process, in one table it can
 //! read without locks: whether the thread has a CPU timer of its own (so the process-wide
-//! backstop's signals on it are dropped), and which range of its stack is proven readable
-//! (so its stack is read with plain loads instead of system calls).
+//! backstop's signals on it are dropped), whether it has a seccomp filter of its own (so
+//! its stack is never read with a system call, which the filter might forbid), and which
+//! range of its stack is proven readable (so its stack is read with plain loads instead of
+//! system calls).
 //!
 //! Keys are written only by the drain, the table's one writer, from the list of the
 //! process's threads: a thread gets its entry at the first drain that sees it, and a
@@ -9,6 +11,11 @@
 //! unknown. The handler reads entries, and writes the stack range of its own thread's
 //! entry only (a thread never runs two handlers at once: `SIGPROF` is blocked during its
 //! own handler).
+//!
+//! A forgotten entry stays as a tombstone on its probe path; once tombstones and live
+//! entries fill half the table, the drain builds a new table of the live entries (larger,
+//! if the threads are many) and publishes it for the handlers ([`Threads::rebuilt`]), so
+//! the table never fills however many threads come and go in one session.
 //!
 //! A proven range `[low, high)` was copied whole, by a system call, from the thread's own
 //! stack pointer up, in a sample whose unwind reached the stack's outermost frame, so it
@@ -20,19 +27,38 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// A key no thread has: an entry of a thread that exited, free to be used again.
 const FORGOTTEN: u32 = u32::MAX;
+/// The fewest entries a table has.
+const MIN_ENTRIES: usize = 64;
 
 /// One thread's entry.
 pub(crate) struct Thread {
     tid: AtomicU32,
     timed: AtomicBool,
+    filtered: AtomicBool,
     low: AtomicU64,
     high: AtomicU64,
 }
 
 impl Thread {
+    fn empty() -> Thread {
+        Thread {
+            tid: AtomicU32::new(0),
+            timed: AtomicBool::new(false),
+            filtered: AtomicBool::new(false),
+            low: AtomicU64::new(0),
+            high: AtomicU64::new(0),
+        }
+    }
+
     /// Whether the thread has a CPU timer of its own.
     pub(crate) fn is_timed(&self) -> bool {
         self.timed.load(Ordering::Acquire)
+    }
+
+    /// Whether the thread has a seccomp filter of its own: its handler makes no system
+    /// call that reads memory.
+    pub(crate) fn is_filtered(&self) -> bool {
+        self.filtered.load(Ordering::Acquire)
     }
 
     /// The proven range of the thread's stack, if any.
@@ -57,32 +83,33 @@ impl Thread {
         self.low.store(low, Ordering::Relaxed);
         self.high.store(high, Ordering::Release);
     }
+
+    /// Marks the thread as having its own timer, or not. For the drain only.
+    pub(crate) fn set_timed(&self, timed: bool) {
+        self.timed.store(timed, Ordering::Release);
+    }
+
+    /// Marks the thread as having a seccomp filter of its own. For the drain only; a
+    /// filter is never removed.
+    pub(crate) fn set_filtered(&self) {
+        self.filtered.store(true, Ordering::Release);
+    }
 }
 
-/// The process's threads, by kernel thread id, and the threads each timer signals.
+/// The process's threads, by kernel thread id.
 pub(crate) struct Threads {
     entries: Box<[Thread]>,
     /// Keys in use, forgotten ones included (the drain's count; it is the only writer).
     used: AtomicU32,
-    /// Indexed by kernel timer id (small integers, allocated from 0 per process).
-    owners: Box<[AtomicU32]>,
 }
 
 impl Threads {
     /// Room for `capacity` threads at once.
     pub(crate) fn new(capacity: usize) -> Threads {
-        let size = (capacity * 2).next_power_of_two();
+        let size = (capacity * 2).max(MIN_ENTRIES).next_power_of_two();
         Threads {
-            entries: (0..size)
-                .map(|_| Thread {
-                    tid: AtomicU32::new(0),
-                    timed: AtomicBool::new(false),
-                    low: AtomicU64::new(0),
-                    high: AtomicU64::new(0),
-                })
-                .collect(),
+            entries: (0..size).map(|_| Thread::empty()).collect(),
             used: AtomicU32::new(0),
-            owners: (0..size).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
@@ -104,8 +131,9 @@ impl Threads {
         None
     }
 
-    /// Thread `tid`'s entry, made if it has none; `None` when the table is full. For the
-    /// drain only.
+    /// Thread `tid`'s entry, made if it has none; `None` when the table is full (the
+    /// drain then rebuilds it, see [`needs_rebuild`](Self::needs_rebuild)). For the drain
+    /// only.
     pub(crate) fn add(&self, tid: u32) -> Option<&Thread> {
         if tid == 0 || tid == FORGOTTEN {
             return None;
@@ -134,39 +162,17 @@ impl Threads {
         }
         let entry = free?;
         entry.timed.store(false, Ordering::Relaxed);
+        entry.filtered.store(false, Ordering::Relaxed);
         entry.high.store(0, Ordering::Relaxed);
         entry.tid.store(tid, Ordering::Release);
         Some(entry)
     }
 
-    /// Marks `tid` as having its own timer, `timer`.
-    pub(crate) fn set_timed(&self, tid: u32, timer: libc::c_int) {
-        if let Some(owner) = usize::try_from(timer).ok().and_then(|t| self.owners.get(t)) {
-            owner.store(tid, Ordering::Release);
-        }
-        if let Some(entry) = self.find(tid) {
-            entry.timed.store(true, Ordering::Release);
-        }
-    }
-
-    /// The thread `timer` signals, if known. Async-signal-safe: one load.
-    pub(crate) fn owner(&self, timer: libc::c_int) -> Option<u32> {
-        let owner = usize::try_from(timer)
-            .ok()
-            .and_then(|t| self.owners.get(t))?;
-        Some(owner.load(Ordering::Acquire)).filter(|&tid| tid != 0)
-    }
-
-    /// Forgets thread `tid`, which exited, and the timer it had.
-    pub(crate) fn forget(&self, tid: u32, timer: Option<libc::c_int>) {
-        if let Some(owner) = timer
-            .and_then(|t| usize::try_from(t).ok())
-            .and_then(|t| self.owners.get(t))
-        {
-            owner.store(0, Ordering::Release);
-        }
+    /// Forgets thread `tid`, which exited.
+    pub(crate) fn forget(&self, tid: u32) {
         if let Some(entry) = self.find(tid) {
             entry.timed.store(false, Ordering::Release);
+            entry.filtered.store(false, Ordering::Release);
             entry.high.store(0, Ordering::Release);
             entry.tid.store(FORGOTTEN, Ordering::Release);
         }
@@ -178,6 +184,42 @@ impl Threads {
             .iter()
             .map(|e| e.tid.load(Ordering::Acquire))
             .filter(|&tid| tid != 0 && tid != FORGOTTEN)
+    }
+
+    /// Whether the table should be rebuilt before `alive` threads are added: tombstones
+    /// and live entries would pass half of it.
+    pub(crate) fn needs_rebuild(&self, alive: usize) -> bool {
+        let used = self.used.load(Ordering::Relaxed) as usize;
+        let half = self.entries.len() / 2;
+        used >= half * 3 / 4 || alive >= half
+    }
+
+    /// A new table holding the live entries of this one, with room for `alive` threads
+    /// twice over: no tombstones, and a table that grows with the threads alive, never
+    /// with the threads ever seen.
+    pub(crate) fn rebuilt(&self, alive: usize) -> Threads {
+        let table = Threads::new(alive.max(self.known().count()) * 2);
+        for old in self.entries.iter() {
+            let tid = old.tid.load(Ordering::Acquire);
+            if tid == 0 || tid == FORGOTTEN {
+                continue;
+            }
+            if let Some(new) = table.add(tid) {
+                new.timed.store(old.is_timed(), Ordering::Relaxed);
+                new.filtered.store(old.is_filtered(), Ordering::Relaxed);
+                if let Some((low, high)) = old.known_stack() {
+                    new.low.store(low, Ordering::Relaxed);
+                    new.high.store(high, Ordering::Release);
+                }
+            }
+        }
+        table
+    }
+
+    /// Entries this table has room for.
+    #[cfg(test)]
+    fn size(&self) -> usize {
+        self.entries.len()
     }
 }
 
@@ -192,31 +234,66 @@ mod tests {
         for tid in [5, 21, 37] {
             assert!(threads.add(tid).is_some());
         }
-        threads.set_timed(21, 3);
+        threads.find(21).unwrap().set_timed(true);
+        threads.find(37).unwrap().set_filtered();
         assert!(threads.find(21).unwrap().is_timed());
         assert!(!threads.find(5).unwrap().is_timed());
-        assert_eq!(threads.owner(3), Some(21));
-        assert_eq!(
-            (threads.owner(4), threads.owner(-1), threads.owner(1 << 20)),
-            (None, None, None)
-        );
-        threads.forget(21, Some(3));
+        assert!(threads.find(37).unwrap().is_filtered());
+        threads.forget(21);
         assert!(threads.find(21).is_none(), "an exited thread is forgotten");
-        assert_eq!(threads.owner(3), None);
         assert!(
             threads.find(37).is_some(),
             "others stay findable past the forgotten entry"
         );
         let again = threads.add(21).unwrap();
         assert!(
-            !again.is_timed() && again.known_stack().is_none(),
+            !again.is_timed() && !again.is_filtered() && again.known_stack().is_none(),
             "a reused id starts unknown"
         );
-        assert!(threads.add(8).is_some());
-        assert!(threads.add(9).is_none(), "full at half the table");
         let mut known: Vec<u32> = threads.known().collect();
         known.sort_unstable();
-        assert_eq!(known, [5, 8, 21, 37]);
+        assert_eq!(known, [5, 21, 37]);
+    }
+
+    #[test]
+    fn a_table_that_fills_with_tombstones_is_rebuilt_with_its_live_entries() {
+        let mut threads = Threads::new(4);
+        let first_size = threads.size();
+        // Threads come and go by the thousand: each drain forgets the exited ones and
+        // adds the new, rebuilding whenever the table asks for it.
+        let mut rebuilds = 0;
+        for generation in 0..1000u32 {
+            let tids = [generation * 3 + 1, generation * 3 + 2, generation * 3 + 3];
+            if threads.needs_rebuild(tids.len() + 1) {
+                threads = threads.rebuilt(tids.len() + 1);
+                rebuilds += 1;
+            }
+            for tid in tids {
+                assert!(threads.add(tid).is_some(), "thread {tid} gets an entry");
+            }
+            threads.find(tids[0]).unwrap().set_timed(true);
+            for tid in tids {
+                if generation % 2 == 0 || tid != tids[0] {
+                    threads.forget(tid);
+                }
+            }
+        }
+        assert!(rebuilds > 10, "{rebuilds} rebuilds");
+        // The survivors of odd generations are still there, with their facts.
+        let survivors: Vec<u32> = threads.known().collect();
+        assert_eq!(survivors.len(), 500);
+        assert!(
+            survivors
+                .iter()
+                .all(|&tid| threads.find(tid).unwrap().is_timed())
+        );
+        assert!(
+            threads.size() <= 4096,
+            "the table grows with the threads alive ({}), not with those ever seen: {} entries \
+             (it started with {first_size})",
+            survivors.len(),
+            threads.size()
+        );
     }
 
     #[test]
@@ -237,6 +314,12 @@ mod tests {
             thread.known_stack(),
             Some((0x9000, 0xa000)),
             "elsewhere: replaced"
+        );
+        let rebuilt = threads.rebuilt(1);
+        assert_eq!(
+            rebuilt.find(42).unwrap().known_stack(),
+            Some((0x9000, 0xa000)),
+            "a rebuilt table keeps what was proven"
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The sampler's clocks: one POSIX CPU-time timer per thread of the process, plus one
-//! process-wide backstop, all sending `SIGPROF` tagged with the session's signal value.
+//! process-wide backstop per session, all sending `SIGPROF` with a value that says whose
+//! timer it is.
 //!
 //! Why per thread (as Go does since 1.18): one process-wide `ITIMER_PROF` has one pending
 //! signal per process and is checked once per tick, so on several busy cores most periods
@@ -10,220 +11,65 @@
 //! it could not signal as overrun (so each sample carries the CPU it stands for), and, like
 //! every POSIX timer, is not inherited by `fork` and is deleted by `execve`.
 //!
-//! Threads are found by listing `/proc/self/task` at the start and at every drain; a thread
-//! that lives and dies between two listings is covered by the backstop, a
-//! `CLOCK_PROCESS_CPUTIME_ID` timer whose signals the handler keeps only on threads that
-//! have no timer of their own ([`Threads`]). A thread that exited loses its timer at the
-//! next listing, so that timers (each holds a queued signal of the user's
-//! `RLIMIT_SIGPENDING`) never outnumber the threads alive.
+//! A thread's timer carries the thread's id in its signal value, so the handler knows whose
+//! sample it is without a system call, for any number of timers ever made. Threads are
+//! found by listing `/proc/self/task` at the start and at every drain; a thread that lives
+//! and dies between two listings is covered by the backstop, a `CLOCK_PROCESS_CPUTIME_ID`
+//! timer whose signals the handler keeps only on threads that have no timer of their own.
+//! A thread that exited loses its timer at the next listing, so timers (each holds one
+//! queued signal of the user's `RLIMIT_SIGPENDING`) never outnumber the threads alive. A
+//! timer that could not be made (`EAGAIN` at that limit) is tried again at the next drain.
 //!
-//! Everything here runs off the signal path; the handler reads only [`Threads`] and the
-//! signal values.
+//! The thread timers outlive sessions ([`Registry`], one per process): a session arms them
+//! and its end disarms them. A timer's signal that stays pending on a thread that blocks
+//! `SIGPROF` is the timer's own preallocated one: deleting the timer would leave it queued
+//! and charged to `RLIMIT_SIGPENDING` for as long as the thread lives, one more per
+//! session, whereas a timer kept, disarmed, holds exactly one. So at a session's end the
+//! timers of threads that block `SIGPROF` are kept for the next session, and the others
+//! deleted (no signal of theirs can be pending once disarmed).
+//!
+//! Everything here runs off the signal path; the handler reads only the signal values.
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use super::thread_table::Threads;
-use crate::process::{clock_time, list_threads, thread_cpu_clock};
+use crate::process::{PerProcess, blocks_signal, clock_time, thread_cpu_clock};
 
-/// What a timer's signal value says, besides the session it belongs to.
-pub(crate) const KIND_THREAD: u64 = 1;
-pub(crate) const KIND_BACKSTOP: u64 = 2;
-/// High bits of every signal value this crate arms a timer with.
-const SIGNAL_TAG: u64 = 0x4b52_4241 << 32;
+/// High 32 bits of a thread timer's signal value ("KRBT"); its low 32 bits are the
+/// thread's id.
+const THREAD_TAG: u64 = 0x4b52_4254;
+/// High 32 bits of a backstop's signal value ("KRBB"); its low 32 bits are the session's
+/// number.
+const BACKSTOP_TAG: u64 = 0x4b52_4242;
 
-/// The signal value for timers of `kind` in the session numbered `session`.
-pub(crate) fn signal_value(session: u32, kind: u64) -> u64 {
-    SIGNAL_TAG | u64::from(session) << 8 | kind
+/// Whose timer a `SIGPROF` came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The timer of thread `tid`.
+    Thread(u32),
+    /// The running session's backstop.
+    Backstop,
 }
 
-/// The timer kind of `value` if it belongs to the session numbered `session`.
-pub(crate) fn signal_kind(value: u64, session: u32) -> Option<u64> {
-    (value & !0xff == signal_value(session, 0)).then_some(value & 0xff)
+/// The signal value of thread `tid`'s timer.
+pub(crate) fn thread_value(tid: u32) -> u64 {
+    THREAD_TAG << 32 | u64::from(tid)
 }
 
-/// One thread's timer and its CPU clock at the moment the timer was armed.
-struct Tracked {
-    timer: libc::c_int,
-    clock: libc::clockid_t,
-    cpu_at_start: Duration,
+/// The signal value of the backstop of the session numbered `session`.
+pub(crate) fn backstop_value(session: u32) -> u64 {
+    BACKSTOP_TAG << 32 | u64::from(session)
 }
 
-/// A thread's CPU over the part of the window it was tracked, read when the timers stop.
-pub(crate) struct ThreadCpu {
-    pub(crate) tid: u32,
-    pub(crate) cpu: Duration,
-}
-
-/// Every timer of one session. Dropping it deletes them all.
-pub(crate) struct Timers {
-    session: u32,
-    period: Duration,
-    backstop: Option<libc::c_int>,
-    threads: HashMap<u32, Tracked>,
-    /// Why some thread has no timer (e.g. `RLIMIT_SIGPENDING` reached), said once.
-    pub(crate) shortfall: Option<String>,
-    seed: u64,
-}
-
-impl Timers {
-    /// Arms one timer per current thread, registering each in `threads`, then the
-    /// backstop (after them, so that it never samples a thread that has its own).
-    pub(crate) fn start(session: u32, frequency: u32, threads: &Threads) -> io::Result<Timers> {
-        let period = Duration::from_nanos(1_000_000_000 / u64::from(frequency.max(1)));
-        let mut timers = Timers {
-            session,
-            period,
-            backstop: None,
-            threads: HashMap::new(),
-            shortfall: None,
-            seed: seed(),
-        };
-        timers.refresh(threads);
-        let backstop = create(
-            libc::CLOCK_PROCESS_CPUTIME_ID,
-            libc::SIGEV_SIGNAL,
-            0,
-            signal_value(session, KIND_BACKSTOP),
-        )?;
-        timers.backstop = Some(backstop);
-        timers.arm(backstop)?;
-        Ok(timers)
-    }
-
-    /// Gives a timer to every thread that started since the last call, and forgets the
-    /// threads that exited (deleting their timers).
-    pub(crate) fn refresh(&mut self, threads: &Threads) {
-        let alive = list_threads();
-        if alive.is_empty() {
-            return;
-        }
-        let exited: Vec<u32> = threads
-            .known()
-            .filter(|tid| alive.binary_search(tid).is_err())
-            .collect();
-        for tid in exited {
-            let timer = self.threads.remove(&tid).map(|tracked| {
-                delete(tracked.timer);
-                tracked.timer
-            });
-            threads.forget(tid, timer);
-        }
-        for &tid in &alive {
-            if threads.add(tid).is_none() {
-                self.shortfall.get_or_insert_with(|| {
-                    "more threads than the sampler tracks: the newest are sampled by the \
-                     process-wide timer"
-                        .to_owned()
-                });
-                continue;
-            }
-            if self.threads.contains_key(&tid) || self.shortfall.is_some() {
-                continue;
-            }
-            match self.track(tid, threads) {
-                Ok(()) => {}
-                // The thread exited between the listing and now.
-                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {}
-                Err(err) => {
-                    self.shortfall = Some(format!(
-                        "thread {tid} and later threads have no CPU timer of their own \
-                         ({err}); the process-wide timer samples them"
-                    ));
-                }
-            }
-        }
-    }
-
-    fn track(&mut self, tid: u32, threads: &Threads) -> io::Result<()> {
-        let clock = thread_cpu_clock(tid);
-        let cpu_at_start = clock_time(clock)?;
-        let timer = create(
-            clock,
-            libc::SIGEV_THREAD_ID,
-            tid as libc::c_int,
-            signal_value(self.session, KIND_THREAD),
-        )?;
-        threads.set_timed(tid, timer);
-        self.threads.insert(
-            tid,
-            Tracked {
-                timer,
-                clock,
-                cpu_at_start,
-            },
-        );
-        self.arm(timer)
-    }
-
-    /// Starts `timer` with the session's period, its first expiry uniform in (0, period]
-    /// so that threads that live less than a period are sampled without bias.
-    fn arm(&mut self, timer: libc::c_int) -> io::Result<()> {
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
-        let period = self.period.as_nanos() as u64;
-        let first = 1 + self.seed % period;
-        let spec = libc::itimerspec {
-            it_interval: timespec(period),
-            it_value: timespec(first),
-        };
-        // SAFETY: the timer id came from timer_create; the spec is fully initialised.
-        let result = unsafe {
-            libc::syscall(
-                libc::SYS_timer_settime,
-                timer,
-                0,
-                &raw const spec,
-                std::ptr::null_mut::<libc::itimerspec>(),
-            )
-        };
-        if result == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-
-    /// Each tracked thread's CPU clock now.
-    pub(crate) fn clocks(&self) -> HashMap<u32, Duration> {
-        self.threads
-            .iter()
-            .filter_map(|(&tid, tracked)| Some((tid, clock_time(tracked.clock).ok()?)))
-            .collect()
-    }
-
-    /// The CPU each tracked thread still alive used since `clocks` were read (a thread
-    /// tracked later: since its timer was armed).
-    pub(crate) fn cpu_since(&self, clocks: &HashMap<u32, Duration>) -> Vec<ThreadCpu> {
-        self.threads
-            .iter()
-            .filter_map(|(&tid, tracked)| {
-                let now = clock_time(tracked.clock).ok()?;
-                let since = clocks.get(&tid).copied().unwrap_or(tracked.cpu_at_start);
-                Some(ThreadCpu {
-                    tid,
-                    cpu: now.saturating_sub(since),
-                })
-            })
-            .collect()
-    }
-
-    /// How many threads have a timer of their own.
-    pub(crate) fn tracked(&self) -> usize {
-        self.threads.len()
-    }
-}
-
-impl Drop for Timers {
-    fn drop(&mut self) {
-        if let Some(backstop) = self.backstop.take() {
-            delete(backstop);
-        }
-        for (_, tracked) in self.threads.drain() {
-            delete(tracked.timer);
-        }
+/// Whose timer sent `value`, if it is one of this crate's timers and (for a backstop)
+/// the running session's. Async-signal-safe.
+pub(crate) fn source(value: u64, session: u32) -> Option<Source> {
+    match value >> 32 {
+        THREAD_TAG => Some(Source::Thread(value as u32)),
+        BACKSTOP_TAG if value as u32 == session => Some(Source::Backstop),
+        _ => None,
     }
 }
 
@@ -243,8 +89,235 @@ pub(crate) struct SignalInfo {
 
 const _: () = assert!(size_of::<SignalInfo>() <= size_of::<libc::siginfo_t>());
 
+/// One thread's timer.
+struct ThreadTimer {
+    timer: libc::c_int,
+    clock: libc::clockid_t,
+}
+
+/// Every thread timer of this process (a child made by `fork` starts with none: POSIX
+/// timers are not inherited, and [`PerProcess`] gives it a registry of its own).
+pub(crate) struct Registry {
+    timers: HashMap<u32, ThreadTimer>,
+    /// The running session's period; `None` between sessions (timers disarmed).
+    period: Option<Duration>,
+    /// Why the last listing left some thread without a timer, if it did.
+    shortfall: Option<String>,
+    seed: u64,
+}
+
+static REGISTRY: PerProcess<Mutex<Registry>> = PerProcess::new(|| {
+    Mutex::new(Registry {
+        timers: HashMap::new(),
+        period: None,
+        shortfall: None,
+        seed: seed(),
+    })
+});
+
+/// What [`Registry::refresh`] changed.
+#[derive(Default)]
+pub(crate) struct Changes {
+    /// Threads that got a timer.
+    pub(crate) timed: Vec<u32>,
+    /// Threads whose timer was deleted: they exited.
+    pub(crate) exited: Vec<u32>,
+}
+
+impl Registry {
+    /// This process's timers.
+    pub(crate) fn lock() -> MutexGuard<'static, Registry> {
+        REGISTRY
+            .get()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A session starts at `period`: every timer kept from the last one is armed.
+    pub(crate) fn arm(&mut self, period: Duration) {
+        self.period = Some(period);
+        let tids: Vec<u32> = self.timers.keys().copied().collect();
+        for tid in tids {
+            // An error is `ESRCH`: the thread exited since, and its timer is of no use.
+            if self.arm_one(tid).is_err() {
+                self.delete(tid);
+            }
+        }
+    }
+
+    /// The session ends: every timer is disarmed, and deleted unless its thread blocks
+    /// `SIGPROF` (see the module docs).
+    pub(crate) fn disarm(&mut self) {
+        self.period = None;
+        let tids: Vec<u32> = self.timers.keys().copied().collect();
+        for tid in tids {
+            if let Some(timer) = self.timers.get(&tid) {
+                settime(timer.timer, 0, 0);
+            }
+            if !blocks_signal(tid, libc::SIGPROF) {
+                self.delete(tid);
+            }
+        }
+    }
+
+    /// Gives a timer to every thread in `alive` (sorted) that has none, and deletes the
+    /// timers of threads no longer alive. A thread that cannot get one now is tried again
+    /// at the next call.
+    pub(crate) fn refresh(&mut self, alive: &[u32]) -> Changes {
+        debug_assert!(alive.windows(2).all(|w| w[0] < w[1]));
+        let mut changes = Changes::default();
+        let exited: Vec<u32> = self
+            .timers
+            .keys()
+            .copied()
+            .filter(|tid| alive.binary_search(tid).is_err())
+            .collect();
+        for tid in exited {
+            self.delete(tid);
+            changes.exited.push(tid);
+        }
+        self.shortfall = None;
+        for &tid in alive {
+            if self.timers.contains_key(&tid) {
+                continue;
+            }
+            match self.create(tid) {
+                Ok(()) => changes.timed.push(tid),
+                // The thread exited between the listing and now.
+                Err(err) if matches!(err.raw_os_error(), Some(libc::EINVAL | libc::ESRCH)) => {
+                    self.delete(tid);
+                }
+                Err(err) => {
+                    self.delete(tid);
+                    let untimed = self.shortfall.get_or_insert_with(String::new);
+                    if untimed.is_empty() {
+                        *untimed = format!(
+                            "some threads have no CPU timer of their own ({err}; tried again \
+                             at every drain); the process-wide timer samples them"
+                        );
+                    }
+                }
+            }
+        }
+        changes
+    }
+
+    /// Makes thread `tid`'s timer anew: its thread id was used again by another thread,
+    /// whose CPU the old timer (bound to the thread that exited) never measures.
+    pub(crate) fn renew(&mut self, tid: u32) -> bool {
+        self.delete(tid);
+        match self.create(tid) {
+            Ok(()) => true,
+            Err(_) => {
+                self.delete(tid);
+                false
+            }
+        }
+    }
+
+    /// Each timed thread's CPU clock now (threads that exited since are left out).
+    pub(crate) fn clocks(&self, into: &mut Vec<(u32, Duration)>) {
+        into.clear();
+        into.extend(
+            self.timers
+                .iter()
+                .filter_map(|(&tid, timer)| Some((tid, clock_time(timer.clock).ok()?))),
+        );
+    }
+
+    /// Whether thread `tid` has a timer.
+    pub(crate) fn is_timed(&self, tid: u32) -> bool {
+        self.timers.contains_key(&tid)
+    }
+
+    /// How many threads have a timer of their own.
+    pub(crate) fn len(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Why the last listing left some thread without a timer, if it did.
+    pub(crate) fn shortfall(&self) -> Option<&str> {
+        self.shortfall.as_deref()
+    }
+
+    fn create(&mut self, tid: u32) -> io::Result<()> {
+        let clock = thread_cpu_clock(tid);
+        let timer = create(
+            clock,
+            libc::SIGEV_THREAD_ID,
+            tid as libc::c_int,
+            thread_value(tid),
+        )?;
+        self.timers.insert(tid, ThreadTimer { timer, clock });
+        if self.period.is_some() {
+            self.arm_one(tid)?;
+        }
+        Ok(())
+    }
+
+    /// Starts thread `tid`'s timer with the session's period, its first expiry uniform in
+    /// (0, period] so that threads that live less than a period are sampled without bias.
+    fn arm_one(&mut self, tid: u32) -> io::Result<()> {
+        let (Some(period), Some(timer)) = (self.period, self.timers.get(&tid)) else {
+            return Ok(());
+        };
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let period = period.as_nanos() as u64;
+        if settime(timer.timer, period, 1 + self.seed % period) {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    fn delete(&mut self, tid: u32) {
+        if let Some(timer) = self.timers.remove(&tid) {
+            delete(timer.timer);
+        }
+    }
+}
+
+/// A session's process-wide timer, for threads too short-lived to get one of their own.
+/// Dropping it deletes it, unless this is a child made by `fork` (the id would name one
+/// of the child's own timers, if any).
+pub(crate) struct Backstop {
+    timer: libc::c_int,
+    pid: u32,
+}
+
+impl Backstop {
+    /// Arms the backstop of session `session` at `period`.
+    pub(crate) fn start(session: u32, period: Duration) -> io::Result<Backstop> {
+        let timer = create(
+            libc::CLOCK_PROCESS_CPUTIME_ID,
+            libc::SIGEV_SIGNAL,
+            0,
+            backstop_value(session),
+        )?;
+        let backstop = Backstop {
+            timer,
+            pid: std::process::id(),
+        };
+        let nanos = period.as_nanos() as u64;
+        if !settime(timer, nanos, nanos) {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(backstop)
+    }
+}
+
+impl Drop for Backstop {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            delete(self.timer);
+        }
+    }
+}
+
 /// The raw `timer_create` system call (glibc's wrapper hides the kernel's timer id behind
-/// its own `timer_t`; the kernel id is what `si_timerid` reports and `timer_settime` takes).
+/// its own `timer_t`; the kernel id is what `timer_settime` takes).
 fn create(
     clock: libc::clockid_t,
     notify: libc::c_int,
@@ -276,8 +349,28 @@ fn create(
     }
 }
 
+/// Sets `timer` to fire every `period` nanoseconds, the first time after `first` (both 0:
+/// disarmed). Whether the kernel took it.
+fn settime(timer: libc::c_int, period: u64, first: u64) -> bool {
+    let spec = libc::itimerspec {
+        it_interval: timespec(period),
+        it_value: timespec(first),
+    };
+    // SAFETY: the timer id came from timer_create; the spec is fully initialised.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_timer_settime,
+            timer,
+            0,
+            &raw const spec,
+            std::ptr::null_mut::<libc::itimerspec>(),
+        )
+    };
+    result == 0
+}
+
 fn delete(timer: libc::c_int) {
-    // SAFETY: deleting a timer id this session created, once.
+    // SAFETY: deleting a timer id this process created, once.
     unsafe { libc::syscall(libc::SYS_timer_delete, timer) };
 }
 
@@ -300,15 +393,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn signal_values_name_their_session_and_kind() {
-        let value = signal_value(7, KIND_THREAD);
-        assert_eq!(signal_kind(value, 7), Some(KIND_THREAD));
+    fn signal_values_name_their_thread_or_session() {
         assert_eq!(
-            signal_kind(signal_value(7, KIND_BACKSTOP), 7),
-            Some(KIND_BACKSTOP)
+            source(thread_value(4242), 7),
+            Some(Source::Thread(4242)),
+            "a thread's timer names its thread, whatever the session"
         );
-        assert_eq!(signal_kind(value, 8), None, "another session's timer");
-        assert_eq!(signal_kind(0, 7), None, "kill(2) carries no value");
-        assert_eq!(signal_kind(value & 0xffff_ffff, 7), None, "no tag");
+        assert_eq!(
+            source(thread_value(u32::MAX), 1),
+            Some(Source::Thread(u32::MAX))
+        );
+        assert_eq!(source(backstop_value(7), 7), Some(Source::Backstop));
+        assert_eq!(
+            source(backstop_value(7), 8),
+            None,
+            "another session's backstop"
+        );
+        assert_eq!(source(0, 7), None, "kill(2) carries no value");
+        assert_eq!(source(4242, 7), None, "no tag");
     }
 }

@@ -1,8 +1,10 @@
 //! Unwinding in the signal handler (step 8 of the contract in `sampler.rs`): framehop
-//! over the in-memory unwind tables of the loaded objects, with fixed storage so that it
-//! never allocates; the libraries whose tables it reads pinned with `dlopen(RTLD_NOLOAD)`
-//! so that no `dlclose` can unmap them meanwhile; the blocklist; the registers of the
-//! interrupted context. One [`Unwinding`] serves CPU samples and thread dumps alike.
+//! over the unwind tables of the loaded objects, with fixed storage so that it never
+//! allocates; the tables of the executable and the vDSO read where they are, those of
+//! libraries copied (so that the app's `dlclose` is never held back, and the handler never
+//! reads a library's pages, which a `dlclose` could unmap); the blocklist; the registers
+//! of the interrupted context. One [`Unwinding`] serves CPU samples and thread dumps alike;
+//! a session builds a new one when libraries are loaded or unloaded.
 
 use std::ops::{Deref, Range};
 
@@ -12,7 +14,7 @@ use framehop::{
 };
 
 use super::buffer::{FLAG_BLOCKLISTED, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
-use super::memory::{Memory, StackReader};
+use super::memory::{Copies, Memory, Pipe, StackReader};
 use crate::objects::{LoadedObject, Objects};
 
 /// Deepest stack recorded, in frames; a deeper one ends in a `[truncated]` frame.
@@ -25,8 +27,8 @@ pub(crate) struct MemorySlice {
     len: usize,
 }
 
-// SAFETY: the slices point into read-only segments of objects that stay mapped while the
-// session uses them: the executable, the vDSO, and libraries the session pinned.
+// SAFETY: the slices point into read-only segments of objects that stay mapped for the
+// process's life (the executable, the vDSO), or into copies the unwinder owns (`Tables`).
 unsafe impl Send for MemorySlice {}
 // SAFETY: as above; the bytes are never written.
 unsafe impl Sync for MemorySlice {}
@@ -77,79 +79,131 @@ impl AllocationPolicy for FixedStorage {
     type GimliEvaluationStorage<R: gimli::Reader> = FixedStorage;
 }
 
-/// A `dlopen` reference to a loaded library, released on drop.
-pub(crate) struct Library(*mut libc::c_void);
+/// Where a library's unwind tables are copied from, and how much may be copied: the
+/// longest `.eh_frame` of a real library is some hundreds of KiB.
+const MAX_TABLE: usize = 16 << 20;
 
-unsafe extern "C" {
-    /// glibc and musl both have it; the `libc` crate declares it for glibc only.
-    fn dlinfo(
-        handle: *mut libc::c_void,
-        request: libc::c_int,
-        info: *mut libc::c_void,
-    ) -> libc::c_int;
-}
-const RTLD_DI_LINKMAP: libc::c_int = 2;
-
-impl Library {
-    /// Pins exactly this loaded library; `None` if that cannot be done (it has no path,
-    /// or the path names another copy, as for one loaded into another namespace by
-    /// `dlmopen`). Only a pinned library's unwind tables may be read by the handler.
-    fn pin(object: &LoadedObject) -> Option<Library> {
-        let path = object.file.as_ref()?;
-        let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-        // SAFETY: RTLD_NOLOAD never loads anything: it only adds a reference to a library
-        // that is already loaded in the default namespace, which keeps its pages mapped.
-        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-        if handle.is_null() {
+/// A copy of `len` bytes of this process's memory at `address`, read with `memory` (a
+/// system call that fails on unmapped memory instead of faulting: the library may be
+/// unloaded meanwhile); `None` if any of it could not be read.
+fn copy_of(memory: &Memory, address: u64, len: usize) -> Option<Box<[u8]>> {
+    let mut copy = vec![0u8; len].into_boxed_slice();
+    let mut done = 0;
+    while done < len {
+        let got = memory.read(address + done as u64, &mut copy[done..]);
+        if got == 0 {
             return None;
         }
-        let library = Library(handle);
-        // The first field of a `link_map` is its load bias, `l_addr`.
-        let mut map: *const u64 = std::ptr::null();
-        // SAFETY: RTLD_DI_LINKMAP writes the handle's `struct link_map *` into `map`.
-        let found = unsafe { dlinfo(handle, RTLD_DI_LINKMAP, (&raw mut map).cast()) } == 0;
-        // SAFETY: a link_map returned by the loader is valid while the handle is open.
-        let same = found && !map.is_null() && unsafe { *map } == object.bias;
-        same.then_some(library)
+        done += got;
     }
+    Some(copy)
 }
 
-impl Drop for Library {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from a successful dlopen and is closed once.
-        unsafe { libc::dlclose(self.0) };
+/// The length of the `.eh_frame` section that starts `bytes`: its entries up to the
+/// zero-length terminator (or the end of `bytes`, whichever comes first).
+fn eh_frame_len(bytes: &[u8]) -> usize {
+    let mut at = 0usize;
+    while let Some(length) = bytes.get(at..at + 4) {
+        let length = u32::from_le_bytes(length.try_into().expect("4 bytes"));
+        let next = match length {
+            0 => return at + 4,
+            0xffff_ffff => bytes
+                .get(at + 4..at + 12)
+                .map(|l| u64::from_le_bytes(l.try_into().expect("8 bytes")))
+                .and_then(|l| usize::try_from(l).ok())
+                .and_then(|l| at.checked_add(12)?.checked_add(l)),
+            length => at.checked_add(4 + length as usize),
+        };
+        match next {
+            Some(next) if next <= bytes.len() => at = next,
+            _ => break,
+        }
     }
+    bytes.len()
 }
 
-/// Which objects' unwind tables the handler may read: the executable and the vDSO, which
-/// are never unmapped, and libraries this call could pin (returned with them).
-fn readable_objects(objects: &Objects) -> (Vec<&LoadedObject>, Vec<Library>) {
-    let mut readable = Vec::new();
-    let mut libraries = Vec::new();
-    for object in objects.iter() {
+/// An object's unwind tables: `.eh_frame_hdr`, and `.eh_frame` from where the header says
+/// it starts. The executable's and the vDSO's are read where they are loaded (neither is
+/// ever unmapped); a library's are copied into memory the unwinder owns, so that the
+/// app's `dlclose` unloads it whenever it likes and the handler never reads its pages.
+struct Tables {
+    hdr: MemorySlice,
+    hdr_address: u64,
+    eh_frame: MemorySlice,
+    eh_frame_address: u64,
+    /// The copies the slices point into, for a library: the header, then `.eh_frame`.
+    _owned: Vec<Box<[u8]>>,
+}
+
+impl Tables {
+    fn of(object: &LoadedObject, memory: &Memory) -> Option<Tables> {
+        let hdr = object.eh_frame_hdr.clone()?;
         let permanent = object.is_vdso
             || object.file.as_deref() == Some(std::path::Path::new("/proc/self/exe"));
+        let hdr_len = usize::try_from(hdr.end - hdr.start).ok()?;
         if permanent {
-            readable.push(object);
-        } else if let Some(library) = Library::pin(object) {
-            libraries.push(library);
-            readable.push(object);
+            let hdr_bytes = MemorySlice {
+                ptr: hdr.start as *const u8,
+                len: hdr_len,
+            };
+            let eh_frame_start = crate::objects::eh_frame_address(&hdr_bytes, hdr.start)?;
+            let segment = object
+                .segments
+                .iter()
+                .find(|s| s.avma.contains(&eh_frame_start))?;
+            return Some(Tables {
+                hdr: hdr_bytes,
+                hdr_address: hdr.start,
+                eh_frame: MemorySlice {
+                    ptr: eh_frame_start as *const u8,
+                    len: (segment.avma.end - eh_frame_start) as usize,
+                },
+                eh_frame_address: eh_frame_start,
+                _owned: Vec::new(),
+            });
         }
+        let hdr_copy = copy_of(memory, hdr.start, hdr_len.min(MAX_TABLE))?;
+        let eh_frame_start = crate::objects::eh_frame_address(&hdr_copy, hdr.start)?;
+        let segment = object
+            .segments
+            .iter()
+            .find(|s| s.avma.contains(&eh_frame_start))?;
+        let rest = usize::try_from(segment.avma.end - eh_frame_start).ok()?;
+        let mut eh_frame = copy_of(memory, eh_frame_start, rest.min(MAX_TABLE))?;
+        let len = eh_frame_len(&eh_frame);
+        if len < eh_frame.len() {
+            eh_frame = eh_frame[..len].into();
+        }
+        Some(Tables {
+            hdr: MemorySlice {
+                ptr: hdr_copy.as_ptr(),
+                len: hdr_copy.len(),
+            },
+            hdr_address: hdr.start,
+            eh_frame: MemorySlice {
+                ptr: eh_frame.as_ptr(),
+                len: eh_frame.len(),
+            },
+            eh_frame_address: eh_frame_start,
+            _owned: vec![hdr_copy, eh_frame],
+        })
     }
-    (readable, libraries)
 }
 
-/// An unwinder over the tables of every object the handler may read, and the pins that
-/// keep the libraries among them mapped while it is used.
-fn unwinder_for(objects: &Objects) -> (Unwinder, Vec<Library>) {
+/// An unwinder over the tables of every loaded object, and the tables it reads.
+fn unwinder_for(objects: &Objects, memory: &Memory) -> (Unwinder, Vec<Tables>) {
     let mut unwinder = Unwinder::new();
-    let (readable, libraries) = readable_objects(objects);
-    for object in readable {
-        if let Some(module) = framehop_module(object) {
+    let mut all = Vec::new();
+    for object in objects.iter() {
+        let Some(tables) = Tables::of(object, memory) else {
+            continue;
+        };
+        if let Some(module) = framehop_module(object, &tables) {
             unwinder.add_module(module);
         }
+        all.push(tables);
     }
-    (unwinder, libraries)
+    (unwinder, all)
 }
 
 /// The code ranges of the objects `blocklist` names, sorted.
@@ -180,6 +234,8 @@ fn code_address_mask(objects: &Objects) -> u64 {
 /// the unwind tables, the blocklisted code, the stack reader and the code address mask.
 pub(crate) struct Unwinding {
     unwinder: Unwinder,
+    /// What the unwinder's modules read; dropped after it.
+    _tables: Vec<Tables>,
     /// Code ranges of blocklisted objects, sorted.
     blocked: Box<[Range<u64>]>,
     pub(crate) memory: Memory,
@@ -199,21 +255,17 @@ pub(crate) struct Unwound {
 }
 
 impl Unwinding {
-    /// For `objects` as loaded now; also the pins that keep the libraries among them
-    /// mapped while the tables are read.
-    pub(crate) fn new(
-        objects: &Objects,
-        blocklist: &[&str],
-        memory: Memory,
-    ) -> (Unwinding, Vec<Library>) {
-        let (unwinder, libraries) = unwinder_for(objects);
-        let unwinding = Unwinding {
+    /// For `objects` as loaded now, reading stacks (and copying libraries' tables) with
+    /// `memory`.
+    pub(crate) fn new(objects: &Objects, blocklist: &[&str], memory: Memory) -> Unwinding {
+        let (unwinder, tables) = unwinder_for(objects, &memory);
+        Unwinding {
             unwinder,
+            _tables: tables,
             blocked: blocked_ranges(objects, blocklist),
             memory,
             code_mask: code_address_mask(objects),
-        };
-        (unwinding, libraries)
+        }
     }
 
     /// Why a stack interrupted at `pc` is recorded as its PC alone, if it is: the PC is
@@ -237,18 +289,25 @@ impl Unwinding {
     /// Unwinds from the interrupted `pc` and registers (leaf first) into `frames`,
     /// stopping after the first frame in a blocklisted object and at [`MAX_DEPTH`]
     /// (marked [`FLAG_TRUNCATED`]). The stack is read directly below `direct_high`, else
-    /// copied into `stack` by system calls. `cache` and `stack` are a scratch slot's
-    /// (`scratch.rs`). Async-signal-safe: framehop with fixed storage.
+    /// copied into `stack` by system calls: with the session's reader, or through
+    /// `pipe` where one is given (a thread with a seccomp filter of its own). `cache`,
+    /// `stack` and `pipe` are a scratch slot's (`scratch.rs`). Async-signal-safe: framehop
+    /// with fixed storage.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one scratch slot's parts, borrowed apart"
+    )]
     pub(crate) fn unwind(
         &self,
         (pc, regs): (u64, UnwindRegsNative),
         direct_high: u64,
+        pipe: Option<&Pipe>,
         cache: &mut Cache,
         stack: &mut [u8],
         frames: &mut [u64; MAX_DEPTH],
     ) -> Unwound {
         let mut reader = StackReader {
-            memory: &self.memory,
+            copies: pipe.map_or(Copies::Memory(&self.memory), Copies::Pipe),
             sp: regs.sp(),
             direct_high,
             copy: stack,
@@ -290,31 +349,18 @@ impl Unwinding {
     }
 }
 
-/// A framehop module for an object's in-memory unwind tables.
-fn framehop_module(object: &LoadedObject) -> Option<Module<MemorySlice>> {
-    let hdr = object.eh_frame_hdr.clone()?;
-    let hdr_bytes = MemorySlice {
-        ptr: hdr.start as *const u8,
-        len: (hdr.end - hdr.start) as usize,
-    };
-    let eh_frame_start = crate::objects::eh_frame_address(&hdr_bytes, hdr.start)?;
-    let segment = object
-        .segments
-        .iter()
-        .find(|s| s.avma.contains(&eh_frame_start))?;
-    let eh_frame = MemorySlice {
-        ptr: eh_frame_start as *const u8,
-        len: (segment.avma.end - eh_frame_start) as usize,
-    };
+/// A framehop module for an object's unwind tables.
+fn framehop_module(object: &LoadedObject, tables: &Tables) -> Option<Module<MemorySlice>> {
     let to_svma = |r: Range<u64>| r.start - object.bias..r.end - object.bias;
     let text = object.text()?;
+    let span = |start: u64, slice: &MemorySlice| start..start + slice.len as u64;
     let info = ExplicitModuleSectionInfo {
         base_svma: 0,
         text_svma: Some(to_svma(text.avma.clone())),
-        eh_frame_svma: Some(to_svma(eh_frame_start..segment.avma.end)),
-        eh_frame: Some(eh_frame),
-        eh_frame_hdr_svma: Some(to_svma(hdr.clone())),
-        eh_frame_hdr: Some(hdr_bytes),
+        eh_frame_svma: Some(to_svma(span(tables.eh_frame_address, &tables.eh_frame))),
+        eh_frame: Some(tables.eh_frame),
+        eh_frame_hdr_svma: Some(to_svma(span(tables.hdr_address, &tables.hdr))),
+        eh_frame_hdr: Some(tables.hdr),
         ..Default::default()
     };
     Some(Module::new(
@@ -392,56 +438,55 @@ mod tests {
     }
 
     #[test]
-    fn only_pinned_libraries_give_unwind_tables() {
+    fn every_object_gives_unwind_tables_and_libraries_give_copies() {
         let objects = Objects::current();
-        let (readable, libraries) = readable_objects(&objects);
-        assert!(readable.iter().any(|o| o.is_vdso));
-        assert!(
-            readable
-                .iter()
-                .any(|o| o.short_name().starts_with("libc.so")),
-            "libc is pinned"
-        );
-        assert_eq!(
-            readable.len(),
-            libraries.len() + 2,
-            "every library is pinned; only the executable and the vDSO are not"
-        );
-    }
-
-    #[test]
-    fn a_library_is_pinned_only_as_the_copy_that_was_listed() {
-        let objects = Objects::current();
+        let memory = Memory::choose().memory;
+        let (_, tables) = unwinder_for(&objects, &memory);
+        let with_tables = objects.iter().filter(|o| o.eh_frame_hdr.is_some()).count();
+        assert_eq!(tables.len(), with_tables, "every object's tables are read");
         let libc = objects
             .iter()
             .find(|o| o.short_name().starts_with("libc.so"))
             .expect("libc is loaded");
-        assert!(Library::pin(libc).is_some());
-        // The same path, somewhere else: another copy (another namespace, or a library
-        // replaced since the list was taken). Its tables could be unmapped under us.
-        let mut elsewhere = libc.clone();
-        elsewhere.bias += 0x1000_0000;
-        assert!(Library::pin(&elsewhere).is_none());
+        let libc_tables = Tables::of(libc, &memory).expect("libc has unwind tables");
+        let in_libc = |slice: &MemorySlice| libc.range.contains(&(slice.ptr as u64));
+        assert!(
+            !in_libc(&libc_tables.hdr) && !in_libc(&libc_tables.eh_frame),
+            "a library's tables are read from copies, never from its own pages"
+        );
+        // SAFETY: reading the library's own loaded header, which this test keeps loaded.
+        let original = unsafe {
+            std::slice::from_raw_parts(libc_tables.hdr_address as *const u8, libc_tables.hdr.len)
+        };
+        assert_eq!(
+            &*libc_tables.hdr, original,
+            "the copy is the header's bytes"
+        );
+        assert!(
+            libc_tables.eh_frame.len > 1024,
+            "{}",
+            libc_tables.eh_frame.len
+        );
     }
 
-    #[cfg(target_env = "gnu")]
     #[test]
-    fn a_library_in_another_namespace_is_not_read() {
-        // The same libc, loaded again into a new namespace by dlmopen: RTLD_NOLOAD in the
-        // default namespace would find the other copy, which does not pin this one.
-        let name = c"libc.so.6";
-        // SAFETY: dlmopen loads a fresh copy of libc into a new link-map namespace.
-        let handle = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, name.as_ptr(), libc::RTLD_NOW) };
-        assert!(!handle.is_null(), "dlmopen of libc");
-        let objects = Objects::current();
-        let (readable, libraries) = readable_objects(&objects);
-        let readable_copies = readable
-            .iter()
-            .filter(|o| o.short_name().starts_with("libc.so"))
-            .count();
-        assert_eq!(readable_copies, 1, "only the pinned copy's tables are read");
-        drop(libraries);
-        // SAFETY: closing the handle opened above, once.
-        unsafe { libc::dlclose(handle) };
+    fn an_eh_frame_ends_at_its_terminator() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&8u32.to_le_bytes());
+        bytes.extend_from_slice(&[1; 8]);
+        bytes.extend_from_slice(&0xffff_ffffu32.to_le_bytes());
+        bytes.extend_from_slice(&4u64.to_le_bytes());
+        bytes.extend_from_slice(&[2; 4]);
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        let whole = bytes.len();
+        bytes.extend_from_slice(&[0xee; 64]);
+        assert_eq!(
+            eh_frame_len(&bytes),
+            whole,
+            "up to and with the zero terminator"
+        );
+        assert_eq!(eh_frame_len(&bytes[..10]), 10, "a cut entry: what there is");
+        let huge = [0xff, 0xff, 0xff, 0x7f, 0, 0];
+        assert_eq!(eh_frame_len(&huge), huge.len(), "a length past the end");
     }
 }
