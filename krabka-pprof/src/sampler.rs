@@ -530,7 +530,7 @@ impl Sampler {
             std::mem::forget(backstop);
         }
         drop(self.backstop.take());
-        Some(*retire(pointer))
+        retire(pointer).map(|session| *session)
     }
 }
 
@@ -614,17 +614,18 @@ impl Drop for Sampler {
 }
 
 /// Clears the session pointer, waits until no handler can still use the session, and
-/// hands it back.
-fn retire(pointer: *mut Session) -> Box<Session> {
+/// hands it back; `None` if a handler never returned (then it stays allocated).
+fn retire(pointer: *mut Session) -> Option<Box<Session>> {
     let _ = SESSION.compare_exchange(
         pointer,
         std::ptr::null_mut(),
         Ordering::SeqCst,
         Ordering::SeqCst,
     );
-    CPU_HANDLERS.wait_until_none();
     // SAFETY: `pointer` came from `Box::into_raw`, and no handler can reach it any more.
-    unsafe { Box::from_raw(pointer) }
+    CPU_HANDLERS
+        .wait_until_none()
+        .then(|| unsafe { Box::from_raw(pointer) })
 }
 
 #[cfg(test)]

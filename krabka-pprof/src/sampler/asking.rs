@@ -244,9 +244,8 @@ pub(crate) fn take_dump(
         });
     }
     let elapsed = started.elapsed();
-    let dump = retire(pointer);
     let reader = dump.unwinding.memory.name();
-    drop(dump);
+    retire(pointer);
     Ok(ThreadStacks {
         stacks: tids
             .iter()
@@ -263,12 +262,14 @@ pub(crate) fn take_dump(
     })
 }
 
-/// Clears [`DUMP`], waits until no handler can still use the dump, and hands it back.
-fn retire(pointer: *mut Dump) -> Box<Dump> {
+/// Clears [`DUMP`] and waits until no handler can still use the dump; then frees it, or
+/// leaves it allocated if a handler never returned.
+fn retire(pointer: *mut Dump) {
     DUMP.store(std::ptr::null_mut(), Ordering::SeqCst);
-    DUMP_HANDLERS.wait_until_none();
-    // SAFETY: `pointer` came from `Box::into_raw`, and no handler can reach it any more.
-    unsafe { Box::from_raw(pointer) }
+    if DUMP_HANDLERS.wait_until_none() {
+        // SAFETY: `pointer` came from `Box::into_raw`, and no handler can reach it any more.
+        drop(unsafe { Box::from_raw(pointer) });
+    }
 }
 
 /// Whether thread `tid` of this process still exists (`tgkill` with no signal).

@@ -31,14 +31,17 @@ impl<T> Published<T> {
 
     /// Publishes `value` and frees the old one once no handler counted in `running` can
     /// hold it (a handler that loaded the old pointer entered `running` first). For the
-    /// one writer only; blocks for as long as a handler runs (microseconds).
+    /// one writer only; blocks for as long as a handler runs (microseconds; see
+    /// [`Running::wait_until_none`] for a handler that never returns).
     pub(crate) fn replace(&self, value: T, running: &Running) {
         let old = self
             .current
             .swap(Box::into_raw(Box::new(value)), Ordering::SeqCst);
-        running.wait_until_none();
-        // SAFETY: `old` came from `Box::into_raw`, and no handler can reach it any more.
-        drop(unsafe { Box::from_raw(old) });
+        if running.wait_until_none() {
+            // SAFETY: `old` came from `Box::into_raw`, and no handler can reach it any more.
+            drop(unsafe { Box::from_raw(old) });
+        }
+        // Else a handler never returned: `old` stays allocated, as it may still read it.
     }
 }
 

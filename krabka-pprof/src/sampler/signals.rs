@@ -7,7 +7,7 @@
 //! nest on one thread, and each kind has its own count: stopping a CPU session never waits
 //! for a dump's handlers, nor a dump for a CPU sample's.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The signal of CPU samples.
 pub(crate) const CPU_SIGNAL: libc::c_int = libc::SIGPROF;
@@ -84,11 +84,14 @@ pub(crate) fn install(
 /// pointer was cleared and this count has then been seen at zero: a handler that loaded
 /// the pointer before it was cleared entered first (both `SeqCst`), so it is counted
 /// until it is done.
-pub(crate) struct Running(AtomicUsize);
+pub(crate) struct Running(AtomicUsize, AtomicBool);
+
+/// How long a wait for handlers gives them before it concludes one never returns.
+pub(crate) const HANDLER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Running {
     pub(crate) const fn new() -> Running {
-        Running(AtomicUsize::new(0))
+        Running(AtomicUsize::new(0), AtomicBool::new(false))
     }
 
     /// A handler starts; async-signal-safe.
@@ -101,16 +104,35 @@ impl Running {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Waits until no handler of this kind runs. Handlers take microseconds and never
-    /// wait for each other, so this wait is bounded by one handler's run.
-    pub(crate) fn wait_until_none(&self) {
+    /// Waits until no handler of this kind runs; whether none does. Handlers take
+    /// microseconds (a dump's waits for a scratch slot only until its dump expires), so
+    /// this returns within one handler's run, except where a handler never ends: a thread
+    /// killed inside it (a seccomp filter that kills the thread for a call the handler
+    /// made) leaves the count above zero for good. Then this gives up after
+    /// [`HANDLER_WAIT`], and at once from then on: what the handlers read must then stay
+    /// allocated (the callers leak it), never be freed under a handler, nor wait forever.
+    pub(crate) fn wait_until_none(&self) -> bool {
+        if self.1.load(Ordering::Relaxed) {
+            return self.0.load(Ordering::SeqCst) == 0;
+        }
+        let started = std::time::Instant::now();
         while self.0.load(Ordering::SeqCst) != 0 {
+            if started.elapsed() >= HANDLER_WAIT {
+                self.1.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    "a signal handler of krabka-pprof's sampler never returned (a thread was \
+                     killed inside it?); what it may still read is kept allocated from now on"
+                );
+                return false;
+            }
             std::thread::yield_now();
         }
+        true
     }
 
     /// In a child made by `fork`: no handler of the parent's runs here.
     pub(crate) fn reset(&self) {
         self.0.store(0, Ordering::SeqCst);
+        self.1.store(false, Ordering::Relaxed);
     }
 }
