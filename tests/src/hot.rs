@@ -196,3 +196,19 @@ pub fn lines_step(x: u64, i: u64) -> u64 {
 pub fn lines_round() {
     black_box(lines_hot(black_box(20_000)));
 }
+
+/// zlib's `crc32`, as `dlsym` finds it.
+pub type Crc32 = extern "C" fn(u64, *const u8, u32) -> u64;
+
+/// Calls zlib's `crc32` (found in a library loaded with `dlopen`) over a buffer, a few
+/// hundred times: CPU in a library the process loaded late, under a Rust caller the
+/// profile must keep.
+#[inline(never)]
+pub fn krabka_calls_into_zlib(crc32: Crc32) -> u64 {
+    let data = black_box([7u8; 4096]);
+    let mut crc = 0;
+    for _ in 0..200 {
+        crc = crc32(crc, data.as_ptr(), data.len() as u32);
+    }
+    black_box(crc)
+}

@@ -9,7 +9,11 @@
 //! `process_vm_readv`, with `KRABKA_TEST_FOREIGN_HANDLER=1` another `SIGPROF` handler, and
 //! `GET /replace-handler` installs one during a profile). `exec-during-profile` calls
 //! `exec` while its own profile runs; `fork-profile` forks while its own profile runs and
-//! has the child profile itself; `spin` burns CPU and says it survived.
+//! has the child profile itself; `spin` burns CPU and says it survived. With
+//! `KRABKA_TEST_THREAD_SECCOMP=1`, `serve-cpu`'s busy thread installs a seccomp filter of
+//! its own that kills the process for `process_vm_readv` or `pread64`. `sigq-sessions`
+//! (as a user of its own, so that `SigQ` is its own) takes eight 1 s profiles of itself
+//! beside a thread that blocks every signal, and prints `SigQ` after each.
 
 use std::io::Read as _;
 use std::os::unix::process::CommandExt as _;
@@ -133,6 +137,12 @@ fn install_foreign_handler() {
 /// as hardened services and sandboxes do. Installed before any thread starts, so every
 /// thread has it.
 fn install_seccomp(action: u32) {
+    install_seccomp_against(&[libc::SYS_process_vm_readv], action);
+}
+
+/// A seccomp filter on the calling thread (and the threads it starts later) that answers
+/// each of `calls` with `action` and allows the rest.
+fn install_seccomp_against(calls: &[libc::c_long], action: u32) {
     #[cfg(target_arch = "x86_64")]
     const AUDIT_ARCH: u32 = 0xC000_003E;
     #[cfg(target_arch = "aarch64")]
@@ -151,15 +161,17 @@ fn install_seccomp(action: u32) {
     };
     let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
     let ret = libc::BPF_RET | libc::BPF_K;
-    let mut filter = [
+    let mut filter = vec![
         statement(load, 4), // seccomp_data.arch
         jump(AUDIT_ARCH, 1, 0),
         statement(ret, libc::SECCOMP_RET_ALLOW),
         statement(load, 0), // seccomp_data.nr
-        jump(libc::SYS_process_vm_readv as u32, 0, 1),
-        statement(ret, action),
-        statement(ret, libc::SECCOMP_RET_ALLOW),
     ];
+    for &call in calls {
+        filter.push(jump(call as u32, 0, 1));
+        filter.push(statement(ret, action));
+    }
+    filter.push(statement(ret, libc::SECCOMP_RET_ALLOW));
     let program = libc::sock_fprog {
         len: filter.len() as u16,
         filter: filter.as_mut_ptr(),
@@ -181,15 +193,56 @@ fn install_seccomp(action: u32) {
 
 /// A thread that burns CPU in `krabka_hot_spin` for at most a minute.
 fn start_burner() {
+    start_burner_with(|| {});
+}
+
+/// [`start_burner`], the thread first running `prepare`; returns once it has.
+fn start_burner_with(prepare: fn()) {
+    let (ready, prepared) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("child-burner".into())
-        .spawn(|| {
+        .spawn(move || {
+            prepare();
+            ready.send(()).unwrap();
             let until = Instant::now() + Duration::from_secs(60);
             while Instant::now() < until {
                 std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
             }
         })
         .expect("spawn the burner");
+    prepared.recv().expect("the burner is ready");
+}
+
+/// A filter of the burner thread's own (no `TSYNC`: the process's other threads have
+/// none), as a sandboxed parser thread installs one: it kills the whole process for
+/// `process_vm_readv` or `pread64`, the two calls a sampler reads stacks with.
+fn sandbox_this_thread() {
+    install_seccomp_against(
+        &[libc::SYS_process_vm_readv, libc::SYS_pread64],
+        libc::SECCOMP_RET_KILL_PROCESS,
+    );
+}
+
+/// This process's `SigQ:` (signals queued for its user, of the user's limit).
+fn sigq() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("SigQ:"))
+        .and_then(|value| value.trim().split('/').next()?.parse().ok())
+        .expect("SigQ in /proc/self/status")
+}
+
+/// Becomes a user of its own, so that `SigQ` (per user, across processes) counts this
+/// process alone; stays dumpable, as it was. False where this process may not (not root).
+fn become_a_user_of_its_own() -> bool {
+    let uid = 40_000 + std::process::id() % 20_000;
+    // SAFETY: changing this process's own credentials, then its dumpable flag back.
+    unsafe {
+        libc::setresgid(uid, uid, uid) == 0
+            && libc::setresuid(uid, uid, uid) == 0
+            && libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) == 0
+    }
 }
 
 /// Whether this process has armed a POSIX timer (the sampler's), waiting at most 10 s.
@@ -273,6 +326,17 @@ fn main() {
         Some("serve-token") => serve(token_app()),
         Some("serve-token-guard") => serve(token_guard_app()),
         Some("serve-cpu") => {
+            if std::env::var_os("KRABKA_TEST_THREAD_SECCOMP").is_some() {
+                // A thread of its own with a filter of its own, before any profile.
+                start_burner_with(sandbox_this_thread);
+                tracing_subscriber::fmt()
+                    .with_max_level(tracing::Level::INFO)
+                    .with_ansi(false)
+                    .with_writer(std::io::stderr)
+                    .init();
+                serve(cpu_app());
+                return;
+            }
             match std::env::var("KRABKA_TEST_SECCOMP").as_deref() {
                 Ok("eperm") => install_seccomp(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
                 Ok("kill") => install_seccomp(libc::SECCOMP_RET_KILL_PROCESS),
@@ -288,6 +352,40 @@ fn main() {
                 .init();
             start_burner();
             serve(cpu_app());
+        }
+        Some("sigq-sessions") => {
+            if !become_a_user_of_its_own() {
+                say("cannot: not root");
+                return;
+            }
+            // A thread that blocks every signal for its whole life, as librdkafka's do,
+            // and burns: each session's timer on it fires once, its signal stays queued.
+            std::thread::spawn(|| {
+                // SAFETY: an all-zero sigset_t, then filled and blocked in this thread.
+                unsafe {
+                    let mut all: libc::sigset_t = std::mem::zeroed();
+                    libc::sigfillset(&mut all);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+                }
+                let until = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < until {
+                    std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
+                }
+            });
+            let mut counts = Vec::new();
+            for _ in 0..8 {
+                let (status, _) = profile_self(1);
+                assert_eq!(status, 200);
+                counts.push(sigq());
+            }
+            say(&format!(
+                "sigq {}",
+                counts
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
         }
         Some("exec-during-profile") => {
             start_burner();
@@ -343,7 +441,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: test_child config|serve|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
-                 fork-profile|spin"
+                 fork-profile|spin|sigq-sessions"
             );
             std::process::exit(2);
         }

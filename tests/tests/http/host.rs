@@ -109,6 +109,57 @@ async fn a_seccomp_filter_killing_for_process_vm_readv_kills_nothing() {
 }
 
 #[tokio::test]
+async fn a_thread_with_a_seccomp_filter_of_its_own_lives_and_is_unwound() {
+    // One thread's own filter kills the process for process_vm_readv or pread64; the
+    // main thread, which /proc/self/status describes, has none.
+    let mut child = ChildServer::start_logged(
+        CHILD,
+        "serve-cpu",
+        &[("KRABKA_TEST_THREAD_SECCOMP", Some("1"))],
+    );
+    assert_fully_unwound(&child).await;
+    assert!(child.is_running(), "the service is alive after its profile");
+    // And after a thread dump, which asks the thread too.
+    let dump = client()
+        .get(child.url("/debug/pprof/threads?debug=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(dump.status(), StatusCode::OK);
+    let text = dump.text().await.unwrap();
+    assert!(text.contains("child-burner"), "{text}");
+    assert!(
+        child.is_running(),
+        "the service is alive after a thread dump"
+    );
+}
+
+#[test]
+fn queued_signals_stay_flat_over_sessions_beside_a_thread_that_blocks_them() {
+    let (status, stdout) = run_child(CHILD, "sigq-sessions", Duration::from_secs(60));
+    assert!(status.success(), "{status}: {stdout}");
+    if stdout.contains("cannot: not root") {
+        eprintln!(
+            "SigQ counts every process of a user: this machine cannot give the child a user of \
+             its own (not root), so this test shows nothing here"
+        );
+        return;
+    }
+    let counts: Vec<u64> = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("sigq "))
+        .unwrap_or_else(|| panic!("the child reports SigQ: {stdout:?}"))
+        .split(' ')
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(counts.len(), 8);
+    assert!(
+        counts[7] <= counts[0] + 1,
+        "SigQ after each of 8 sessions: {counts:?}: a session left a signal queued for good"
+    );
+}
+
+#[tokio::test]
 async fn another_sigprof_handler_is_not_replaced() {
     let child = ChildServer::start_logged(
         CHILD,

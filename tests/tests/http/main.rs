@@ -10,6 +10,7 @@ mod host;
 mod lines;
 mod responsiveness;
 mod scrapers;
+mod sessions;
 mod shapes;
 mod truth;
 mod views;
