@@ -13,7 +13,8 @@
 //! - `handler_cost.rs`: S, the signal handler's cost per sample;
 //! - `thread_dump.rs`: T;
 //! - `lines.rs`: L, a CPU profile read with line tables;
-//! - `soak.rs`: K, the soak.
+//! - `soak.rs`: K, the soak;
+//! - `long_session.rs`: LS, one session held ten minutes on a churning service.
 
 pub mod build_time;
 pub mod cpu_profile_cost;
@@ -21,6 +22,7 @@ pub mod current_thread_latency;
 pub mod handler_cost;
 pub mod heap;
 pub mod lines;
+pub mod long_session;
 pub mod soak;
 pub mod thread_dump;
 pub mod throughput_idle_attribute;

@@ -80,6 +80,17 @@ impl Server {
         Server::spawn(command)
     }
 
+    /// The service living as services do for hours (threads, libraries, children come
+    /// and go), for figure LS.
+    pub fn start_churning() -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .arg("--churn");
+        Server::spawn(command)
+    }
+
     /// The service with `threads` more threads asleep at various depths, for figure T.
     pub fn start_parked(threads: usize) -> Server {
         let mut command = Command::new(std::env::current_exe().unwrap());

@@ -23,7 +23,11 @@
 //!   profile), as M1/M4 measure it: lines and inlined calls read from DWARF per request;
 //! - K the soak: 1,000 sequential 1 s CPU profiles and 1,000 heap dumps under load, every
 //!   response valid and resident memory flat after the first 50 (about 18 minutes; only
-//!   with `--soak` or `--only K`).
+//!   with `--soak` or `--only K`);
+//! - LS one session held ten minutes by two alternating scrapers on a service whose
+//!   threads, libraries and children come and go: every window's CPU total, queued
+//!   signals, resident memory and the handler's cost from the first minute to the last
+//!   (10 minutes; only with `--soak` or `--only LS`).
 //!
 //! Each row says whether it met its target; the benchmark exits with status 1 if any
 //! missed. A ratio's miss must be larger than the median's own noise, and a row whose
@@ -82,12 +86,13 @@ fn main() {
                 flag_value(&args, "--spin-depth").map(|v| v.parse().expect("--spin-depth N"));
             let parked =
                 flag_value(&args, "--parked").map_or(0, |v| v.parse().expect("--parked N"));
-            server::serve(attribute, current_thread, cpu, spin, parked);
+            let churn = args.iter().any(|a| a == "--churn");
+            server::serve(attribute, current_thread, cpu, spin, parked, churn);
         }
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
             println!(
-                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,T,K] [--clean-build] [--soak]"
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,T,L,K,LS] [--clean-build] [--soak]"
             );
         }
         _ => {
@@ -258,6 +263,14 @@ fn run(options: &Options) {
     }
     if soak {
         rows.extend(figures::soak::soak(options));
+    }
+    if options.soak
+        || options
+            .only
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|f| f == "LS"))
+    {
+        rows.extend(figures::long_session::long_session(options));
     }
 
     let width = rows.iter().map(|r| r.figure.len()).max().unwrap_or(10);

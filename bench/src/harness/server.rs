@@ -16,16 +16,25 @@ fn plain() -> Router {
 
 /// Serves until killed; prints `addr=...` once listening. With `spin_depth`, a thread also
 /// spins that many frames deep (counted from the thread's entry), for the handler's cost
-/// per sample at a known stack depth.
+/// per sample at a known stack depth. With `churn`, the process lives the way a service
+/// does for hours (figure LS): threads come and go, a library is loaded and unloaded,
+/// children are forked and exec'd.
 pub fn serve(
     attribute: bool,
     current_thread: bool,
     cpu: Option<usize>,
     spin_depth: Option<u32>,
     parked: usize,
+    churn: bool,
 ) {
     if let Some(cpu) = cpu {
         crate::system::pin_to_cpu(cpu);
+    }
+    if churn {
+        std::thread::Builder::new()
+            .name("churn".into())
+            .spawn(churn_forever)
+            .expect("spawn the churning thread");
     }
     // Threads asleep at different depths (4 to 23 frames of `recurse` above the sleep),
     // for figure T's thread dumps.
@@ -93,4 +102,54 @@ fn spin(rounds: u64) -> u64 {
         x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i);
     }
     x
+}
+
+/// 100 threads a second that each burn a millisecond or two and exit; every second a
+/// library loaded, called and unloaded; every 5 seconds a child forked and exec'd.
+fn churn_forever() {
+    let mut tick = 0u64;
+    loop {
+        let started = std::time::Instant::now();
+        let threads: Vec<_> = (0..10)
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name("short".into())
+                    .stack_size(128 * 1024)
+                    .spawn(|| std::hint::black_box(spin(300_000)))
+                    .expect("spawn a short-lived thread")
+            })
+            .collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+        if tick.is_multiple_of(10) {
+            load_and_unload_zlib();
+        }
+        if tick.is_multiple_of(50) {
+            let _ = std::process::Command::new("true").status();
+        }
+        tick += 1;
+        std::thread::sleep(std::time::Duration::from_millis(100).saturating_sub(started.elapsed()));
+    }
+}
+
+/// `dlopen`s zlib (on every Debian), calls its `crc32` a little, and `dlclose`s it.
+fn load_and_unload_zlib() {
+    // SAFETY: libz is loaded, its crc32 (of zlib's documented signature) called on our
+    // buffer, and unloaded.
+    unsafe {
+        let handle = libc::dlopen(c"libz.so.1".as_ptr(), libc::RTLD_NOW);
+        if handle.is_null() {
+            return;
+        }
+        let crc32 = libc::dlsym(handle, c"crc32".as_ptr());
+        if !crc32.is_null() {
+            let crc32: extern "C" fn(u64, *const u8, u32) -> u64 = std::mem::transmute(crc32);
+            let data = [7u8; 4096];
+            for _ in 0..50 {
+                std::hint::black_box(crc32(0, data.as_ptr(), data.len() as u32));
+            }
+        }
+        libc::dlclose(handle);
+    }
 }
