@@ -369,16 +369,50 @@ impl Sampler {
     /// Closes a window and returns what it collected: every sample recorded while it was
     /// open, and the session's counts, clocks and report over that time.
     pub(crate) fn close_window(&self, start: WindowStart) -> Collected {
+        self.close_then_open(start, None).0
+    }
+
+    /// Closes a window and opens window `next` at the same drain, so that every sample
+    /// counts for exactly one of the two: a recorder's slices follow one another with no
+    /// gap and no overlap.
+    #[cfg_attr(
+        not(test),
+        allow(dead_code, reason = "for the recorder, which comes with issue 25")
+    )]
+    pub(crate) fn rotate_window(&self, start: WindowStart, next: u64) -> (Collected, WindowStart) {
+        let (collected, next) = self.close_then_open(start, Some(next));
+        (collected, next.expect("a window was opened"))
+    }
+
+    fn close_then_open(
+        &self,
+        start: WindowStart,
+        next: Option<u64>,
+    ) -> (Collected, Option<WindowStart>) {
         let mut drained = None;
         let mut counts = Counts::default();
         let (threads_timed, timer_shortfall);
         let (objects, reader);
+        let mut opened = None;
+        let closed_at = Instant::now();
+        let cpu_now = process_cpu_time();
         {
             let mut state = self.state();
             if let Some(session) = self.session() {
                 self.drain_locked(session, &mut state);
-                counts = Counts::of(session, state.rebuilds).since(&start.counts);
+                let now = Counts::of(session, state.rebuilds);
+                counts = now.since(&start.counts);
                 drained = state.windows.close(start.id);
+                if let Some(id) = next {
+                    state.windows.open(id);
+                    opened = Some(WindowStart {
+                        id,
+                        started: SystemTime::now(),
+                        started_at: closed_at,
+                        cpu: cpu_now,
+                        counts: now,
+                    });
+                }
             }
             objects = state.objects.clone();
             reader = self.session().map_or("none", |session| {
@@ -391,8 +425,8 @@ impl Sampler {
             threads_timed = registry.len();
             timer_shortfall = registry.shortfall().map(str::to_owned);
         }
-        let duration = start.started_at.elapsed();
-        let cpu_time = process_cpu_time().saturating_sub(start.cpu);
+        let duration = closed_at.duration_since(start.started_at);
+        let cpu_time = cpu_now.saturating_sub(start.cpu);
         let handler_nanos = (
             Costs::quantile_of(&counts.costs, 0.5),
             Costs::quantile_of(&counts.costs, 0.99),
@@ -420,7 +454,7 @@ impl Sampler {
             blocked: Vec::new(),
             unattributed: Duration::ZERO,
         });
-        Collected {
+        let collected = Collected {
             stacks: drained.stacks,
             lost: counts.lost,
             blocked: drained.blocked,
@@ -431,7 +465,8 @@ impl Sampler {
             frequency: self.frequency,
             objects,
             report,
-        }
+        };
+        (collected, opened)
     }
 
     /// Closes window `id` without collecting it (its client hung up); nothing if it is
@@ -718,5 +753,50 @@ pub(crate) mod tests {
             "{used} bytes of the interrupted thread's stack (bound {bound}, the kernel's \
              frame {kernel_frame})"
         );
+    }
+
+    #[test]
+    fn rotated_windows_follow_one_another_without_a_gap() {
+        let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinner = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        };
+        let sampler = Sampler::start(1000, &[]).expect("a sampler");
+        let first = sampler.open_window(1);
+        let opened = first.started_at;
+        let mut start = first;
+        let mut slices = Vec::new();
+        for next in 2..=4 {
+            std::thread::sleep(Duration::from_millis(150));
+            sampler.drain();
+            let (collected, following) = sampler.rotate_window(start, next);
+            assert_eq!(
+                following.started_at - opened,
+                slices
+                    .iter()
+                    .map(|c: &Collected| c.duration)
+                    .sum::<Duration>()
+                    + collected.duration,
+                "each slice starts where the last ended"
+            );
+            slices.push(collected);
+            start = following;
+        }
+        let last = sampler.close_window(start);
+        stop.store(true, Ordering::Relaxed);
+        spinner.join().unwrap();
+        drop(sampler);
+        assert!(last.duration > Duration::ZERO);
+        for (i, slice) in slices.iter().enumerate() {
+            let samples: u64 = slice.stacks.values().map(|t| t.samples).sum();
+            assert!(samples > 10, "slice {i} has {samples} samples");
+        }
     }
 }
