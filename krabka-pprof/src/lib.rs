@@ -36,6 +36,7 @@ mod config;
 mod cpu;
 pub mod guide;
 mod heap;
+pub mod labels;
 // Loaded objects, their symbols and the profiles built from them exist for the Linux
 // sampler and heap dumps; profiles are built everywhere a profile route works. Each is
 // partly unused elsewhere.

@@ -1,0 +1,382 @@
+//! The process's label sets, interned off the signal path: a set gets a [`Handle`] (a
+//! word the handler copies into a sample's record), and the drain turns handles back into
+//! sets when it folds records. A set is freed only once no thread can still hold its
+//! handle in its label word and every record that might carry it has been drained:
+//! unused at one drain's sweep, freed at a later one (see [`sweep`]). A handle carries a
+//! generation, so one that outlives its set resolves to nothing, never to another set.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::process::PerProcess;
+
+/// `index << 8 | generation`; 0 is no set.
+pub(crate) type Handle = u32;
+
+/// The most label sets alive at once; past it, new sets are the one sentinel set that
+/// says so. Values like request ids would make a set per request; this bounds what they
+/// can cost.
+const MAX_SETS: usize = 16 * 1024;
+
+/// One label set: keys unique, sorted.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LabelSet {
+    pairs: Box<[(Arc<str>, Arc<str>)]>,
+}
+
+impl LabelSet {
+    /// The set of `pairs`; a key given twice keeps its last value.
+    pub(crate) fn of(pairs: impl IntoIterator<Item = (Arc<str>, Arc<str>)>) -> LabelSet {
+        let mut map: Vec<(Arc<str>, Arc<str>)> = Vec::new();
+        for (key, value) in pairs {
+            match map.iter_mut().find(|(k, _)| *k == key) {
+                Some(pair) => pair.1 = value,
+                None => map.push((key, value)),
+            }
+        }
+        map.sort_by(|a, b| a.0.cmp(&b.0));
+        LabelSet {
+            pairs: map.into_boxed_slice(),
+        }
+    }
+
+    /// `self`'s pairs with `inner`'s over them: an inner value wins on the same key.
+    pub(crate) fn merged(&self, inner: &LabelSet) -> LabelSet {
+        LabelSet::of(self.pairs.iter().chain(inner.pairs.iter()).cloned())
+    }
+
+    pub(crate) fn pairs(&self) -> &[(Arc<str>, Arc<str>)] {
+        &self.pairs
+    }
+
+    /// The value of `key`, if the set has it.
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| &**k == key)
+            .map(|(_, v)| &**v)
+    }
+
+    fn bytes(&self) -> usize {
+        self.pairs.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+}
+
+struct Slot {
+    generation: u8,
+    set: Option<Arc<LabelSet>>,
+    /// Interned by content (in `by_content`, which holds a second reference).
+    shared: bool,
+    /// The drain at whose sweep the set was first seen unused.
+    unused_since: Option<u64>,
+}
+
+struct Table {
+    /// Slot 0 is never used: handle 0 is no set.
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    by_content: HashMap<Arc<LabelSet>, u32>,
+    /// Drains begun.
+    drains: u64,
+    /// A CPU session runs: records may hold handles not yet drained.
+    collecting: bool,
+    live: usize,
+    /// The set past [`MAX_SETS`], never freed.
+    too_many: Option<(Handle, Arc<LabelSet>)>,
+}
+
+static TABLE: PerProcess<Mutex<Table>> = PerProcess::new(|| Mutex::new(Table::new()));
+
+fn table() -> MutexGuard<'static, Table> {
+    TABLE.get().lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn handle(index: u32, generation: u8) -> Handle {
+    index << 8 | Handle::from(generation)
+}
+
+impl Table {
+    fn new() -> Table {
+        Table {
+            slots: vec![Slot {
+                generation: 0,
+                set: None,
+                shared: false,
+                unused_since: None,
+            }],
+            free: Vec::new(),
+            by_content: HashMap::new(),
+            drains: 0,
+            collecting: false,
+            live: 0,
+            too_many: None,
+        }
+    }
+
+    fn intern(&mut self, set: LabelSet, shared: bool) -> (Handle, Arc<LabelSet>) {
+        if shared && let Some((content, &index)) = self.by_content.get_key_value(&set) {
+            let slot = &self.slots[index as usize];
+            return (handle(index, slot.generation), content.clone());
+        }
+        if !self.collecting {
+            // No record can hold a handle: what is unused may go now.
+            self.sweep(true);
+        }
+        if self.live >= MAX_SETS {
+            return self.too_many();
+        }
+        let set = Arc::new(set);
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    set: None,
+                    shared: false,
+                    unused_since: None,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        if shared {
+            self.by_content.insert(set.clone(), index);
+        }
+        self.live += 1;
+        let slot = &mut self.slots[index as usize];
+        slot.set = Some(set.clone());
+        slot.shared = shared;
+        slot.unused_since = None;
+        (handle(index, slot.generation), set)
+    }
+
+    fn too_many(&mut self) -> (Handle, Arc<LabelSet>) {
+        if let Some(sentinel) = &self.too_many {
+            return sentinel.clone();
+        }
+        let set = Arc::new(LabelSet::of([(
+            Arc::from("labels"),
+            Arc::from("[too many distinct label sets]"),
+        )]));
+        self.slots.push(Slot {
+            generation: 0,
+            set: Some(set.clone()),
+            shared: false,
+            unused_since: None,
+        });
+        let sentinel = (handle((self.slots.len() - 1) as u32, 0), set);
+        self.too_many = Some(sentinel.clone());
+        // Never freed: `live` does not count it, and the sweep never sees it unused (the
+        // table keeps a second reference in `too_many`).
+        sentinel
+    }
+
+    fn resolve(&self, handle: Handle) -> Option<Arc<LabelSet>> {
+        let slot = self.slots.get((handle >> 8) as usize)?;
+        (slot.generation == handle as u8)
+            .then(|| slot.set.clone())
+            .flatten()
+    }
+
+    /// Frees the sets unused since an earlier drain (see [`sweep`]); with `at_once`, every
+    /// unused set (no session runs, so no record can hold a handle).
+    fn sweep(&mut self, at_once: bool) {
+        let drains = self.drains;
+        let mut freed = Vec::new();
+        for (index, slot) in self.slots.iter_mut().enumerate().skip(1) {
+            let Some(set) = &slot.set else {
+                continue;
+            };
+            let held_by_table = 1 + usize::from(slot.shared);
+            if Arc::strong_count(set) > held_by_table {
+                slot.unused_since = None;
+                continue;
+            }
+            match slot.unused_since {
+                Some(since) if at_once || since < drains => freed.push(index as u32),
+                None if at_once => freed.push(index as u32),
+                None => slot.unused_since = Some(drains),
+                Some(_) => {}
+            }
+        }
+        for index in freed {
+            let slot = &mut self.slots[index as usize];
+            if let Some(set) = slot.set.take()
+                && slot.shared
+            {
+                self.by_content.remove(&*set);
+            }
+            slot.generation = slot.generation.wrapping_add(1);
+            slot.unused_since = None;
+            self.free.push(index);
+            self.live -= 1;
+        }
+    }
+
+    fn usage(&self) -> (usize, usize) {
+        let bytes = self
+            .slots
+            .iter()
+            .filter_map(|slot| slot.set.as_ref())
+            .map(|set| set.bytes())
+            .sum();
+        (self.live, bytes)
+    }
+}
+
+/// The handle of `set`: the one it already has if `shared` and a set of the same labels
+/// is alive (user sets, shared by every scope with those labels), else a new one (a
+/// span's, unique to its trace). Returns the set the handle names, which the caller keeps
+/// for as long as the handle may be in a thread's word.
+pub(crate) fn intern(set: LabelSet, shared: bool) -> (Handle, Arc<LabelSet>) {
+    table().intern(set, shared)
+}
+
+/// The set `handle` names, if it is alive.
+pub(crate) fn set_of(handle: Handle) -> Option<Arc<LabelSet>> {
+    table().resolve(handle)
+}
+
+/// Resolves many handles under one lock, for a drain.
+pub(crate) fn resolve_all(
+    handles: impl IntoIterator<Item = Handle>,
+) -> HashMap<Handle, Arc<LabelSet>> {
+    let table = table();
+    handles
+        .into_iter()
+        .filter_map(|handle| Some((handle, table.resolve(handle)?)))
+        .collect()
+}
+
+/// A drain is about to swap the sample buffers: what it folds was written before now.
+pub(crate) fn drain_begins() {
+    table().drains += 1;
+}
+
+/// After a drain folded its records: frees the sets that were already unused at an earlier
+/// drain's sweep. A set unused at sweep `g` cannot have been in any thread's word since
+/// before drain `g + 1` began, and that drain folded every record written before it began
+/// (the buffers' swap waits for late writers), so at sweep `g + 1` no record can hold its
+/// handle.
+pub(crate) fn sweep() {
+    table().sweep(false);
+}
+
+/// A CPU session starts (records may now hold handles) or stops.
+pub(crate) fn set_collecting(collecting: bool) {
+    table().collecting = collecting;
+}
+
+/// Label sets alive, and the bytes of their keys and values.
+pub(crate) fn usage() -> (usize, usize) {
+    table().usage()
+}
+
+/// A label set by its pointer: what a sample's key holds, hashed and compared as one
+/// interned value (equal sets share one `Arc` while alive).
+#[derive(Clone, Debug)]
+pub(crate) struct Interned(pub(crate) Arc<LabelSet>);
+
+impl PartialEq for Interned {
+    fn eq(&self, other: &Interned) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Interned {}
+
+impl Hash for Interned {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(pairs: &[(&str, &str)]) -> LabelSet {
+        LabelSet::of(pairs.iter().map(|(k, v)| (Arc::from(*k), Arc::from(*v))))
+    }
+
+    #[test]
+    fn equal_sets_share_a_handle_and_span_sets_do_not() {
+        let mut table = Table::new();
+        let (a, first) = table.intern(set(&[("tenant", "acme"), ("route", "/")]), true);
+        let (b, second) = table.intern(set(&[("route", "/"), ("tenant", "acme")]), true);
+        assert_eq!(a, b, "the same labels in another order");
+        assert!(Arc::ptr_eq(&first, &second));
+        let (c, _c) = table.intern(set(&[("span_id", "00000000000000ff")]), false);
+        let (d, _d) = table.intern(set(&[("span_id", "00000000000000ff")]), false);
+        assert_ne!(c, d, "a span's set is its own");
+        assert_eq!(table.resolve(a).as_deref(), Some(&*first));
+        assert_eq!(table.usage().0, 3);
+    }
+
+    #[test]
+    fn an_inner_value_wins_and_a_key_given_twice_keeps_its_last() {
+        let outer = set(&[("tenant", "acme"), ("route", "/a")]);
+        let merged = outer.merged(&set(&[("route", "/b"), ("user", "7")]));
+        assert_eq!(merged.get("route"), Some("/b"));
+        assert_eq!(merged.get("tenant"), Some("acme"));
+        assert_eq!(merged.get("user"), Some("7"));
+        assert_eq!(set(&[("k", "1"), ("k", "2")]).get("k"), Some("2"));
+    }
+
+    #[test]
+    fn a_set_is_freed_only_after_a_drain_that_began_after_it_was_last_used() {
+        let mut table = Table::new();
+        table.collecting = true;
+        let (handle, held) = table.intern(set(&[("test", "freed-after-two-sweeps")]), true);
+        let drain = |table: &mut Table| {
+            table.drains += 1;
+            table.sweep(false);
+        };
+        drain(&mut table);
+        assert!(table.resolve(handle).is_some(), "in use");
+        drop(held);
+        // Records written before this drain may carry the handle: this sweep only notes
+        // the set unused.
+        drain(&mut table);
+        assert!(
+            table.resolve(handle).is_some(),
+            "unused at this sweep, not yet freed"
+        );
+        drain(&mut table);
+        assert!(
+            table.resolve(handle).is_none(),
+            "freed at the sweep after the next drain"
+        );
+        // The slot is used again under another generation: the old handle stays dead.
+        let (again, _kept) = table.intern(set(&[("test", "another")]), false);
+        assert_ne!(again, handle);
+        assert_eq!(again >> 8, handle >> 8, "the same slot");
+        assert!(table.resolve(handle).is_none());
+        assert_eq!(table.usage().0, 1);
+    }
+
+    #[test]
+    fn without_a_session_an_unused_set_goes_at_the_next_intern() {
+        let mut table = Table::new();
+        let (handle, held) = table.intern(set(&[("test", "idle")]), true);
+        drop(held);
+        let (_, _kept) = table.intern(set(&[("test", "next")]), true);
+        assert!(table.resolve(handle).is_none());
+    }
+
+    #[test]
+    fn past_the_cap_new_sets_are_the_sentinel() {
+        let mut table = Table::new();
+        table.collecting = true;
+        let kept: Vec<_> = (0..MAX_SETS)
+            .map(|i| table.intern(set(&[("request", &i.to_string())]), true))
+            .collect();
+        let (sentinel, labels) = table.intern(set(&[("request", "one more")]), true);
+        assert_eq!(labels.get("labels"), Some("[too many distinct label sets]"));
+        assert_eq!(
+            table.intern(set(&[("request", "and another")]), true).0,
+            sentinel
+        );
+        drop(kept);
+    }
+}
