@@ -26,7 +26,7 @@ mod sessions;
 
 use std::time::Instant;
 
-pub(crate) use request::{CpuError, CpuRequest, Status, UNAVAILABLE};
+pub(crate) use request::{CpuError, CpuRequest, Split, Status, UNAVAILABLE};
 
 use crate::profile::Profile;
 
@@ -116,6 +116,7 @@ mod tests {
             force: false,
             max_windows: 1,
             symbolize: crate::symbolize::Symbolize::Full,
+            split: Default::default(),
         };
         // The client hangs up 300 ms into its 10 s window: the request's future is dropped.
         let cancelled =

@@ -174,11 +174,11 @@ fn parse_stat(stat: &str) -> Option<(char, Duration)> {
 }
 
 #[cfg(procfs)]
-/// A thread's name while it lives; its id once it has exited.
-pub(crate) fn thread_name(tid: u32) -> String {
+/// A thread's name while it lives.
+pub(crate) fn thread_name(tid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+        .ok()
         .map(|name| name.trim_end().to_owned())
-        .unwrap_or_else(|_| format!("thread {tid}"))
 }
 
 #[cfg(procfs)]

@@ -4,6 +4,7 @@
 //! functions and samples the way Go's runtime does. Shared by the CPU and heap profiles
 //! and the thread dump.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -51,7 +52,7 @@ pub(crate) enum LabelValue {
 struct PendingSample {
     frames: Vec<Frame>,
     values: Vec<i64>,
-    labels: Vec<(&'static str, LabelValue)>,
+    labels: Vec<(Cow<'static, str>, LabelValue)>,
 }
 
 /// What kind of profile, and when it was taken.
@@ -130,7 +131,7 @@ impl<'o> ProfileBuilder<'o> {
         &mut self,
         frames: Vec<Frame>,
         values: Vec<i64>,
-        labels: Vec<(&'static str, LabelValue)>,
+        labels: Vec<(Cow<'static, str>, LabelValue)>,
     ) {
         self.samples.push(PendingSample {
             frames,
@@ -285,12 +286,12 @@ impl<'o> ProfileBuilder<'o> {
                 .into_iter()
                 .map(|(key, value)| match value {
                     LabelValue::Str(s) => Label {
-                        key: strings.get(key),
+                        key: strings.get(&key),
                         str: strings.get(&s),
                         ..Label::default()
                     },
                     LabelValue::Num(n) => Label {
-                        key: strings.get(key),
+                        key: strings.get(&key),
                         num: n,
                         ..Label::default()
                     },
@@ -393,7 +394,7 @@ mod tests {
             builder.add(
                 vec![leaf.clone(), caller.clone()],
                 vec![5],
-                vec![("thread", LabelValue::Str("worker".into()))],
+                vec![("thread".into(), LabelValue::Str("worker".into()))],
             );
         }
         let profile = builder.finish(&meta(), &|_| false);

@@ -195,12 +195,23 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
         force: query.force,
         max_windows: config.max_windows(),
         symbolize: query.naming.symbolize,
+        split: cpu::Split {
+            thread_ids: query.thread_ids,
+        },
     };
     let format = query.format;
     let lines = query.naming.lines;
+    let group = query.group;
     let subtitle = format!("{} s at {} Hz", query.duration.as_secs(), query.frequency);
     let rendered = cpu::profile(request, move |profile| {
-        views::render(&profile, format, lines, "CPU", &subtitle).map_err(CpuError::Failed)
+        views::render(
+            &profile,
+            format,
+            (lines, group.as_deref()),
+            "CPU",
+            &subtitle,
+        )
+        .map_err(CpuError::Failed)
     });
     match rendered.await {
         Ok(view) => response::view(view, "profile"),
@@ -235,7 +246,7 @@ async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
             } else {
                 "live memory, sampled since the process started".to_owned()
             };
-            views::render(&profile, format, lines, "Heap in use", &subtitle)
+            views::render(&profile, format, (lines, None), "Heap in use", &subtitle)
                 .map_err(HeapError::Failed)
         },
     );
@@ -277,7 +288,7 @@ async fn thread_dump(config: &ProfilingConfig, parts: &Parts, filename: &'static
         match answer {
             ThreadsAnswer::Profile(format) => {
                 let subtitle = format!("{samples} threads, {} answered", dump.answered);
-                views::render(&dump.profile, format, lines, "Threads", &subtitle)
+                views::render(&dump.profile, format, (lines, None), "Threads", &subtitle)
             }
             ThreadsAnswer::Grouped => Ok(text(threads::grouped_text(&dump))),
             ThreadsAnswer::Every => Ok(text(threads::every_thread_text(&dump))),

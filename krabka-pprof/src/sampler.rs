@@ -73,7 +73,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 mod accounting;
@@ -99,6 +99,7 @@ pub(crate) use frames::stack_frames;
 pub(crate) use signals::StartError;
 pub(crate) use windows::{Collected, Report};
 
+use crate::labels::table::{self as labels, Resolver};
 use crate::objects::{Loaded, Objects};
 use crate::process::{ProcThread, blocks_signal, list_threads, process_cpu_time};
 use accounting::Accounting;
@@ -197,6 +198,11 @@ struct DrainState {
     rebuilds: u64,
     /// The timers stopped: another handler replaced ours.
     stopped: bool,
+    /// Label words seen this drain, and the sets they name.
+    labels: Resolver,
+    /// The names of the threads sampled, read when first seen (a thread that exits
+    /// before the drain is named `[short-lived thread]`).
+    names: HashMap<u32, Arc<str>>,
 }
 
 static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
@@ -262,7 +268,10 @@ impl Sampler {
             foreign: AtomicU64::new(0),
             threads: Published::new(Threads::new(alive.len())),
             costs: Costs::new(),
+            labels: labels_readable(&objects),
         });
+        // Before any record can hold a handle: from here on, sets are freed only at drains.
+        labels::set_collecting(true);
 
         install(CPU_SIGNAL, on_sigprof, DUMP_SIGNAL)?;
         let pointer = Box::into_raw(session);
@@ -290,6 +299,8 @@ impl Sampler {
                 objects,
                 rebuilds: 0,
                 stopped: false,
+                labels: Resolver::default(),
+                names: HashMap::new(),
             }),
             backstop: None,
             blocklist,
@@ -448,14 +459,17 @@ impl Sampler {
                 counts.frames as f64 / counts.unwound as f64
             },
             unwinder_rebuilds: counts.rebuilds,
+            labels: self.session().is_some_and(|session| session.labels),
         };
         let drained = drained.unwrap_or(windows::Drained {
             stacks: HashMap::new(),
             blocked: Vec::new(),
             unattributed: Duration::ZERO,
+            names: HashMap::new(),
         });
         let collected = Collected {
             stacks: drained.stacks,
+            names: drained.names,
             lost: counts.lost,
             blocked: drained.blocked,
             unattributed: drained.unattributed,
@@ -495,15 +509,30 @@ impl Sampler {
             accounting,
             batch,
             clocks,
+            labels: resolver,
+            names,
             ..
         } = &mut *state;
         registry.clocks(clocks);
-        session.records.drain(batch);
+        labels::drain_begins();
+        session
+            .records
+            .drain(batch, &mut |word| resolver.resolve(word));
+        resolver.clear();
+        labels::sweep();
+        for key in batch.keys() {
+            names
+                .entry(key.tid)
+                .or_insert_with(|| thread_name(key.tid).into());
+        }
         let process = process_cpu_time();
         let drain = accounting.drain(clocks, process, batch, &mut |tid| {
             blocks_signal(tid, libc::SIGPROF)
         });
-        windows.add(batch, &drain);
+        for &(tid, _) in &drain.blocked {
+            names.entry(tid).or_insert_with(|| thread_name(tid).into());
+        }
+        windows.add(batch, &drain, names);
         if state.stopped {
             return;
         }
@@ -565,7 +594,10 @@ impl Sampler {
             std::mem::forget(backstop);
         }
         drop(self.backstop.take());
-        retire(pointer).map(|session| *session)
+        let session = retire(pointer).map(|session| *session);
+        // No handler writes records any more; those not drained are dropped unread.
+        labels::set_collecting(false);
+        session
     }
 }
 
@@ -583,6 +615,7 @@ fn refresh_threads(
     let mut threads = unsafe { session.threads.get() };
     for &tid in &changes.exited {
         threads.forget(tid);
+        state.names.remove(&tid);
     }
     if threads.needs_rebuild(alive.len()) {
         session
@@ -616,6 +649,23 @@ fn refresh_threads(
             state.accounting.track(tid, clock);
         }
     }
+}
+
+/// Whether the handler may read a thread's label word: this crate's code is in the main
+/// executable (a shared library's thread-locals may be set up lazily, with `malloc`, on a
+/// thread's first access: not in a signal handler).
+fn labels_readable(objects: &Objects) -> bool {
+    objects
+        .find(crate::labels::current::code_address())
+        .is_some_and(|(_, object)| {
+            object.file.as_deref() == Some(std::path::Path::new("/proc/self/exe"))
+        })
+}
+
+/// A sampled thread's name while it lives, `[short-lived thread]` once it has exited
+/// (never its id: a profile's thread names are few, its threads' ids are many).
+fn thread_name(tid: u32) -> String {
+    crate::process::thread_name(tid).unwrap_or_else(|| "[short-lived thread]".to_owned())
 }
 
 /// Whether thread `tid` has a seccomp filter the thread that chose the stack reader

@@ -47,14 +47,20 @@ pub(crate) enum ViewBody {
 }
 
 /// Renders `profile` as `format`; runs on the blocking pool. `lines`: the text view lists
-/// lines (`function file:line`, as `go tool pprof -top -lines` does) rather than functions.
+/// lines (`function file:line`, as `go tool pprof -top -lines` does) rather than functions;
+/// `group`: it groups them by that label's values first.
 pub(crate) fn render(
     profile: &Profile,
     format: Format,
-    lines: bool,
+    (lines, group): (bool, Option<&str>),
     title: &str,
     subtitle: &str,
 ) -> Result<View, String> {
+    let granularity = if lines {
+        Granularity::Lines
+    } else {
+        Granularity::Functions
+    };
     let samples = profile
         .sample
         .iter()
@@ -62,10 +68,10 @@ pub(crate) fn render(
         .sum();
     let body = match format {
         Format::Pprof => ViewBody::Pprof(gzip_profile(profile)?),
-        Format::Text if lines => {
-            ViewBody::Text(top_table_by(profile, TOP_ROWS, Granularity::Lines))
-        }
-        Format::Text => ViewBody::Text(top_table(profile, TOP_ROWS)),
+        Format::Text => ViewBody::Text(match group {
+            Some(key) => grouped_table(profile, key, granularity),
+            None => top_table_by(profile, TOP_ROWS, granularity),
+        }),
         #[cfg(feature = "flamegraph")]
         Format::Svg => ViewBody::Svg(flamegraph(profile, title, subtitle)?),
         #[cfg(not(feature = "flamegraph"))]
@@ -179,12 +185,22 @@ pub(crate) fn sample_stacks_by(
 /// Flat and cumulative value per function or line, heaviest flat first (then cum, then
 /// name).
 pub(crate) fn top_by(profile: &Profile, granularity: Granularity) -> (Vec<TopRow>, i64) {
+    top_where(profile, granularity, &|_| true)
+}
+
+/// [`top_by`] over the samples `keep` accepts.
+fn top_where(
+    profile: &Profile,
+    granularity: Granularity,
+    keep: &dyn Fn(&crate::profile::proto::Sample) -> bool,
+) -> (Vec<TopRow>, i64) {
     let Some(column) = value_index(profile) else {
         return (Vec::new(), 0);
     };
     let mut rows: HashMap<Cow<'_, str>, (i64, i64)> = HashMap::new();
     let mut total = 0i64;
-    for (stack, values) in sample_stacks_by(profile, granularity) {
+    let stacks = sample_stacks_by(profile, granularity).zip(&profile.sample);
+    for ((stack, values), _) in stacks.filter(|(_, sample)| keep(sample)) {
         let value = values.get(column).copied().unwrap_or(0);
         total += value;
         if let Some(leaf) = stack.first() {
@@ -215,40 +231,119 @@ pub(crate) fn top_by(profile: &Profile, granularity: Granularity) -> (Vec<TopRow
     (rows, total)
 }
 
-/// The text view: a header like `go tool pprof -top`'s, then flat, flat%, sum%, cum, cum%
-/// and the function name for the heaviest `limit` functions.
-pub(crate) fn top_table(profile: &Profile, limit: usize) -> String {
-    top_table_by(profile, limit, Granularity::Functions)
+/// The unit and the name of the column the views show.
+fn column_names(profile: &Profile) -> (String, String) {
+    value_index(profile)
+        .map(|i| {
+            let column = &profile.sample_type[i];
+            (
+                profile.string(column.unit).to_owned(),
+                profile.string(column.ty).to_owned(),
+            )
+        })
+        .unwrap_or_default()
 }
 
-/// [`top_table`], one row per function or per line.
-pub(crate) fn top_table_by(profile: &Profile, limit: usize, granularity: Granularity) -> String {
-    let (rows, total) = top_by(profile, granularity);
-    let unit = value_index(profile)
-        .map(|i| profile.string(profile.sample_type[i].unit).to_owned())
-        .unwrap_or_default();
-    let kind = value_index(profile)
-        .map(|i| profile.string(profile.sample_type[i].ty).to_owned())
-        .unwrap_or_default();
-    let shown: Vec<&TopRow> = rows.iter().take(limit).collect();
-    let shown_flat: i64 = shown.iter().map(|r| r.flat).sum();
-
-    let mut out = String::new();
+/// The views' first lines: the column shown, the window's length and the total.
+fn header(out: &mut String, profile: &Profile, kind: &str, total: i64, unit: &str) {
     let _ = writeln!(out, "Type: {kind}");
     if profile.duration_nanos > 0 {
         let _ = writeln!(
             out,
             "Duration: {}, Total samples = {}",
             format_value(profile.duration_nanos, "nanoseconds"),
-            format_value(total, &unit),
+            format_value(total, unit),
         );
     }
+}
+
+/// The text view: a header like `go tool pprof -top`'s, then flat, flat%, sum%, cum, cum%
+/// and the name for the heaviest `limit` functions or lines.
+pub(crate) fn top_table_by(profile: &Profile, limit: usize, granularity: Granularity) -> String {
+    let (rows, total) = top_by(profile, granularity);
+    let (unit, kind) = column_names(profile);
+    let mut out = String::new();
+    header(&mut out, profile, &kind, total, &unit);
+    rows_table(&mut out, &rows, total, &unit, limit);
+    out
+}
+
+/// The text view grouped by the values of label `key` (`?group=`): a table of the value
+/// per group, heaviest first (samples without the label last, as `[no key]`), then the
+/// heaviest functions or lines of each group, with percentages of the whole profile.
+pub(crate) fn grouped_table(profile: &Profile, key: &str, granularity: Granularity) -> String {
+    const GROUPS: usize = 20;
+    const ROWS: usize = 10;
+    let (unit, kind) = column_names(profile);
+    let column = value_index(profile);
+    let key_index = profile.string_table.iter().position(|s| s == key);
+    let value_of = |sample: &crate::profile::proto::Sample| -> Option<&str> {
+        let key_index = key_index? as i64;
+        sample
+            .label
+            .iter()
+            .find(|label| label.key == key_index && label.str != 0)
+            .map(|label| profile.string(label.str))
+    };
+    let mut groups: HashMap<Option<&str>, i64> = HashMap::new();
+    let mut total = 0i64;
+    for sample in &profile.sample {
+        let value = column
+            .and_then(|c| sample.value.get(c).copied())
+            .unwrap_or(0);
+        total += value;
+        *groups.entry(value_of(sample)).or_default() += value;
+    }
+    let mut groups: Vec<(Option<&str>, i64)> = groups.into_iter().collect();
+    groups.sort_by(|a, b| (a.0.is_none(), -a.1, a.0).cmp(&(b.0.is_none(), -b.1, b.0)));
+    let name = |group: Option<&str>| match group {
+        Some(value) => format!("{key}={value}"),
+        None => format!("[no {key}]"),
+    };
+    let mut out = String::new();
+    header(&mut out, profile, &kind, total, &unit);
+    let _ = writeln!(out, "Grouped by label {key}: {} groups", groups.len());
+    let _ = writeln!(out, "{:>10} {:>7}  group", "flat", "flat%");
+    for &(group, value) in &groups {
+        let _ = writeln!(
+            out,
+            "{:>10} {:>7}  {}",
+            format_value(value, &unit),
+            percent(value, total),
+            name(group)
+        );
+    }
+    for &(group, value) in groups.iter().take(GROUPS) {
+        let _ = writeln!(
+            out,
+            "\n{}: {} ({} of the total)",
+            name(group),
+            format_value(value, &unit),
+            percent(value, total)
+        );
+        let (rows, _) = top_where(profile, granularity, &|sample| value_of(sample) == group);
+        rows_table(&mut out, &rows, total, &unit, ROWS);
+    }
+    if groups.len() > GROUPS {
+        let _ = writeln!(
+            out,
+            "\n{} more groups; `go tool pprof -tagfocus {key}=VALUE` shows any one",
+            groups.len() - GROUPS
+        );
+    }
+    out
+}
+
+/// The `-top` table of `rows` (the first `limit`), percentages of `total`.
+fn rows_table(out: &mut String, rows: &[TopRow], total: i64, unit: &str, limit: usize) {
+    let shown: Vec<&TopRow> = rows.iter().take(limit).collect();
+    let shown_flat: i64 = shown.iter().map(|r| r.flat).sum();
     let _ = writeln!(
         out,
         "Showing nodes accounting for {}, {} of {} total",
-        format_value(shown_flat, &unit),
+        format_value(shown_flat, unit),
         percent(shown_flat, total),
-        format_value(total, &unit),
+        format_value(total, unit),
     );
     if rows.len() > shown.len() {
         let _ = writeln!(
@@ -269,15 +364,14 @@ pub(crate) fn top_table_by(profile: &Profile, limit: usize, granularity: Granula
         let _ = writeln!(
             out,
             "{:>10} {:>7} {:>7} {:>10} {:>7}  {}",
-            format_value(row.flat, &unit),
+            format_value(row.flat, unit),
             percent(row.flat, total),
             percent(sum, total),
-            format_value(row.cum, &unit),
+            format_value(row.cum, unit),
             percent(row.cum, total),
             row.name,
         );
     }
-    out
 }
 
 fn percent(part: i64, total: i64) -> String {
@@ -548,7 +642,7 @@ pub(crate) mod tests {
         assert_eq!(get(&rows, "main /src/main.rs:40"), (0, 8));
         let table = top_table_by(&profile, 30, Granularity::Lines);
         assert!(table.contains("  step /src/step.rs:3\n"), "{table}");
-        let view = render(&profile, Format::Text, true, "CPU", "").unwrap();
+        let view = render(&profile, Format::Text, (true, None), "CPU", "").unwrap();
         let ViewBody::Text(text) = view.body else {
             panic!("a text view")
         };
@@ -558,7 +652,7 @@ pub(crate) mod tests {
     #[test]
     fn table_has_go_columns() {
         let profile = profile_of(&[(&["hot", "main"], 75), (&["main"], 25)]);
-        let table = top_table(&profile, 30);
+        let table = top_table_by(&profile, 30, Granularity::Functions);
         assert!(table.contains("Type: cpu"), "{table}");
         assert!(
             table.contains("      flat   flat%    sum%        cum    cum%\n"),

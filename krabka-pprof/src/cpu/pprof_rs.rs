@@ -163,7 +163,7 @@ fn report_profile(report: &Report, frequency: u32) -> Profile {
         builder.add(
             stack,
             vec![count, count * period],
-            vec![("thread", LabelValue::Str(frames.thread_name_or_id()))],
+            vec![("thread".into(), LabelValue::Str(frames.thread_name_or_id()))],
         );
     }
     let timing = &report.timing;
@@ -173,6 +173,9 @@ fn report_profile(report: &Report, frequency: u32) -> Profile {
              (setitimer ITIMER_PROF on the process's CPU time)"
         ),
         format!("{samples} samples"),
+        "labels are not recorded by the pprof crate's sampler: samples carry the thread's \
+         name only"
+            .to_owned(),
     ];
     builder.finish(
         &Meta {

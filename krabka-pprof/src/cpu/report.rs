@@ -1,13 +1,41 @@
 //! What a window collected, as the pprof `Profile` its request gets: `samples/count` and
-//! `cpu/nanoseconds` per distinct (thread, stack), the markers that say what the profile
-//! cannot show (lost samples, threads that block `SIGPROF`), the comments that say how
-//! the session went; and the request's log line.
+//! `cpu/nanoseconds` per distinct (thread name, labels, stack), the markers that say what
+//! the profile cannot show (lost samples, threads that block `SIGPROF`), the comments that
+//! say how the session went; and the request's log line.
+//!
+//! A sample's labels are `thread` (the thread's name), the labels active on it
+//! (`labels.rs`: the user's and a span's) and, only when asked, `thread_id`: a series
+//! store such as Pyroscope keeps one series per distinct label set, and thread ids are
+//! many (a blocking pool makes new ones every few seconds) where names are few.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use crate::process::thread_name;
-use crate::profile::Profile;
+use super::request::Split;
+use crate::labels::table::SampleLabels;
+use crate::profile::{LabelValue, Profile};
 use crate::sampler::{self, stack_frames};
+
+/// A sample's labels: the thread's name, its id if asked, the labels active on it.
+fn labels_of(
+    name: &str,
+    tid: Option<u32>,
+    labels: &SampleLabels,
+) -> Vec<(Cow<'static, str>, LabelValue)> {
+    let mut out = vec![("thread".into(), LabelValue::Str(name.to_owned()))];
+    if let Some(tid) = tid {
+        // A string: `-tagfocus` matches string labels only.
+        out.push(("thread_id".into(), LabelValue::Str(tid.to_string())));
+    }
+    out.extend(labels.pairs().map(|(key, value)| {
+        (
+            Cow::Owned(key.to_owned()),
+            LabelValue::Str(value.to_owned()),
+        )
+    }));
+    out
+}
 
 /// Puts what the sampler noticed into the request's span, and says what a reader of
 /// the profile must know (a reader other than the usual one, a capped rate, a handler
@@ -52,35 +80,43 @@ pub(super) fn report_profile(
     shared_with: usize,
     symbolize: crate::symbolize::Symbolize,
     before: crate::symbolize::Resolved,
+    split: Split,
 ) -> (Profile, bool) {
-    use crate::profile::{Frame, LabelValue, Meta, ProfileBuilder};
+    use crate::profile::{Frame, Meta, ProfileBuilder};
 
     let period = 1_000_000_000 / i64::from(collected.frequency);
     let mut builder = ProfileBuilder::new(&collected.objects)
         .symbolize(symbolize)
         .resolved_before(before);
-    let mut thread_names: HashMap<u32, String> = HashMap::new();
-    let mut name_of = |tid: u32| {
-        thread_names
-            .entry(tid)
-            .or_insert_with(|| thread_name(tid))
-            .clone()
-    };
+    let unnamed: Arc<str> = Arc::from("[short-lived thread]");
+    let name_of = |tid: u32| collected.names.get(&tid).unwrap_or(&unnamed).clone();
     let mut signals = collected.lost.samples;
     let mut periods = collected.lost.periods;
-    let mut periods_by_thread: HashMap<u32, u64> = HashMap::new();
+    // Samples of threads of one name, with the same labels and stack, are one sample.
+    let mut merged: HashMap<(Arc<str>, Option<u32>, u8, &[u64], &SampleLabels), sampler::Tally> =
+        HashMap::new();
     for (stack, tally) in &collected.stacks {
         signals += tally.samples;
         periods += tally.periods;
-        *periods_by_thread.entry(stack.tid).or_default() += tally.periods;
-        let frames = stack_frames(&stack.frames, stack.flags, &collected.objects);
+        let tid = split.thread_ids.then_some(stack.tid);
+        let key = (
+            name_of(stack.tid),
+            tid,
+            stack.flags,
+            &stack.frames[..],
+            &stack.labels,
+        );
+        let sum = merged.entry(key).or_default();
+        sum.samples += tally.samples;
+        sum.periods += tally.periods;
+    }
+    let mut label_sets = std::collections::HashSet::new();
+    for ((name, tid, flags, frames, labels), tally) in merged {
+        label_sets.insert((name.clone(), tid, labels));
         builder.add(
-            frames,
+            stack_frames(frames, flags, &collected.objects),
             vec![tally.samples as i64, tally.periods as i64 * period],
-            vec![
-                ("thread", LabelValue::Str(name_of(stack.tid))),
-                ("thread_id", LabelValue::Num(i64::from(stack.tid))),
-            ],
+            labels_of(&name, tid, labels),
         );
     }
     if collected.lost.samples > 0 {
@@ -104,10 +140,11 @@ pub(super) fn report_profile(
                 "[thread {name}: blocks SIGPROF, not sampled]"
             ))],
             vec![(unsampled + period / 2) / period, unsampled],
-            vec![
-                ("thread", LabelValue::Str(name)),
-                ("thread_id", LabelValue::Num(i64::from(tid))),
-            ],
+            labels_of(
+                &name,
+                split.thread_ids.then_some(tid),
+                &SampleLabels::default(),
+            ),
         );
     }
     // CPU no thread's clock accounts for: threads that lived and died between two
@@ -165,6 +202,26 @@ pub(super) fn report_profile(
             report.unwinder_rebuilds
         ));
     }
+    comments.push(format!(
+        "{} distinct label sets (thread name and labels{})",
+        label_sets.len(),
+        if split.thread_ids {
+            ", and thread id"
+        } else {
+            ""
+        }
+    ));
+    let (sets, bytes) = crate::labels::table::usage();
+    comments.push(format!(
+        "label sets alive in the process: {sets}, {bytes} bytes of keys and values"
+    ));
+    if !report.labels {
+        comments.push(
+            "labels unavailable: krabka-pprof is in a shared library here, whose thread-locals \
+             a signal handler cannot read safely"
+                .to_owned(),
+        );
+    }
     if report.foreign_signals > 0 {
         comments.push(format!(
             "{} foreign SIGPROF signals ignored (kill, raise, or another timer)",
@@ -201,6 +258,7 @@ mod tests {
             1,
             crate::symbolize::Symbolize::Full,
             crate::symbolize::Resolved::default(),
+            super::Split::default(),
         )
     }
 
@@ -212,12 +270,14 @@ mod tests {
             StackKey {
                 tid: std::process::id(),
                 flags: 0,
+                labels: Default::default(),
                 frames: vec![here].into_boxed_slice(),
             },
             stack,
         );
         Collected {
             stacks,
+            names: HashMap::new(),
             lost,
             started: SystemTime::now(),
             duration: Duration::from_secs(1),

@@ -24,6 +24,16 @@ pub(crate) struct CpuRequest {
     pub(crate) max_windows: u32,
     /// What the profile names (`?symbolize=`).
     pub(crate) symbolize: crate::symbolize::Symbolize,
+    /// What its samples are told apart by (`?thread_ids=`).
+    pub(crate) split: Split,
+}
+
+/// What the samples of a profile are told apart by, besides stack, thread name and labels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Split {
+    /// Each sample also carries `thread_id` (`?thread_ids=true`): one sample per thread,
+    /// for a person at `go tool pprof -tags`, not for a series store.
+    pub(crate) thread_ids: bool,
 }
 
 /// What is running now, for the index page.

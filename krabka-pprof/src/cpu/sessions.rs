@@ -314,6 +314,7 @@ where
     static NEXT_WINDOW: AtomicU64 = AtomicU64::new(1);
     let id = NEXT_WINDOW.fetch_add(1, Ordering::Relaxed);
     let symbolize = request.symbolize;
+    let split = request.split;
     let deadline = tokio::time::Instant::now() + FORCE_WAIT;
     // A forced request that takes over holds `starting` from the moment it closes the
     // running windows until its own session runs, so that no other request starts a
@@ -471,7 +472,7 @@ where
             .and_then(|answered| answered.recv().ok())
             .unwrap_or_default();
         let report = collected.report.clone();
-        let (profile, capped) = report_profile(collected, shared_with, symbolize, before);
+        let (profile, capped) = report_profile(collected, shared_with, symbolize, before, split);
         let rendered = render(profile);
         crate::profile::give_back_freed_memory();
         Ok((rendered, (report, capped, shared_with)))

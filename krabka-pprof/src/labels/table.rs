@@ -237,15 +237,55 @@ pub(crate) fn set_of(handle: Handle) -> Option<Arc<LabelSet>> {
     table().resolve(handle)
 }
 
-/// Resolves many handles under one lock, for a drain.
-pub(crate) fn resolve_all(
-    handles: impl IntoIterator<Item = Handle>,
-) -> HashMap<Handle, Arc<LabelSet>> {
-    let table = table();
-    handles
-        .into_iter()
-        .filter_map(|handle| Some((handle, table.resolve(handle)?)))
-        .collect()
+/// The labels of one sample: the user's set (scopes, labelled futures) and a span's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct SampleLabels {
+    pub(crate) user: Option<Interned>,
+    pub(crate) span: Option<Interned>,
+}
+
+impl SampleLabels {
+    /// The labels, the span's first; a key both sets have is the user's.
+    pub(crate) fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        let user = self.user.iter().flat_map(|set| set.0.pairs().iter());
+        let span = self.span.iter().flat_map(|set| set.0.pairs().iter());
+        span.filter(|(key, _)| {
+            self.user
+                .as_ref()
+                .is_none_or(|user| user.0.get(key).is_none())
+        })
+        .chain(user)
+        .map(|(k, v)| (&**k, &**v))
+    }
+}
+
+/// Turns one drain's label words into the sets they name: the table's lock once per
+/// distinct word.
+#[derive(Default)]
+pub(crate) struct Resolver {
+    seen: HashMap<u64, SampleLabels>,
+}
+
+impl Resolver {
+    pub(crate) fn resolve(&mut self, word: u64) -> SampleLabels {
+        self.seen
+            .entry(word)
+            .or_insert_with(|| {
+                let table = table();
+                let (user, span) = (word as u32, (word >> 32) as u32);
+                let set = |handle| (handle != 0).then(|| table.resolve(handle)).flatten();
+                SampleLabels {
+                    user: set(user).map(Interned),
+                    span: set(span).map(Interned),
+                }
+            })
+            .clone()
+    }
+
+    /// Forgets this drain's words (holding their sets would keep them alive).
+    pub(crate) fn clear(&mut self) {
+        self.seen.clear();
+    }
 }
 
 /// A drain is about to swap the sample buffers: what it folds was written before now.

@@ -17,6 +17,10 @@ pub(crate) struct CpuQuery {
     pub(crate) format: Format,
     pub(crate) naming: Naming,
     pub(crate) force: bool,
+    /// Samples also carry `thread_id` (`?thread_ids=true`).
+    pub(crate) thread_ids: bool,
+    /// The text view groups by this label's values (`?group=tenant`).
+    pub(crate) group: Option<String>,
 }
 
 /// What a profile names and how its text view groups it: `symbolize` and `lines`.
@@ -82,13 +86,12 @@ impl CpuQuery {
             None => config.frequency(),
             Some(text) => parse_frequency(text)?,
         };
-        let force = match params.get("force") {
-            None | Some("false" | "0") => false,
-            Some("true" | "1") => true,
-            Some(other) => {
-                return Err(format!("`force` must be true or false, found {other:?}"));
-            }
-        };
+        let force = parse_bool(&params, "force")?;
+        let thread_ids = parse_bool(&params, "thread_ids")?;
+        let group = params
+            .get("group")
+            .map(|key| parse_group(key, format))
+            .transpose()?;
         Ok(CpuQuery {
             duration,
             seconds_requested,
@@ -96,8 +99,43 @@ impl CpuQuery {
             format,
             naming,
             force,
+            thread_ids,
+            group,
         })
     }
+}
+
+/// A `true`/`false` parameter (also `1`/`0`); false when missing.
+fn parse_bool(params: &Params, key: &str) -> Result<bool, String> {
+    match params.get(key) {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1") => Ok(true),
+        Some(other) => Err(format!("`{key}` must be true or false, found {other:?}")),
+    }
+}
+
+/// `group`: a label key (`thread`, `tenant`, `span_name`…), for the text view only.
+fn parse_group(key: &str, format: Format) -> Result<String, String> {
+    let valid = !key.is_empty()
+        && !key.starts_with(|c: char| c.is_ascii_digit())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
+    if !valid {
+        return Err(format!(
+            "`group` must be a label key (ASCII letters, digits, `_` and `.`, such as \
+             ?group=tenant or ?group=thread), found {key:?}"
+        ));
+    }
+    if format != Format::Text {
+        return Err(format!(
+            "`group` groups the text view (format=text), not format={}; from the pprof \
+             format, `go tool pprof -tags` splits by every label and `-tagfocus {key}=VALUE` \
+             keeps one value",
+            format.name()
+        ));
+    }
+    Ok(key.to_owned())
 }
 
 fn parse_frequency(text: &str) -> Result<u32, String> {
@@ -255,6 +293,8 @@ impl Params {
         "force",
         "symbolize",
         "lines",
+        "thread_ids",
+        "group",
     ];
     /// The parameters of the thread dump routes.
     const THREADS: &'static [&'static str] = &["debug", "format", "deadline", "symbolize", "lines"];
@@ -489,5 +529,29 @@ mod tests {
             "{err}"
         );
         assert!(ThreadsQuery::parse(Some("debug=1&lines=true")).is_err());
+    }
+
+    #[test]
+    fn thread_ids_and_group() {
+        assert!(!parse("").unwrap().thread_ids);
+        assert!(parse("thread_ids=true").unwrap().thread_ids);
+        let err = parse("thread_ids=yes").unwrap_err();
+        assert!(err.contains("`thread_ids` must be true or false"), "{err}");
+
+        assert_eq!(parse("format=text").unwrap().group, None);
+        let group = parse("format=text&group=tenant").unwrap().group;
+        assert_eq!(group.as_deref(), Some("tenant"));
+        let group = parse("format=text&group=http.route").unwrap().group;
+        assert_eq!(group.as_deref(), Some("http.route"));
+        let err = parse("group=tenant").unwrap_err();
+        assert!(err.contains("format=text"), "{err}");
+        assert!(err.contains("-tagfocus tenant=VALUE"), "{err}");
+        for bad in ["", "a=b", "9x", "ten ant"] {
+            let err = parse(&format!("format=text&group={bad}")).unwrap_err();
+            assert!(
+                err.starts_with("`group` must be a label key"),
+                "{bad:?}: {err}"
+            );
+        }
     }
 }

@@ -157,6 +157,7 @@ mod tests {
     fn key(tid: u32, frame: u64) -> StackKey {
         StackKey {
             tid,
+            labels: Default::default(),
             flags: 0,
             frames: vec![frame].into_boxed_slice(),
         }

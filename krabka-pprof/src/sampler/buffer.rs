@@ -3,10 +3,14 @@
 //! records into counts per stack, off the signal path (`windows.rs` hands them to the
 //! windows open). A record is a header
 //! word `MAGIC << 56 | flags << 48 | depth << 32 | tid`, a weight word (the timer periods
-//! the sample stands for), then the frames, leaf first.
+//! the sample stands for), the thread's label word if it had one ([`FLAG_LABELS`]), then
+//! the frames, leaf first. The drain turns label words into the sets they name
+//! (`labels/table.rs`), before any of them may be freed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::labels::table::SampleLabels;
 
 const MAGIC: u64 = 0xA5;
 const RECORD_HEADER: usize = 2;
@@ -21,12 +25,16 @@ pub(crate) const FLAG_TRUNCATED: u8 = 8;
 /// The thread has a seccomp filter of its own and no pipe was open yet to copy its stack
 /// through: not unwound past what plain loads could read.
 pub(crate) const FLAG_FILTERED: u8 = 16;
+/// A label word follows the weight word (never a marker: dropped from the key's flags).
+const FLAG_LABELS: u8 = 32;
 
 /// A stack as recorded: the interrupted PC first, then return addresses.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct StackKey {
     pub(crate) tid: u32,
     pub(crate) flags: u8,
+    /// The labels active on the thread when it was sampled.
+    pub(crate) labels: SampleLabels,
     pub(crate) frames: Box<[u64]>,
 }
 
@@ -90,10 +98,17 @@ impl Records {
         }
     }
 
-    /// Appends one record to the active buffer; async-signal-safe.
-    pub(crate) fn write(&self, tid: u32, flags: u8, periods: u64, frames: &[u64]) {
+    /// Appends one record to the active buffer, with the thread's label word `labels`
+    /// (0: none); async-signal-safe.
+    pub(crate) fn write(&self, tid: u32, flags: u8, labels: u64, periods: u64, frames: &[u64]) {
         let buffer = &self.buffers[self.active.load(Ordering::Acquire)];
-        let len = RECORD_HEADER + frames.len();
+        let extra = usize::from(labels != 0);
+        let flags = if labels != 0 {
+            flags | FLAG_LABELS
+        } else {
+            flags
+        };
+        let len = RECORD_HEADER + extra + frames.len();
         let previous = buffer
             .state
             .fetch_add(WRITER + len as u64, Ordering::AcqRel);
@@ -103,7 +118,10 @@ impl Records {
                 MAGIC << 56 | u64::from(flags) << 48 | (frames.len() as u64) << 32 | u64::from(tid);
             buffer.words[at].store(header, Ordering::Relaxed);
             buffer.words[at + 1].store(periods, Ordering::Relaxed);
-            for (word, frame) in buffer.words[at + RECORD_HEADER..at + len]
+            if labels != 0 {
+                buffer.words[at + RECORD_HEADER].store(labels, Ordering::Relaxed);
+            }
+            for (word, frame) in buffer.words[at + RECORD_HEADER + extra..at + len]
                 .iter()
                 .zip(frames)
             {
@@ -125,8 +143,13 @@ impl Records {
     }
 
     /// Swaps the buffers and adds everything the handlers wrote before the swap to
-    /// `into`. For one drainer at a time (see [`Records`]).
-    pub(crate) fn drain(&self, into: &mut HashMap<StackKey, Tally>) {
+    /// `into`, label words resolved by `labels`. For one drainer at a time (see
+    /// [`Records`]).
+    pub(crate) fn drain(
+        &self,
+        into: &mut HashMap<StackKey, Tally>,
+        labels: &mut dyn FnMut(u64) -> SampleLabels,
+    ) {
         let old = self.active.load(Ordering::Acquire);
         self.active.store(1 - old, Ordering::Release);
         let buffer = &self.buffers[old];
@@ -141,7 +164,7 @@ impl Records {
                 std::thread::yield_now();
             };
             let cursor = (state & CURSOR_MASK) as usize;
-            fold(buffer, done.load(Ordering::Relaxed), cursor, into);
+            fold(buffer, done.load(Ordering::Relaxed), cursor, into, labels);
             done.store(cursor.min(buffer.words.len()), Ordering::Relaxed);
             // Reset, unless a late handler (one that read `active` before the swap) has
             // reserved more space meanwhile; then fold that too.
@@ -159,7 +182,13 @@ impl Records {
 
 /// Folds records `from..to` of `buffer` into `stacks` and zeroes them. Stops at the first
 /// empty header: space reserved by a sample that did not fit is never written.
-fn fold(buffer: &Buffer, from: usize, to: usize, stacks: &mut HashMap<StackKey, Tally>) {
+fn fold(
+    buffer: &Buffer,
+    from: usize,
+    to: usize,
+    stacks: &mut HashMap<StackKey, Tally>,
+    labels: &mut dyn FnMut(u64) -> SampleLabels,
+) {
     let words = &buffer.words;
     let end = to.min(words.len());
     let mut at = from;
@@ -169,29 +198,42 @@ fn fold(buffer: &Buffer, from: usize, to: usize, stacks: &mut HashMap<StackKey, 
             break;
         }
         let depth = ((header >> 32) & 0xffff) as usize;
-        let Some(record) = words.get(at + RECORD_HEADER..at + RECORD_HEADER + depth) else {
+        let flags = (header >> 48) as u8;
+        let extra = usize::from(flags & FLAG_LABELS != 0);
+        let first = at + RECORD_HEADER + extra;
+        let Some(record) = words.get(first..first + depth) else {
             break;
         };
         let periods = words[at + 1].swap(0, Ordering::Relaxed);
+        let word = if extra == 1 {
+            words[at + RECORD_HEADER].swap(0, Ordering::Relaxed)
+        } else {
+            0
+        };
         let frames: Box<[u64]> = record
             .iter()
             .map(|w| w.swap(0, Ordering::Relaxed))
             .collect();
         let key = StackKey {
             tid: header as u32,
-            flags: (header >> 48) as u8,
+            flags: flags & !FLAG_LABELS,
+            labels: if word == 0 {
+                SampleLabels::default()
+            } else {
+                labels(word)
+            },
             frames,
         };
         let tally = stacks.entry(key).or_default();
         tally.samples += 1;
         tally.periods += periods;
-        at += RECORD_HEADER + depth;
+        at += RECORD_HEADER + extra + depth;
     }
 }
 
-/// The buffer words one record of `depth` frames takes.
+/// The buffer words one record of `depth` frames takes, at most (with a label word).
 pub(crate) const fn record_words(depth: usize) -> usize {
-    RECORD_HEADER + depth
+    RECORD_HEADER + 1 + depth
 }
 
 #[cfg(test)]
@@ -202,19 +244,21 @@ mod tests {
     fn buffer_records_round_trip_and_overflow_is_counted() {
         let records = Records::new(10);
         let mut first = HashMap::new();
-        records.write(7, 0, 1, &[1, 2, 3]);
-        records.write(7, 0, 3, &[1, 2, 3]);
-        records.write(8, FLAG_BLOCKLISTED, 2, &[9, 9, 9]); // does not fit: 5 + 5 + 5 > 10
-        records.drain(&mut first);
+        let none = &mut |_| SampleLabels::default();
+        records.write(7, 0, 0, 1, &[1, 2, 3]);
+        records.write(7, 0, 0, 3, &[1, 2, 3]);
+        records.write(8, FLAG_BLOCKLISTED, 0, 2, &[9, 9, 9]); // does not fit: 5 + 5 + 5 > 10
+        records.drain(&mut first, none);
         // The other buffer from here on; then the first one again.
         let mut second = HashMap::new();
-        records.write(9, FLAG_TRUNCATED, 1, &[5]);
-        records.drain(&mut second);
-        records.write(9, FLAG_TRUNCATED, 1, &[5]);
-        records.drain(&mut second);
+        records.write(9, FLAG_TRUNCATED, 0, 1, &[5]);
+        records.drain(&mut second, none);
+        records.write(9, FLAG_TRUNCATED, 0, 1, &[5]);
+        records.drain(&mut second, none);
         let key = |tid, flags, frames: &[u64]| StackKey {
             tid,
             flags,
+            labels: SampleLabels::default(),
             frames: frames.into(),
         };
         assert_eq!(
@@ -256,6 +300,35 @@ mod tests {
                 .buffers
                 .iter()
                 .all(|b| b.words.iter().all(|w| w.load(Ordering::Relaxed) == 0))
+        );
+    }
+
+    #[test]
+    fn a_label_word_rides_with_its_record_and_is_resolved_at_the_drain() {
+        let records = Records::new(64);
+        records.write(7, FLAG_TRUNCATED, 0x0102_0000_0300, 1, &[4, 5]);
+        records.write(7, FLAG_TRUNCATED, 0, 1, &[4, 5]);
+        let mut seen = Vec::new();
+        let mut stacks = HashMap::new();
+        records.drain(&mut stacks, &mut |word| {
+            seen.push(word);
+            SampleLabels::default()
+        });
+        assert_eq!(seen, [0x0102_0000_0300], "only the labelled record's word");
+        let tally = stacks
+            .iter()
+            .find(|(key, _)| key.frames[..] == [4, 5])
+            .map(|(key, tally)| (key.flags, *tally));
+        assert_eq!(
+            tally,
+            Some((
+                FLAG_TRUNCATED,
+                Tally {
+                    samples: 2,
+                    periods: 2
+                }
+            )),
+            "the frames after the label word, and the flag dropped from the key"
         );
     }
 }

@@ -13,6 +13,7 @@ use super::signals::{CPU_SIGNAL, Running, is_installed};
 use super::thread_table::{Thread, Threads};
 use super::timers::{SignalInfo, Source, source};
 use super::unwind::{Unwinding, Unwound, registers};
+use crate::labels;
 use crate::process::current_tid;
 
 /// The running CPU session, if any: the handler's only way to it.
@@ -38,6 +39,9 @@ pub(crate) struct Session {
     /// calls); published anew when the drain rebuilds it.
     pub(crate) threads: Published<Threads>,
     pub(crate) costs: Costs,
+    /// The thread's label word may be read here: this crate's code is in the main
+    /// executable, whose thread-locals are reached without a call (`labels/current.rs`).
+    pub(crate) labels: bool,
 }
 
 /// Handler time per sample, in 100 ns buckets up to 20 µs (the last bucket: longer).
@@ -207,13 +211,26 @@ impl Session {
             }
             self.costs.frames.fetch_add(depth as u64, Ordering::Relaxed);
             self.costs.unwound.fetch_add(1, Ordering::Relaxed);
-            self.records.write(tid, flags, periods, &frames[..depth]);
+            self.records
+                .write(tid, flags, self.labels(), periods, &frames[..depth]);
             slot.busy.store(false, Ordering::Release);
             return;
         } else {
             FLAG_NO_SCRATCH
         };
-        self.records.write(tid, flags, periods, &[pc]);
+        self.records
+            .write(tid, flags, self.labels(), periods, &[pc]);
+    }
+
+    /// The sampled thread's label word (the handler runs on the thread its timer names),
+    /// or 0 where it may not be read.
+    #[inline]
+    fn labels(&self) -> u64 {
+        if self.labels {
+            labels::current::word()
+        } else {
+            0
+        }
     }
 
     fn take_slot(&self, tid: u32) -> Option<&Slot> {

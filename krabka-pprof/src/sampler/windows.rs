@@ -4,6 +4,7 @@
 //! drain gets exactly the records drained while it was open.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::accounting::Drain;
@@ -18,6 +19,8 @@ struct Window {
     blocked: HashMap<u32, u64>,
     /// Process CPU no thread's clock nor sample accounted for, nanoseconds.
     unattributed: i64,
+    /// The name of each thread it has samples or blocked CPU of.
+    names: HashMap<u32, Arc<str>>,
 }
 
 /// Every window open on one session.
@@ -31,6 +34,7 @@ pub(crate) struct Drained {
     pub(crate) stacks: HashMap<StackKey, Tally>,
     pub(crate) blocked: Vec<(u32, Duration)>,
     pub(crate) unattributed: Duration,
+    pub(crate) names: HashMap<u32, Arc<str>>,
 }
 
 impl Windows {
@@ -41,6 +45,7 @@ impl Windows {
             stacks: HashMap::new(),
             blocked: HashMap::new(),
             unattributed: 0,
+            names: HashMap::new(),
         });
     }
 
@@ -58,16 +63,35 @@ impl Windows {
             stacks: window.stacks,
             blocked,
             unattributed: Duration::from_nanos(window.unattributed.max(0) as u64),
+            names: window.names,
         })
     }
 
-    /// Hands one drain's samples (`batch`, emptied) and findings to every open window.
-    pub(crate) fn add(&mut self, batch: &mut HashMap<StackKey, Tally>, drain: &Drain) {
+    /// Hands one drain's samples (`batch`, emptied) and findings to every open window,
+    /// with the names of the threads they name (`names` has each).
+    pub(crate) fn add(
+        &mut self,
+        batch: &mut HashMap<StackKey, Tally>,
+        drain: &Drain,
+        names: &HashMap<u32, Arc<str>>,
+    ) {
+        let tids: Vec<u32> = {
+            let mut tids: Vec<u32> = batch.keys().map(|key| key.tid).collect();
+            tids.extend(drain.blocked.iter().map(|&(tid, _)| tid));
+            tids.sort_unstable();
+            tids.dedup();
+            tids
+        };
         for window in &mut self.open {
             for &(tid, nanos) in &drain.blocked {
                 *window.blocked.entry(tid).or_default() += nanos;
             }
             window.unattributed += drain.unattributed;
+            for &tid in &tids {
+                if let Some(name) = names.get(&tid) {
+                    window.names.entry(tid).or_insert_with(|| name.clone());
+                }
+            }
         }
         let Some((last, rest)) = self.open.split_last_mut() else {
             batch.clear();
@@ -112,6 +136,8 @@ impl Windows {
 /// What one window of a session collected.
 pub(crate) struct Collected {
     pub(crate) stacks: HashMap<StackKey, Tally>,
+    /// The name of each thread the stacks and `blocked` name.
+    pub(crate) names: HashMap<u32, Arc<str>>,
     /// Samples dropped because the buffer was full.
     pub(crate) lost: Tally,
     /// Threads that blocked `SIGPROF`, with the CPU no sample covered.
@@ -152,6 +178,9 @@ pub(crate) struct Report {
     pub(crate) complete: u64,
     /// Times the unwinder was built anew because libraries were loaded or unloaded.
     pub(crate) unwinder_rebuilds: u64,
+    /// Samples carry the labels active on their thread (`labels.rs`): false where this
+    /// crate is not in the main executable.
+    pub(crate) labels: bool,
 }
 
 #[cfg(test)]
@@ -162,6 +191,7 @@ mod tests {
         StackKey {
             tid,
             flags: 0,
+            labels: Default::default(),
             frames: vec![0x1000, 0x2001].into_boxed_slice(),
         }
     }
@@ -173,8 +203,14 @@ mod tests {
             samples: 1,
             periods: 2,
         };
+        let names: HashMap<u32, Arc<str>> =
+            [(1, "one".into()), (2, "two".into()), (5, "blocker".into())].into();
         // Drained while no window is open: counts for none.
-        windows.add(&mut HashMap::from([(key(1), one)]), &Drain::default());
+        windows.add(
+            &mut HashMap::from([(key(1), one)]),
+            &Drain::default(),
+            &names,
+        );
         windows.open(1);
         windows.add(
             &mut HashMap::from([(key(1), one)]),
@@ -183,6 +219,7 @@ mod tests {
                 unattributed: 40,
                 ..Drain::default()
             },
+            &names,
         );
         windows.open(2);
         let mut later = HashMap::from([(key(2), one)]);
@@ -193,6 +230,7 @@ mod tests {
                 unattributed: -10,
                 ..Drain::default()
             },
+            &names,
         );
         assert!(later.is_empty(), "the batch is handed over");
         assert_eq!(windows.addresses(2), [0x1000, 0x2000]);
@@ -200,10 +238,17 @@ mod tests {
         assert_eq!(first.stacks.len(), 2);
         assert_eq!(first.blocked, [(5, Duration::from_nanos(37))]);
         assert_eq!(first.unattributed, Duration::from_nanos(30));
+        let mut named: Vec<(u32, &str)> = first.names.iter().map(|(&t, n)| (t, &**n)).collect();
+        named.sort_unstable();
+        assert_eq!(named, [(1, "one"), (2, "two"), (5, "blocker")]);
         let second = windows.close(2).expect("open");
         assert_eq!(second.stacks, HashMap::from([(key(2), one)]));
         assert_eq!(second.blocked, [(5, Duration::from_nanos(7))]);
         assert_eq!(second.unattributed, Duration::ZERO, "never negative");
+        assert!(
+            !second.names.contains_key(&1),
+            "thread 1 had no sample in window 2"
+        );
         assert!(windows.close(2).is_none());
     }
 }

@@ -140,8 +140,8 @@ pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
         let mut labels = Vec::with_capacity(threads.len() * 2);
         for &index in &threads {
             let proc = &dumped[index].proc;
-            labels.push(("thread", LabelValue::Str(proc.name.clone())));
-            labels.push(("tid", LabelValue::Num(i64::from(proc.tid))));
+            labels.push(("thread".into(), LabelValue::Str(proc.name.clone())));
+            labels.push(("tid".into(), LabelValue::Num(i64::from(proc.tid))));
         }
         builder.add(frames, vec![threads.len() as i64], labels);
     }

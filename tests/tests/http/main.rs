@@ -7,6 +7,7 @@ mod cpu;
 mod errors;
 mod fidelity;
 mod host;
+mod labels;
 mod lines;
 mod responsiveness;
 mod scrapers;
