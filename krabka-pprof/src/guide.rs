@@ -9,6 +9,9 @@ pub mod cpu {}
 #[doc = include_str!("../docs/heap.md")]
 pub mod heap {}
 
+#[doc = include_str!("../docs/labels.md")]
+pub mod labels {}
+
 #[doc = include_str!("../docs/threads.md")]
 pub mod threads {}
 

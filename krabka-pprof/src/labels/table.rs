@@ -84,6 +84,10 @@ struct Table {
     live: usize,
     /// The set past [`MAX_SETS`], never freed.
     too_many: Option<(Handle, Arc<LabelSet>)>,
+    /// What slot 0's index is in handles: drawn per process, so that a child made by
+    /// `fork` (which starts a table of its own, see `PerProcess`) does not resolve the
+    /// handles its parent's threads left in the forking thread's word to its own sets.
+    base: u32,
 }
 
 static TABLE: PerProcess<Mutex<Table>> = PerProcess::new(|| Mutex::new(Table::new()));
@@ -92,13 +96,19 @@ fn table() -> MutexGuard<'static, Table> {
     TABLE.get().lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn handle(index: u32, generation: u8) -> Handle {
-    index << 8 | Handle::from(generation)
+impl Table {
+    fn handle(&self, index: u32, generation: u8) -> Handle {
+        (self.base + index) << 8 | Handle::from(generation)
+    }
 }
 
 impl Table {
     fn new() -> Table {
+        use std::hash::BuildHasher as _;
+        let drawn = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
         Table {
+            // Room above for MAX_SETS slots and the sentinel, in 24 bits.
+            base: (drawn % (1 << 23)) as u32,
             slots: vec![Slot {
                 generation: 0,
                 set: None,
@@ -117,7 +127,7 @@ impl Table {
     fn intern(&mut self, set: LabelSet, shared: bool) -> (Handle, Arc<LabelSet>) {
         if shared && let Some((content, &index)) = self.by_content.get_key_value(&set) {
             let slot = &self.slots[index as usize];
-            return (handle(index, slot.generation), content.clone());
+            return (self.handle(index, slot.generation), content.clone());
         }
         if !self.collecting {
             // No record can hold a handle: what is unused may go now.
@@ -147,7 +157,8 @@ impl Table {
         slot.set = Some(set.clone());
         slot.shared = shared;
         slot.unused_since = None;
-        (handle(index, slot.generation), set)
+        let generation = slot.generation;
+        (self.handle(index, generation), set)
     }
 
     fn too_many(&mut self) -> (Handle, Arc<LabelSet>) {
@@ -164,7 +175,7 @@ impl Table {
             shared: false,
             unused_since: None,
         });
-        let sentinel = (handle((self.slots.len() - 1) as u32, 0), set);
+        let sentinel = (self.handle((self.slots.len() - 1) as u32, 0), set);
         self.too_many = Some(sentinel.clone());
         // Never freed: `live` does not count it, and the sweep never sees it unused (the
         // table keeps a second reference in `too_many`).
@@ -172,7 +183,9 @@ impl Table {
     }
 
     fn resolve(&self, handle: Handle) -> Option<Arc<LabelSet>> {
-        let slot = self.slots.get((handle >> 8) as usize)?;
+        let slot = self
+            .slots
+            .get((handle >> 8).checked_sub(self.base)? as usize)?;
         (slot.generation == handle as u8)
             .then(|| slot.set.clone())
             .flatten()
@@ -418,5 +431,16 @@ mod tests {
             sentinel
         );
         drop(kept);
+    }
+
+    #[test]
+    fn another_processs_handles_resolve_to_nothing() {
+        let mut parent = Table::new();
+        let mut child = Table::new();
+        child.base = (parent.base + 100_000) % (1 << 23);
+        let (inherited, _kept) = parent.intern(set(&[("tenant", "parent's")]), true);
+        let (own, _own) = child.intern(set(&[("tenant", "child's")]), true);
+        assert_ne!(own, inherited);
+        assert!(child.resolve(inherited).is_none());
     }
 }

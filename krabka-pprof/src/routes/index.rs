@@ -49,12 +49,15 @@ pub(super) fn index_html(
     let mut rows = format!(
         "<tr><td><code>profile</code></td><td>CPU profile of the whole process: samples every \
          thread for <code>seconds</code> (default {}, at most {}) at <code>frequency</code> Hz \
-         (default {}). {at_once}{}</td><td>5 s: {}</td></tr>\n",
+         (default {}). {at_once} Samples carry the thread's name and the labels active on \
+         it (<code>krabka_pprof::labels</code>); <code>format=text&amp;group=tenant</code> \
+         groups the top view by one.{}</td><td>5 s: {}</td></tr>\n",
         secs(config.cpu_default()),
         secs(config.cpu_max()),
         config.frequency(),
         note(crate::cpu::UNAVAILABLE),
-        views("profile", "?seconds=5"),
+        views("profile", "?seconds=5")
+            + " · <a href=\"profile?seconds=5&amp;format=text&amp;group=thread\">top by thread</a>",
     );
     if config.heap() {
         for (route, what) in [

@@ -144,6 +144,7 @@ async fn index_is_valid_html_and_every_link_works() {
         #[cfg(feature = "flamegraph")]
         "profile?seconds=5&format=svg",
         "profile?seconds=5&format=text",
+        "profile?seconds=5&format=text&group=thread",
         "threads",
         #[cfg(feature = "flamegraph")]
         "threads?format=svg",
@@ -181,6 +182,9 @@ async fn index_is_valid_html_and_every_link_works() {
             "image/svg+xml" => assert_valid_xml(&text),
             "text/plain; charset=utf-8" if link.contains("format=text") => {
                 assert!(text.contains("flat%"), "{link}: {text}");
+                if link.contains("group=thread") {
+                    assert!(text.contains("Grouped by label thread"), "{link}: {text}");
+                }
             }
             "text/plain; charset=utf-8" if link.contains("debug=") => {
                 assert!(text.starts_with("threads"), "{link}: {text}");
