@@ -7,7 +7,6 @@ mod cpu;
 mod errors;
 mod fidelity;
 mod host;
-mod labels;
 mod lines;
 mod responsiveness;
 mod scrapers;

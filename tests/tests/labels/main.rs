@@ -1,4 +1,4 @@
-//! Labels on CPU samples, read back the way users read them: `go tool pprof -tags` and
+//! The labels suite: labels on CPU samples, read back the way users read them: `go tool pprof -tags` and
 //! `-tagfocus` on the pprof body, the text view's `group=`, and the decoded profile. Each
 //! workload's truth is its own CPU clock, read around the work it labels.
 
