@@ -28,6 +28,8 @@ use std::time::Instant;
 
 pub(crate) use request::{CpuError, CpuRequest, Split, Status, UNAVAILABLE};
 
+// The `pprof` crate's profile() names it itself where it is the only sampler.
+#[cfg(any(sampler, not(pprof_rs)))]
 use crate::profile::Profile;
 
 /// The running CPU profile session of this process, if any.
