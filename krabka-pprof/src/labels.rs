@@ -69,7 +69,10 @@
 mod cache;
 pub(crate) mod current;
 mod keys;
+mod layer;
 pub(crate) mod table;
+
+pub use layer::{LabelsLayer, layer};
 
 use std::future::Future;
 use std::pin::Pin;
