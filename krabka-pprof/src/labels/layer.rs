@@ -6,12 +6,14 @@
 //! The work is where a layer does it: at a span's creation its labels go in its
 //! extensions (`spans.rs`: the root, inherited from the parent, and the field values);
 //! at its first enter the set is interned (and the root's OpenTelemetry ids read,
-//! `otel.rs`); each enter then looks the span up once and swaps the span half of the
-//! thread's label word, and each exit puts it back from a per-thread stack (`stack.rs`)
-//! with no lookup.
+//! `otel.rs`); each later enter finds the handle in the layer's cache by span id
+//! (`slots.rs`; the registry only on a miss) and swaps the span half of the thread's
+//! label word, and each exit puts it back from a per-thread stack (`stack.rs`) with no
+//! lookup.
 
 #[cfg(feature = "opentelemetry")]
 mod otel;
+mod slots;
 mod spans;
 mod stack;
 
@@ -24,12 +26,15 @@ use tracing::{Dispatch, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
+use slots::Slots;
 use spans::{Shape, SpanLabels, Values, Wanted};
 
 /// The layer that puts tracing spans on CPU samples as labels: see [`layer()`].
 pub struct LabelsLayer {
     fields: Arc<[Wanted]>,
     shape: Shape,
+    /// The handles of spans entered before, by id: what spares an enter the registry.
+    slots: Slots,
     /// The dispatch this layer is part of, to ask tracing-opentelemetry for a root's
     /// context (weak: the dispatch owns the layer).
     #[cfg(feature = "opentelemetry")]
@@ -75,6 +80,7 @@ pub fn layer() -> LabelsLayer {
             span_id: true,
             trace_id: true,
         },
+        slots: Slots::new(),
         #[cfg(feature = "opentelemetry")]
         dispatch: OnceLock::new(),
     }
@@ -173,11 +179,13 @@ impl Default for LabelsLayer {
 }
 
 impl Clone for LabelsLayer {
-    /// The same settings, for another subscriber (so not the dispatch this one is in).
+    /// The same settings, for another subscriber (so neither the dispatch this one is in
+    /// nor its cache of that registry's span ids).
     fn clone(&self) -> LabelsLayer {
         LabelsLayer {
             fields: self.fields.clone(),
             shape: self.shape,
+            slots: Slots::new(),
             #[cfg(feature = "opentelemetry")]
             dispatch: OnceLock::new(),
         }
@@ -255,10 +263,15 @@ where
         drop(extensions);
         drop(span);
         let new_handle = fields.intern(&root, self.shape, || self.resolve(&root));
+        self.slots.put(id.into_u64(), new_handle);
         stack::replaced(id.into_u64(), old_handle, new_handle);
     }
 
     fn on_enter(&self, id: &span::Id, ctx: Context<'_, S>) {
+        if let Some(handle) = self.slots.get(id.into_u64()) {
+            stack::enter(id.into_u64(), handle);
+            return;
+        }
         let Some(span) = ctx.span(id) else {
             return;
         };
@@ -277,12 +290,18 @@ where
                 fields.intern(&root, self.shape, || self.resolve(&root))
             }
         };
+        self.slots.put(id.into_u64(), handle);
         stack::enter(id.into_u64(), handle);
     }
 
     fn on_exit(&self, id: &span::Id, _ctx: Context<'_, S>) {
         // No lookup: what to put back is on this thread's stack.
         stack::exit(id.into_u64());
+    }
+
+    fn on_close(&self, id: span::Id, _ctx: Context<'_, S>) {
+        // Before the registry may give the id to another span.
+        self.slots.forget(id.into_u64());
     }
 }
 

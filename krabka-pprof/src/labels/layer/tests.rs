@@ -239,6 +239,63 @@ fn exits_out_of_order_and_exits_never_entered_leave_a_word_that_makes_sense() {
     });
 }
 
+#[test]
+fn a_closed_spans_id_no_longer_finds_its_handle() {
+    let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer()));
+    let labels = dispatch
+        .downcast_ref::<LabelsLayer>()
+        .expect("the layer in the dispatch");
+    tracing::dispatcher::with_default(&dispatch, || {
+        let span = info_span!("request");
+        let id = span.id().expect("enabled").into_u64();
+        assert_eq!(
+            labels.slots.get(id),
+            None,
+            "not entered yet: nothing interned"
+        );
+        let handle = span.in_scope(span_half);
+        assert_eq!(
+            labels.slots.get(id),
+            Some(handle),
+            "later enters skip the registry"
+        );
+        drop(span);
+        // The registry may now give `id` to another span: a hit would give that span
+        // this one's labels (freed, or another set's once the slot's generation wraps).
+        assert_eq!(labels.slots.get(id), None);
+    });
+}
+
+#[test]
+fn a_slot_names_one_span_at_a_time() {
+    let slots = Slots::new();
+    slots.put(7, 0x101);
+    assert_eq!(slots.get(7), Some(0x101));
+    slots.put(7, 0x202);
+    assert_eq!(
+        slots.get(7),
+        Some(0x202),
+        "a span's new set replaces its old"
+    );
+    slots.forget(8);
+    assert_eq!(slots.get(7), Some(0x202), "another id's close leaves it");
+    slots.forget(7);
+    assert_eq!(slots.get(7), None);
+    // Ids that share a slot take turns.
+    let other = (1..).find(|&id| {
+        slots.put(7, 1);
+        slots.put(id, 2);
+        id != 7 && slots.get(7).is_none()
+    });
+    let other = other.expect("some id shares 7's slot");
+    assert_eq!(slots.get(other), Some(2));
+    assert_eq!(
+        slots.get(7),
+        None,
+        "evicted, so found through the registry again"
+    );
+}
+
 fn nest(depth: usize, max: usize) {
     let span = info_span!("level", depth);
     let _entered = span.enter();
