@@ -13,6 +13,7 @@
 //! - `handler_cost.rs`: S, the signal handler's cost per sample;
 //! - `thread_dump.rs`: T;
 //! - `lines.rs`: L, a CPU profile read with line tables;
+//! - `labels_cost.rs`: labels, what setting labels and sampling them cost;
 //! - `soak.rs`: K, the soak;
 //! - `long_session.rs`: LS, one session held ten minutes on a churning service.
 
@@ -21,6 +22,7 @@ pub mod cpu_profile_cost;
 pub mod current_thread_latency;
 pub mod handler_cost;
 pub mod heap;
+pub mod labels_cost;
 pub mod lines;
 pub mod long_session;
 pub mod soak;

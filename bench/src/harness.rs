@@ -80,6 +80,20 @@ impl Server {
         Server::spawn(command)
     }
 
+    /// The service with one thread spinning `depth` frames deep, inside a
+    /// `labels::scope` if `in_scope`, for the labels figure's handler cost.
+    pub fn start_spinning_labelled(depth: u32, in_scope: bool) -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .args(["--spin-depth", &depth.to_string()]);
+        if in_scope {
+            command.arg("--spin-in-scope");
+        }
+        Server::spawn(command)
+    }
+
     /// The service living as services do for hours (threads, libraries, children come
     /// and go), for figure LS.
     pub fn start_churning() -> Server {

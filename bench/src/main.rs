@@ -19,6 +19,9 @@
 //!   and p99, as the sampler measures and reports in the profile's comments);
 //! - T a thread dump of a service with 100 parked threads: the request's time (median over
 //!   rounds), the collection alone (as the dump reports it), and resident memory added;
+//! - labels what labels cost: `scope` on a cache hit, `with_labels` per poll, a tracing
+//!   span's enter and exit with `labels::layer()` above the registry alone, and the
+//!   signal handler's cost per sample inside a `scope` above outside one;
 //! - L a 10 s CPU profile of the service built with line tables (the `bench-lines`
 //!   profile), as M1/M4 measure it: lines and inlined calls read from DWARF per request;
 //! - K the soak: 1,000 sequential 1 s CPU profiles and 1,000 heap dumps under load, every
@@ -84,15 +87,24 @@ fn main() {
             let cpu = flag_value(&args, "--cpu").map(|v| v.parse().expect("--cpu N"));
             let spin =
                 flag_value(&args, "--spin-depth").map(|v| v.parse().expect("--spin-depth N"));
+            let spin_in_scope = args.iter().any(|a| a == "--spin-in-scope");
             let parked =
                 flag_value(&args, "--parked").map_or(0, |v| v.parse().expect("--parked N"));
             let churn = args.iter().any(|a| a == "--churn");
-            server::serve(attribute, current_thread, cpu, spin, parked, churn);
+            server::serve(
+                attribute,
+                current_thread,
+                cpu,
+                spin,
+                spin_in_scope,
+                parked,
+                churn,
+            );
         }
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
             println!(
-                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,T,L,K,LS] [--clean-build] [--soak]"
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,T,L,labels,K,LS] [--clean-build] [--soak]"
             );
         }
         _ => {
@@ -254,6 +266,9 @@ fn run(options: &Options) {
     }
     if options.wants("T") {
         rows.extend(figures::thread_dump::thread_dumps(options));
+    }
+    if options.wants("LABELS") {
+        rows.extend(figures::labels_cost::labels_cost(options));
     }
     if options.wants("L") {
         rows.extend(figures::lines::lines(options));

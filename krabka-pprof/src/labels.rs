@@ -56,6 +56,16 @@
 //! # }
 //! ```
 //!
+//! # Tracing spans
+//!
+//! [`layer()`] labels the samples taken while a span is entered with its local root's
+//! `span_name` and `span_id` (16 hex digits, the same under one root, unique in the
+//! process), and the span fields named with [`LabelsLayer::with_fields`]. With the
+//! `opentelemetry` feature, a root with a sampled OpenTelemetry context (from
+//! tracing-opentelemetry 0.34) lends its span id and `trace_id` instead. A span's labels
+//! are in the word's other half: a scope inside a span, or a span inside a scope, needs
+//! no merge; the profile shows both.
+//!
 //! # Cost
 //!
 //! The signal handler copies one word per sample (two handles into a table of interned
@@ -72,8 +82,11 @@ mod cache;
 #[cfg_attr(not(sampler), allow(dead_code))]
 pub(crate) mod current;
 mod keys;
+mod layer;
 #[cfg_attr(not(sampler), allow(dead_code))]
 pub(crate) mod table;
+
+pub use layer::{LabelsLayer, layer};
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,6 +1,7 @@
 //! The service under test (`bench server`): a trivial route, with or without the
 //! attribute, on either runtime flavour, pinned to one core; optionally with a thread
-//! spinning at a known depth (S) or parked threads (T).
+//! spinning at a known depth (S; inside a label scope for the labels figure) or parked
+//! threads (T).
 
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
@@ -16,7 +17,8 @@ fn plain() -> Router {
 
 /// Serves until killed; prints `addr=...` once listening. With `spin_depth`, a thread also
 /// spins that many frames deep (counted from the thread's entry), for the handler's cost
-/// per sample at a known stack depth. With `churn`, the process lives the way a service
+/// per sample at a known stack depth, inside `labels::scope` if `spin_in_scope` (the
+/// handler's cost with a label set active). With `churn`, the process lives the way a service
 /// does for hours (figure LS): threads come and go, a library is loaded and unloaded,
 /// children are forked and exec'd.
 pub fn serve(
@@ -24,6 +26,7 @@ pub fn serve(
     current_thread: bool,
     cpu: Option<usize>,
     spin_depth: Option<u32>,
+    spin_in_scope: bool,
     parked: usize,
     churn: bool,
 ) {
@@ -48,8 +51,16 @@ pub fn serve(
         std::thread::Builder::new()
             .name("spin".into())
             .spawn(move || {
-                loop {
-                    std::hint::black_box(recurse(depth.saturating_sub(FRAMES_ABOVE), 1 << 22));
+                // `scope` puts frames of its own under the closure: the recursion is that
+                // much shallower, so both services' stacks are `depth` frames.
+                let above = FRAMES_ABOVE + if spin_in_scope { SCOPE_FRAMES } else { 0 };
+                let spin = || loop {
+                    std::hint::black_box(recurse(depth.saturating_sub(above), 1 << 22));
+                };
+                if spin_in_scope {
+                    krabka_pprof::labels::scope(&[("tenant", "bench")], spin)
+                } else {
+                    spin()
                 }
             })
             .expect("spawn the spinning thread");
@@ -74,6 +85,10 @@ pub fn serve(
 /// of std's thread start, the closure, and the spinning leaf (the profile's mean depth
 /// confirms the total).
 const FRAMES_ABOVE: u32 = 9;
+
+/// Frames `labels::scope` adds between the spinning thread's closure and the recursion
+/// (scope, the closure it calls, the loop's closure; the profile's mean depth confirms).
+const SCOPE_FRAMES: u32 = 3;
 
 #[inline(never)]
 fn recurse(depth: u32, rounds: u64) -> u64 {

@@ -1,0 +1,125 @@
+//! The thread's stack of entered spans: for each, the span half of the label word it
+//! replaced, so that its exit puts that back without asking the registry anything (an
+//! exit is then a few thread-local loads and stores). The previous value belongs to the
+//! thread, not to the span: one span may be entered on two threads at once.
+//!
+//! Each entry also keeps the span's id, so an exit out of order (guards dropped in
+//! another order than taken) removes the right entry, and an exit of a span this thread
+//! never entered changes nothing. The first [`INLINE`] entries are a `const`,
+//! destructor-free thread-local; deeper ones go to a vector allocated on first need.
+
+use std::cell::{Cell, RefCell};
+
+use crate::labels::current;
+use crate::labels::table::Handle;
+
+/// Entries kept without allocating: deeper nesting than this is rare.
+const INLINE: usize = 32;
+
+/// `(span id, the span half of the word before that span was entered)`.
+type Entry = (u64, Handle);
+
+thread_local! {
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    static INLINE_ENTRIES: [Cell<Entry>; INLINE] = const { [const { Cell::new((0, 0)) }; INLINE] };
+    static DEEPER: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+}
+
+fn get(at: usize) -> Entry {
+    if at < INLINE {
+        INLINE_ENTRIES.with(|entries| entries[at].get())
+    } else {
+        DEEPER
+            .try_with(|deeper| deeper.borrow().get(at - INLINE).copied())
+            .ok()
+            .flatten()
+            .unwrap_or((0, 0))
+    }
+}
+
+fn set(at: usize, entry: Entry) {
+    if at < INLINE {
+        INLINE_ENTRIES.with(|entries| entries[at].set(entry));
+    } else {
+        let _ = DEEPER.try_with(|deeper| {
+            let mut deeper = deeper.borrow_mut();
+            let at = at - INLINE;
+            if at < deeper.len() {
+                deeper[at] = entry;
+            } else {
+                deeper.push(entry);
+            }
+        });
+    }
+}
+
+/// Shortens the stack from `depth` entries to `depth - 1`.
+fn pop(depth: usize) {
+    DEPTH.set(depth - 1);
+    if depth > INLINE {
+        let _ = DEEPER.try_with(|deeper| deeper.borrow_mut().truncate(depth - 1 - INLINE));
+    }
+}
+
+/// Span `span` is entered on this thread: its set's `handle` becomes the span half of the
+/// word, and the half it replaces is kept for [`exit`].
+pub(crate) fn enter(span: u64, handle: Handle) {
+    let (_, before) = current::halves(current::set_span(handle));
+    let depth = DEPTH.get();
+    set(depth, (span, before));
+    DEPTH.set(depth + 1);
+}
+
+/// Span `span` is exited on this thread: the span half it replaced goes back. Out of
+/// order (a span entered later is still entered), the word is left as it is (the later
+/// span's) and that span's exit will put back what `span` replaced. A span this thread
+/// did not enter changes nothing.
+pub(crate) fn exit(span: u64) {
+    let depth = DEPTH.get();
+    if depth == 0 {
+        return;
+    }
+    let (top, before) = get(depth - 1);
+    if top == span {
+        pop(depth);
+        current::set_span(before);
+        return;
+    }
+    let Some(at) = (0..depth - 1).rev().find(|&at| get(at).0 == span) else {
+        return;
+    };
+    // The entry above inherits what this one replaced; the ones above shift down.
+    let (_, replaced) = get(at);
+    let (above, _) = get(at + 1);
+    set(at, (above, replaced));
+    for from in at + 2..depth {
+        set(from - 1, get(from));
+    }
+    pop(depth);
+}
+
+/// Span `span`'s set changed (a field recorded) from `old` to `new` while this thread may
+/// have it entered: where it is the innermost entered span the word takes `new`, and
+/// spans entered inside it put back `new`, not `old`, when they exit.
+pub(crate) fn replaced(span: u64, old: Handle, new: Handle) {
+    let depth = DEPTH.get();
+    for at in (0..depth).filter(|&at| get(at).0 == span) {
+        if at + 1 == depth {
+            let (_, now) = current::halves(current::word());
+            if now == old {
+                current::set_span(new);
+            }
+        } else {
+            let (above, before) = get(at + 1);
+            if before == old {
+                set(at + 1, (above, new));
+            }
+        }
+    }
+}
+
+/// Spans entered on this thread now, for tests.
+#[cfg(test)]
+pub(crate) fn depth() -> usize {
+    DEPTH.get()
+}
