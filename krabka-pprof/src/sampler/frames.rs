@@ -8,11 +8,14 @@ use crate::profile::Frame;
 
 /// A stack the sampler recorded (leaf first) as profile frames: return addresses minus
 /// one, so that each lands inside its call, then a marker for each of `flags` (`FLAG_*`)
-/// saying why the stack is shorter than the thread's.
+/// saying why the stack is shorter than the thread's. A return address of zero ends the
+/// stack: code without unwind tables (musl's libc, in a static binary) leaves the unwinder
+/// guessing its caller from a stack word, and a zero there is no caller.
 pub(crate) fn stack_frames(addresses: &[u64], flags: u8, objects: &Objects) -> Vec<Frame> {
     let mut frames: Vec<Frame> = addresses
         .iter()
         .enumerate()
+        .take_while(|&(i, &address)| i == 0 || address != 0)
         // Return addresses point after the call; minus one lands inside it.
         .map(|(i, &address)| Frame::Code(if i == 0 { address } else { address - 1 }))
         .collect();
@@ -39,4 +42,19 @@ pub(crate) fn stack_frames(addresses: &[u64], flags: u8, objects: &Objects) -> V
         frames.push(Frame::Marker("[truncated]".into()));
     }
     frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_return_address_ends_the_stack() {
+        let objects = Objects::current();
+        assert_eq!(
+            stack_frames(&[0x1234, 0x2001, 0, 0x3001], 0, &objects),
+            [Frame::Code(0x1234), Frame::Code(0x2000)],
+        );
+        assert_eq!(stack_frames(&[0], 0, &objects), [Frame::Code(0)]);
+    }
 }
