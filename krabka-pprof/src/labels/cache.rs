@@ -1,9 +1,11 @@
 //! [`scope`](super::scope)'s per-thread cache: the handle of a set of labels under the
 //! outer set active, found without the process's table (its lock) and without touching a
-//! shared counter. An entry holds its set alive; an entry in use by a scope that has not
-//! ended is pinned, and is never evicted while it is.
+//! shared counter. An entry holds its set alive. While any scope is open on the thread,
+//! no entry is evicted (a miss that finds no free entry is then not cached): an open
+//! scope's handle, in the thread's word or saved by an inner scope, always names a set
+//! its entry holds. So a hit touches the cache once, and the scope's end not at all.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use super::current::{self, Restore};
@@ -21,8 +23,6 @@ struct Entry {
     given: Box<[(Box<str>, Box<str>)]>,
     handle: Handle,
     _set: Arc<LabelSet>,
-    /// Scopes entered with this entry that have not ended.
-    pins: u32,
 }
 
 impl Entry {
@@ -38,104 +38,82 @@ impl Entry {
     }
 }
 
-struct Cache {
-    entries: Box<[Option<Entry>]>,
-}
-
 thread_local! {
-    static CACHE: RefCell<Cache> = RefCell::new(Cache {
-        entries: (0..ENTRIES).map(|_| None).collect(),
-    });
+    static CACHE: RefCell<Box<[Option<Entry>]>> =
+        RefCell::new((0..ENTRIES).map(|_| None).collect());
+    /// Scopes open on this thread (a `const` thread-local: no lazy state to check).
+    static OPEN: Cell<u32> = const { Cell::new(0) };
 }
 
-/// A scope entered: puts the thread's word back and unpins its entry when dropped.
+/// A scope entered: puts the thread's word back when dropped.
 pub(crate) struct Entered {
     _restore: Restore,
-    pinned: Option<usize>,
-    /// The set, when no entry could hold it (every candidate pinned, or the thread is
-    /// exiting).
+    /// The set, when no entry holds it (not cached, or the thread is exiting).
     _held: Option<Arc<LabelSet>>,
 }
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        if let Some(at) = self.pinned {
-            // A thread's cache is gone only after its last scope ended.
-            let _ = CACHE.try_with(|cache| {
-                if let Some(entry) = cache.borrow_mut().entries[at].as_mut() {
-                    entry.pins -= 1;
-                }
-            });
-        }
+        OPEN.with(|open| open.set(open.get() - 1));
     }
 }
 
 /// Enters a scope of `labels` over the thread's current user set.
 pub(crate) fn enter(labels: &[(&str, &str)]) -> Entered {
     let outer = current::user();
-    if labels.is_empty() {
-        return Entered {
-            _restore: Restore(current::set_user(outer)),
-            pinned: None,
-            _held: None,
-        };
-    }
-    let hash = hash(outer, labels);
-    let found = CACHE.try_with(|cache| {
-        let mut cache = cache.borrow_mut();
-        let start = hash as usize % ENTRIES;
-        let slots = (0..PROBE).map(|i| (start + i) % ENTRIES);
-        for at in slots.clone() {
-            if let Some(entry) = cache.entries[at].as_mut()
-                && entry.matches(hash, outer, labels)
-            {
-                entry.pins += 1;
-                return Ok((entry.handle, at));
-            }
-        }
-        let (handle, set) = intern(outer, labels);
-        let Some(at) = slots
-            .clone()
-            .find(|&at| cache.entries[at].is_none())
-            .or_else(|| {
-                slots
-                    .clone()
-                    .find(|&at| cache.entries[at].as_ref().is_some_and(|e| e.pins == 0))
+    let (handle, held) = if labels.is_empty() {
+        (outer, None)
+    } else {
+        let hash = hash(outer, labels);
+        CACHE
+            .try_with(|cache| lookup(&mut cache.borrow_mut(), hash, outer, labels))
+            // The thread is exiting: no cache, the set is held by the scope itself.
+            .unwrap_or_else(|_| {
+                let (handle, set) = intern(outer, labels);
+                (handle, Some(set))
             })
-        else {
-            return Err((handle, set));
-        };
-        cache.entries[at] = Some(Entry {
-            hash,
-            outer,
-            given: labels.iter().map(|&(k, v)| (k.into(), v.into())).collect(),
-            handle,
-            _set: set,
-            pins: 1,
-        });
-        Ok((handle, at))
-    });
-    match found {
-        Ok(Ok((handle, at))) => Entered {
-            _restore: Restore(current::set_user(handle)),
-            pinned: Some(at),
-            _held: None,
-        },
-        Ok(Err((handle, set))) => Entered {
-            _restore: Restore(current::set_user(handle)),
-            pinned: None,
-            _held: Some(set),
-        },
-        // The thread is exiting: no cache, the set is held by the scope itself.
-        Err(_) => {
-            let (handle, set) = intern(outer, labels);
-            Entered {
-                _restore: Restore(current::set_user(handle)),
-                pinned: None,
-                _held: Some(set),
-            }
+    };
+    OPEN.with(|open| open.set(open.get() + 1));
+    Entered {
+        _restore: Restore(current::set_user(handle)),
+        _held: held,
+    }
+}
+
+/// The handle of `labels` over `outer`: from the cache, or interned and cached; with the
+/// set when the cache could not keep it.
+fn lookup(
+    entries: &mut [Option<Entry>],
+    hash: u64,
+    outer: Handle,
+    labels: &[(&str, &str)],
+) -> (Handle, Option<Arc<LabelSet>>) {
+    let start = hash as usize % ENTRIES;
+    let slots = (0..PROBE).map(|i| (start + i) % ENTRIES);
+    for at in slots.clone() {
+        if let Some(entry) = &entries[at]
+            && entry.matches(hash, outer, labels)
+        {
+            return (entry.handle, None);
         }
     }
+    let (handle, set) = intern(outer, labels);
+    let evictable = OPEN.with(Cell::get) == 0;
+    let free = slots
+        .clone()
+        .find(|&at| entries[at].is_none())
+        .or_else(|| evictable.then_some(start));
+    let Some(at) = free else {
+        return (handle, Some(set));
+    };
+    entries[at] = Some(Entry {
+        hash,
+        outer,
+        given: labels.iter().map(|&(k, v)| (k.into(), v.into())).collect(),
+        handle,
+        _set: set,
+    });
+    (handle, None)
 }
 
 /// The set of `labels` over the set `outer` names, interned in the process's table.
@@ -195,24 +173,23 @@ mod tests {
     }
 
     #[test]
-    fn a_pinned_entry_is_never_evicted() {
-        // More scopes nested than a probe has entries, all hashing anywhere: each keeps
-        // its set until it ends.
+    fn an_open_scopes_set_is_never_evicted() {
+        // More scopes nested than the cache has entries: each keeps its set until it ends.
         let values: Vec<String> = (0..ENTRIES * 2).map(|i| i.to_string()).collect();
-        fn nest(values: &[String], depth: usize) {
+        fn nest(values: &[String]) {
             let Some((value, rest)) = values.split_first() else {
                 return;
             };
             let _scope = enter(&[("depth", value)]);
             let handle = current::user();
-            nest(rest, depth + 1);
+            nest(rest);
             assert_eq!(current::user(), handle);
             assert_eq!(
                 table::set_of(handle).expect("alive").get("depth"),
                 Some(value.as_str())
             );
         }
-        nest(&values, 0);
+        nest(&values);
         assert_eq!(current::user(), 0);
     }
 }

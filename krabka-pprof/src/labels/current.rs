@@ -70,6 +70,11 @@ impl Drop for Restore {
     }
 }
 
+/// The two handles of a word: user, span.
+pub(crate) fn halves(word: u64) -> (Handle, Handle) {
+    (word as u32, (word >> 32) as u32)
+}
+
 /// Where [`word`]'s code is: the handler may read the thread-local only if this is in the
 /// main executable (a shared library's thread-locals are reached through
 /// `__tls_get_addr`, which may allocate on a thread's first access).
