@@ -536,3 +536,120 @@ async fn thread_ids_are_labels_when_asked_as_strings_tagfocus_can_match() {
         "every sample of the thread carries its id"
     );
 }
+
+/// The labels layer as this binary's global subscriber (worker threads of any runtime
+/// see it), naming the `tenant` field.
+fn install_the_layer() {
+    use tracing_subscriber::prelude::*;
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing_subscriber::registry()
+            .with(labels::layer().with_fields(["tenant"]))
+            .try_init()
+            .expect("the only global subscriber of this binary");
+    });
+}
+
+#[tokio::test]
+async fn samples_inside_a_span_carry_its_local_roots_name_and_id_across_workers() {
+    use tracing::Instrument as _;
+    let _serial = serial().await;
+    install_the_layer();
+    let server = TestServer::start(app);
+    let stop = Arc::new(AtomicBool::new(false));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        let stop = stop.clone();
+        let root = tracing::info_span!("checkout", tenant = "acme");
+        runtime.spawn(
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    black_box(hot::split_fifty(black_box(20_000)));
+                    // A child span: its samples carry the root's name and id.
+                    tracing::info_span!("charge").in_scope(|| {
+                        black_box(hot::split_thirty(black_box(20_000)));
+                    });
+                    tokio::task::yield_now().await;
+                }
+            }
+            .instrument(root),
+        );
+    }
+    // Outside any span: no span labels.
+    let outside = scoped_burner("no-span", stop.clone(), || {
+        black_box(hot::split_twenty(black_box(20_000)));
+    });
+    let body = profile_body(&server, "seconds=3&frequency=250").await;
+    stop.store(true, Ordering::Relaxed);
+    outside.join().unwrap();
+    shut_down(runtime).await;
+    let profile = decode(&body);
+    if labels_not_recorded(&profile) {
+        return;
+    }
+    let samples = labelled_stacks(&profile);
+    let in_leaf = |name: &str| -> Vec<&BTreeMap<String, String>> {
+        samples
+            .iter()
+            .filter(|(_, names, _)| names.first().is_some_and(|leaf| leaf.contains(name)))
+            .map(|(labels, _, _)| labels)
+            .collect()
+    };
+    let mut ids = BTreeSet::new();
+    for function in ["split_fifty", "split_thirty"] {
+        let found = in_leaf(function);
+        assert!(!found.is_empty(), "no sample in {function}");
+        for labels in found {
+            assert_eq!(
+                labels.get("span_name").map(String::as_str),
+                Some("checkout"),
+                "{labels:?}"
+            );
+            assert_eq!(
+                labels.get("tenant").map(String::as_str),
+                Some("acme"),
+                "{labels:?}"
+            );
+            let id = labels.get("span_id").expect("a span_id");
+            assert!(
+                id.len() == 16
+                    && id
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "span_id is 16 lowercase hex digits: {id:?}"
+            );
+            assert!(
+                !labels.contains_key("trace_id"),
+                "no OpenTelemetry context: {labels:?}"
+            );
+            ids.insert(id.clone());
+        }
+    }
+    assert!(
+        ids.len() <= 4 && !ids.is_empty(),
+        "one id per local root (4 roots), children share it: {ids:?}"
+    );
+    for labels in in_leaf("split_twenty") {
+        assert!(
+            !labels.contains_key("span_id") && !labels.contains_key("span_name"),
+            "a sample outside every span: {labels:?}"
+        );
+    }
+    // -tagfocus finds a trace's CPU by its span id.
+    let one = ids.iter().next().unwrap();
+    let top = go_pprof(
+        &[
+            "-top",
+            "-nodecount=200",
+            &format!("-tagfocus=span_id={one}"),
+        ],
+        &body,
+    );
+    assert!(
+        top.contains("split_fifty") && !top.contains("split_twenty"),
+        "{top}"
+    );
+}
