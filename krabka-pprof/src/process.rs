@@ -1,8 +1,9 @@
 //! Facts of this process that the kernel keeps: its threads (listed from
-//! `/proc/self/task`, with their names, states, CPU clocks, signal masks and seccomp
-//! modes), its CPU time, its command line; and [`PerProcess`], state that belongs to this
-//! process and never to its parent. The sampler, the thread dumps and the CPU sessions
-//! read them here, so that each fact is read one way.
+//! `/proc/self/task`, with their names, states, CPU clocks, signal masks, seccomp modes
+//! and, for a sleeping one, the registers it entered the kernel with), its CPU time, its
+//! command line; and [`PerProcess`], state that belongs to this process and never to its
+//! parent. The sampler, the thread dumps and the CPU sessions read them here, so that
+//! each fact is read one way.
 
 // The facts of threads are read by the sampler (Linux on x86_64 and aarch64) alone.
 #![cfg_attr(not(sampler), allow(dead_code))]
@@ -104,9 +105,13 @@ impl ProcThread {
         let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
         let (state, ticks) = parse_stat(&stat)?;
         let cpu = thread_cpu_time(tid).unwrap_or(ticks);
-        let name = std::fs::read_to_string(format!("{dir}/comm"))
-            .map(|name| name.trim_end().to_owned())
-            .unwrap_or_default();
+        // `stat` names the thread as `comm` does (unescaped): one file fewer per thread.
+        let name = stat
+            .find('(')
+            .zip(stat.rfind(')'))
+            .and_then(|(open, close)| stat.get(open + 1..close))
+            .unwrap_or_default()
+            .to_owned();
         let wchan = std::fs::read_to_string(format!("{dir}/wchan"))
             .ok()
             .map(|w| w.trim().to_owned())
@@ -136,6 +141,38 @@ impl ProcThread {
         Some((field("Seccomp:")?, field("Seccomp_filters:").unwrap_or(0)))
     }
 
+    /// What thread `tid`'s `status` says of its signal mask and seccomp filter, read once
+    /// for both; `None` if it is gone.
+    #[cfg(procfs)]
+    pub(crate) fn status(tid: u32) -> Option<ThreadStatus> {
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+        Some(parse_status(&status))
+    }
+
+    /// Where thread `tid` is, as its `syscall` file says; `None` if it is gone or the file
+    /// cannot be read (a process that is not dumpable, unless the reader is root).
+    #[cfg(procfs)]
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        allow(dead_code, reason = "sleeping threads are read so on x86_64 alone")
+    )]
+    pub(crate) fn in_kernel(tid: u32) -> Option<InKernel> {
+        use std::io::Read as _;
+        // One line of at most 9 fields: "NR" and eight "0x" + 16 hex digits.
+        let mut line = [0u8; 256];
+        let mut file = std::fs::File::open(format!("/proc/self/task/{tid}/syscall")).ok()?;
+        let mut len = 0;
+        while len < line.len() {
+            match file.read(&mut line[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+        parse_syscall(std::str::from_utf8(&line[..len]).ok()?)
+    }
+
     /// The state as a word.
     pub(crate) fn state_name(&self) -> &'static str {
         match self.state {
@@ -150,6 +187,88 @@ impl ProcThread {
             _ => "unknown state",
         }
     }
+}
+
+/// What a thread's `status` says of its signal mask and seccomp filter.
+#[cfg(procfs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ThreadStatus {
+    /// `SigBlk`: bit `n - 1` for signal `n`.
+    pub(crate) blocked: u64,
+    /// `Seccomp` and `Seccomp_filters` (0 before 5.9): see [`ProcThread::seccomp`].
+    pub(crate) seccomp: Option<(u32, u32)>,
+}
+
+#[cfg(procfs)]
+impl ThreadStatus {
+    /// Whether the thread blocks `signal`.
+    pub(crate) fn blocks(&self, signal: libc::c_int) -> bool {
+        self.blocked & (1 << (signal - 1)) != 0
+    }
+}
+
+#[cfg(procfs)]
+fn parse_status(status: &str) -> ThreadStatus {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(str::trim)
+    };
+    let number = |name: &str| field(name).and_then(|value| value.parse::<u32>().ok());
+    ThreadStatus {
+        blocked: field("SigBlk:")
+            .and_then(|mask| u64::from_str_radix(mask, 16).ok())
+            .unwrap_or(0),
+        seccomp: number("Seccomp:").map(|mode| (mode, number("Seccomp_filters:").unwrap_or(0))),
+    }
+}
+
+/// Where a thread is, as `/proc/self/task/TID/syscall` says (`proc_pid_syscall` in the
+/// kernel's `fs/proc/base.c`). The kernel reads it only while the thread is off every CPU
+/// (`wait_task_inactive` before and after), so what it shows of a sleeping thread is
+/// what that thread's registers were when it entered the kernel. Read on x86_64 alone
+/// (`sampler/asleep.rs` says why).
+#[cfg(procfs)]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, reason = "sleeping threads are read so on x86_64 alone")
+)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum InKernel {
+    /// On a CPU, or ready for one: its registers change as it runs.
+    Running,
+    /// Asleep (or stopped) in the kernel: in system call `nr`, or with `nr` -1 in the
+    /// kernel without one (a page fault); `sp` and `pc` are its user stack pointer and
+    /// program counter as they were saved when it entered the kernel (on x86_64 the
+    /// address right after the `syscall` instruction).
+    Asleep { nr: i64, sp: u64, pc: u64 },
+}
+
+/// One line of a `syscall` file: `running`, `NR a0 a1 a2 a3 a4 a5 SP PC` (arguments, SP
+/// and PC in hex) or `-1 SP PC`.
+#[cfg(procfs)]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, reason = "sleeping threads are read so on x86_64 alone")
+)]
+fn parse_syscall(line: &str) -> Option<InKernel> {
+    let line = line.trim();
+    if line == "running" {
+        return Some(InKernel::Running);
+    }
+    let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+    let nr: i64 = fields.first()?.parse().ok()?;
+    let hex = |at: usize| {
+        let field = fields.get(at)?.strip_prefix("0x")?;
+        u64::from_str_radix(field, 16).ok()
+    };
+    let (sp, pc) = match (nr, fields.len()) {
+        (-1, 3) => (hex(1)?, hex(2)?),
+        (0.., 9) => (hex(7)?, hex(8)?),
+        _ => return None,
+    };
+    Some(InKernel::Asleep { nr, sp, pc })
 }
 
 #[cfg(procfs)]
@@ -278,6 +397,86 @@ mod tests {
             Duration::from_nanos(300 * (1_000_000_000 / per_second))
         );
         assert_eq!(parse_stat("42 (no fields)"), None);
+    }
+
+    #[test]
+    fn syscall_lines_give_where_a_sleeping_thread_entered_the_kernel() {
+        assert_eq!(parse_syscall("running\n"), Some(InKernel::Running));
+        assert_eq!(
+            parse_syscall("7 0x0 0x0 0xea60 0x0 0x0 0x0 0x7fed2d273ea0 0x7fed2d37426f\n"),
+            Some(InKernel::Asleep {
+                nr: 7,
+                sp: 0x7fed_2d27_3ea0,
+                pc: 0x7fed_2d37_426f
+            })
+        );
+        assert_eq!(
+            parse_syscall("-1 0x7ffc10 0x5555aa\n"),
+            Some(InKernel::Asleep {
+                nr: -1,
+                sp: 0x7f_fc10,
+                pc: 0x55_55aa
+            })
+        );
+        assert_eq!(parse_syscall("7 0x0 0x0\n"), None, "cut short");
+        assert_eq!(parse_syscall(""), None);
+    }
+
+    #[test]
+    fn a_sleeping_thread_shows_its_system_call_and_a_spinning_one_runs() {
+        use std::sync::atomic::AtomicBool;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (tx, spinner_tid) = std::sync::mpsc::channel();
+        let spinner = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                tx.send(current_tid()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let tid = rx.recv().unwrap();
+        let spinner_tid = spinner_tid.recv().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let asleep = loop {
+            match ProcThread::in_kernel(tid) {
+                Some(InKernel::Asleep { nr, sp, pc }) => break (nr, sp, pc),
+                _ if std::time::Instant::now() < deadline => std::thread::yield_now(),
+                other => panic!("never asleep: {other:?}"),
+            }
+        };
+        // It waits on a futex (the channel).
+        assert_eq!(asleep.0, libc::SYS_futex);
+        assert!(asleep.1 != 0 && asleep.2 != 0, "{asleep:?}");
+        // Running, or ready to run: never a register set that is changing.
+        assert_eq!(ProcThread::in_kernel(spinner_tid), Some(InKernel::Running));
+        stop.store(true, Ordering::Relaxed);
+        done_tx.send(()).unwrap();
+        sleeper.join().unwrap();
+        spinner.join().unwrap();
+    }
+
+    #[test]
+    fn status_gives_the_mask_and_the_filter_at_once() {
+        let status =
+            parse_status("Name:\tx\nSigBlk:\t0000000000400000\nSeccomp:\t2\nSeccomp_filters:\t1\n");
+        assert!(status.blocks(libc::SIGURG) && !status.blocks(libc::SIGPROF));
+        assert_eq!(status.seccomp, Some((2, 1)));
+        let old = parse_status("SigBlk:\t0000000000001000\nSeccomp:\t0\n");
+        assert!(old.blocks(libc::SIGPIPE));
+        assert_eq!(old.seccomp, Some((0, 0)), "no filter count before 5.9");
+        let here = ProcThread::status(current_tid()).expect("this thread's status");
+        assert_eq!(
+            here.seccomp.map(|(mode, _)| mode),
+            ProcThread::seccomp(current_tid()).map(|(mode, _)| mode)
+        );
     }
 
     #[test]

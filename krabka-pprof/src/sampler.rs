@@ -78,6 +78,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod accounting;
 mod asking;
+mod asleep;
 mod buffer;
 mod dump;
 mod fork;
@@ -92,7 +93,7 @@ mod timers;
 mod unwind;
 mod windows;
 
-pub(crate) use asking::{ThreadAnswer, ThreadStacks, take_dump};
+pub(crate) use asking::{Canceller, DumpTurn, ThreadAnswer, ThreadStacks, take_dump};
 pub(crate) use buffer::{StackKey, Tally};
 pub(crate) use dump::MAX_DUMP_THREADS;
 pub(crate) use frames::stack_frames;

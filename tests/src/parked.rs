@@ -1,12 +1,15 @@
 //! Threads parked in known functions, for the thread dump tests: two deadlocked on two
-//! mutexes, one sleeping, one in a blocking read, one burning CPU, one that blocks
-//! `SIGPROF`, and three alike (a group of three in `debug=1`). Each names itself and says
-//! its thread id once it is where the dump should find it.
+//! mutexes, one sleeping, one in a blocking read, one in `poll` counting how often it is
+//! interrupted, one burning CPU, one that blocks the signals a profiler sends (`SIGURG`
+//! and `SIGPROF`, as librdkafka's threads block them all), and three alike (a group of
+//! three in `debug=1`). Each names itself and says its thread id once it is where the
+//! dump should find it. [`MaskedSpinner`] is a thread that blocks them while it runs, for
+//! as long as a test holds it.
 
 use std::hint::black_box;
 use std::io::Read as _;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::Duration;
@@ -24,19 +27,29 @@ pub struct Cast {
     pub deadlocked: [Parked; 2],
     pub sleeper: Parked,
     pub reader: Parked,
+    /// In `poll` with a minute's timeout, on a pipe nothing is written to.
+    pub poller: Parked,
     pub burner: Parked,
     pub masked: Parked,
     pub trio: [Parked; 3],
     /// Keeps the reader's socket open, so that its read never returns.
     _writer: UnixStream,
     burning: Arc<AtomicBool>,
+    /// The times the poller's `poll` failed with `EINTR`.
+    poll_interrupted: Arc<AtomicU64>,
 }
 
 impl Cast {
     /// Every member.
     pub fn all(&self) -> Vec<&Parked> {
         let mut all: Vec<&Parked> = self.deadlocked.iter().collect();
-        all.extend([&self.sleeper, &self.reader, &self.burner, &self.masked]);
+        all.extend([
+            &self.sleeper,
+            &self.reader,
+            &self.poller,
+            &self.burner,
+            &self.masked,
+        ]);
         all.extend(self.trio.iter());
         all
     }
@@ -44,6 +57,12 @@ impl Cast {
     /// Whether the burner still burns (it stops after 10 minutes, a bound on the test).
     pub fn burning(&self) -> bool {
         self.burning.load(Ordering::Relaxed)
+    }
+
+    /// How often the poller's `poll` has been interrupted (`EINTR`) so far: once per
+    /// signal it took.
+    pub fn poll_interruptions(&self) -> u64 {
+        self.poll_interrupted.load(Ordering::SeqCst)
     }
 }
 
@@ -99,6 +118,24 @@ pub fn krabka_blocking_read(mut socket: UnixStream) {
     krabka_sleeping();
 }
 
+/// Polls `fd` (nothing is ever written to it) with a minute's timeout, again and again,
+/// counting each `EINTR`: a signal that interrupts it (`SA_RESTART` restarts no `poll`).
+#[inline(never)]
+pub fn krabka_polling(fd: std::os::fd::RawFd, interrupted: &AtomicU64) {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, black_box(60_000)) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            interrupted.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 #[inline(never)]
 pub fn krabka_burning(burning: &AtomicBool) {
     let until = std::time::Instant::now() + Duration::from_secs(600);
@@ -109,18 +146,81 @@ pub fn krabka_burning(burning: &AtomicBool) {
     krabka_sleeping();
 }
 
-#[inline(never)]
-pub fn krabka_masked(ready: impl FnOnce()) {
+/// Blocks, in this thread, the signals profilers and dumps send: `SIGURG` (dumps) and
+/// `SIGPROF` (CPU timers).
+fn block_profiler_signals() {
     // SAFETY: the set is initialised by sigemptyset before use.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGURG);
         libc::sigaddset(&mut set, libc::SIGPROF);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
-    // Ready only once SIGPROF is blocked.
+}
+
+#[inline(never)]
+pub fn krabka_masked(ready: impl FnOnce()) {
+    block_profiler_signals();
+    // Ready only once the signals are blocked.
     ready();
     krabka_sleeping();
+}
+
+#[inline(never)]
+pub fn krabka_masked_spinning(stop: &AtomicBool) {
+    // At most a minute, a bound on the test that holds it.
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+        black_box(crate::hot::krabka_hot_spin(black_box(2_000)));
+    }
+}
+
+/// A thread that blocks `SIGURG` and `SIGPROF` and runs (spins in
+/// [`krabka_masked_spinning`]) until dropped: one that can be neither read while it sleeps
+/// nor asked.
+pub struct MaskedSpinner {
+    pub tid: u32,
+    pub function: &'static str,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MaskedSpinner {
+    /// Starts it; returns once it blocks the signals and spins.
+    pub fn start() -> MaskedSpinner {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready, started) = channel();
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("krabka-masked-spin".to_owned())
+                .spawn(move || {
+                    block_profiler_signals();
+                    ready.send(gettid()).unwrap();
+                    krabka_masked_spinning(&stop);
+                })
+                .expect("spawn the masked spinner")
+        };
+        let tid = started
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the masked spinner starts");
+        MaskedSpinner {
+            tid,
+            function: "krabka_masked_spinning",
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for MaskedSpinner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 #[inline(never)]
@@ -155,6 +255,15 @@ pub fn cast() -> &'static Cast {
         spawn("krabka-reader", &ready, move || {
             krabka_blocking_read(reader)
         });
+        let mut pipe = [0; 2];
+        // SAFETY: pipe writes two descriptors; both stay open for the process's life, and
+        // nothing is ever written to the write end.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0, "a pipe");
+        let poll_interrupted = Arc::new(AtomicU64::new(0));
+        let counted = poll_interrupted.clone();
+        spawn("krabka-poller", &ready, move || {
+            krabka_polling(pipe[0], &counted)
+        });
         let burning = Arc::new(AtomicBool::new(true));
         let flag = burning.clone();
         spawn("krabka-burner", &ready, move || krabka_burning(&flag));
@@ -170,7 +279,7 @@ pub fn cast() -> &'static Cast {
         }
         // Both deadlocked threads hold their first lock once the barrier opens.
         both.wait();
-        let mut tids: Vec<(&'static str, u32)> = (0..9)
+        let mut tids: Vec<(&'static str, u32)> = (0..10)
             .map(|_| {
                 arrived
                     .recv_timeout(Duration::from_secs(30))
@@ -193,6 +302,7 @@ pub fn cast() -> &'static Cast {
             ],
             sleeper: take("krabka-sleeper", "krabka_sleeping"),
             reader: take("krabka-reader", "krabka_blocking_read"),
+            poller: take("krabka-poller", "krabka_polling"),
             burner: take("krabka-burner", "krabka_burning"),
             masked: take("krabka-masked", "krabka_masked"),
             trio: [
@@ -202,6 +312,7 @@ pub fn cast() -> &'static Cast {
             ],
             _writer: writer,
             burning,
+            poll_interrupted,
         }
     })
 }

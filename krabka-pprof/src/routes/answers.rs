@@ -111,6 +111,15 @@ pub(super) fn heap(error: HeapError) -> Response {
 pub(super) fn thread_dump(error: DumpError) -> Response {
     match error {
         DumpError::Unavailable(reason) => unavailable(reason),
+        DumpError::Busy { retry_after } => {
+            tracing::Span::current().record("outcome", "busy");
+            tracing::debug!("refused: a thread dump is already running");
+            busy(
+                retry_after,
+                "a thread dump is already running and waits for its threads about {}s \
+                 more at most (its deadline); retry after that",
+            )
+        }
         DumpError::Failed(reason) => failed(&format!(
             "the thread dump failed: {reason}; retry the request"
         )),

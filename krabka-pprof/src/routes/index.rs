@@ -82,9 +82,10 @@ pub(super) fn index_html(
     }
     if config.threads() {
         rows.push_str(&format!(
-            "<tr><td><code>threads</code></td><td>Every thread's stack now: each thread \
-             unwinds itself when signalled (a thread that blocks the signal, or does not \
-             answer within <code>deadline</code>, default 100ms, is listed as such). \
+            "<tr><td><code>threads</code></td><td>Every thread's stack now: a sleeping \
+             thread is read without a signal, any other unwinds itself when signalled \
+             (one that blocks the signal, or does not answer within \
+             <code>deadline</code>, default 100ms, is listed as such); one dump at a time. \
              <code>debug=1</code>: text grouped by stack; <code>debug=2</code>: every thread \
              with its state, CPU time and what it waits on.{}</td><td>{} · <a \
              href=\"threads?debug=1\">grouped</a> · <a href=\"threads?debug=2\">every \

@@ -1,62 +1,123 @@
 //! The collector's side of thread dumps (off the signal path, on the blocking pool): it
 //! builds a [`Dump`] (an unwinder over the loaded objects' tables, a reply slot per
-//! listed thread, a few scratch slots), publishes it in [`DUMP`] and asks each thread for
-//! its stack with `SIGPROF` (`dump.rs` is what the thread does then).
+//! listed thread, a few scratch slots), publishes it in [`DUMP`], and goes through the
+//! threads once: a thread asleep in the kernel is read without a signal (`asleep.rs`),
+//! and only the others are asked for their stack with `SIGURG` (`dump.rs` is what the
+//! thread does then).
 //!
-//! The collector waits on that futex until every thread has answered or the deadline
-//! passes, sending the signal again every [`RESEND_EVERY`] to threads that have not
-//! answered (a standard signal already pending on a thread, such as a CPU timer's, makes
-//! the kernel drop another one sent to it). At the deadline it expires every reply still
-//! pending (pending → expired, so a late handler leaves it alone), waits for the ones
-//! being written, clears [`DUMP`] and waits until no handler runs before freeing the
-//! dump. A thread that blocks `SIGPROF` (its `SigBlk`, seen twice a millisecond apart:
-//! a thread's mask also holds it while its own handler runs) is not signalled at all (a
-//! signal pending on it would outlive the dump, even an `execve`) and is reported as such;
-//! one that exits, or blocks the signal after it was asked, is not waited for either. A
-//! late signal, after the dump is gone, finds no dump with its number and returns at
-//! once.
+//! One dump at a time, per process: [`DumpTurn`] is taken before the dump goes to the
+//! blocking pool, and a request that finds it taken is refused at once with the time the
+//! running dump still needs, never queued behind it (a thread that cannot answer, one in
+//! `vfork` or in uninterruptible sleep, makes a dump wait its whole deadline). The request
+//! that holds the turn can cancel its dump ([`DumpTurn::canceller`], when its client hangs
+//! up): the collector stops waiting at once.
+//!
+//! The collector then waits until every thread asked has answered, the deadline passes
+//! (counted from the last thread asked), or the dump is cancelled, sending the signal
+//! again every [`RESEND_EVERY`] to threads that have not answered (a `SIGURG` already
+//! pending on a thread makes the kernel drop another one sent to it). Then it expires
+//! every reply still pending (pending → expired, so a late handler leaves it alone), waits
+//! for the ones being written, clears [`DUMP`] and waits until no handler runs before
+//! freeing the dump. A thread that blocks `SIGURG` (its `SigBlk`, seen twice a millisecond
+//! apart: a thread's mask also holds it while its own handler runs) is not signalled at
+//! all and is reported as such; one that exits, or blocks the signal after it was asked,
+//! is not waited for either. A thread whose sleeping stack did not unwind to its end is
+//! asked too, and if it does not answer (it cannot take signals now), the part read is its
+//! answer. A thread with a seccomp filter of its own (its `status`, read anyway for its
+//! mask) is asked to answer without system calls its filter may forbid (`dump.rs`). A late
+//! signal, after the dump is gone, finds no dump with its number and returns at once.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::asleep::{Asleep, Read};
 use super::dump::{
-    Answer, DONE, DUMP, DUMP_HANDLERS, Dump, EXPIRED, MAX_DUMP_THREADS, PENDING, Reply, WRITING,
-    futex_wait, futex_wake, on_dump_signal, signal_value,
+    Answer, DONE, DUMP, DUMP_HANDLERS, Dump, EXPIRED, MAX_DUMP_THREADS, PENDING, Reply, Stack,
+    WRITING, Wake, futex_wake, on_dump_signal, signal_value,
 };
 use super::fork::register_fork_handler;
 use super::memory::Memory;
 use super::scratch::{Slot, scratch_slots};
 use super::signals::{CPU_SIGNAL, DUMP_SIGNAL, StartError, install, is_free_for};
-use super::unwind::{MAX_DEPTH, Unwinding};
+use super::unwind::Unwinding;
 use crate::objects::Objects;
-use crate::process::{PerProcess, blocks_signal};
+use crate::process::{PerProcess, ProcThread, ThreadStatus, current_tid};
 
-/// How often a thread that has not answered is signalled again.
+/// How often a thread that has not answered is signalled again, and how often the
+/// collector looks whether the threads it waits for can still answer.
 const RESEND_EVERY: Duration = Duration::from_millis(10);
 /// How far apart two looks at a pending thread's signal mask are.
 const BLOCKED_LOOK: Duration = Duration::from_millis(1);
 
 static NEXT_DUMP: AtomicU32 = AtomicU32::new(1);
-/// One dump at a time: the next waits (each ends by its deadline). Per process: a child
-/// made by `fork` during a dump must not inherit the lock held.
-static ONE_DUMP: PerProcess<Mutex<()>> = PerProcess::new(|| Mutex::new(()));
+/// When the running dump's deadline ends, while one runs. Per process: a child made by
+/// `fork` during a dump must not inherit the turn taken.
+static TURN: PerProcess<Mutex<Option<Instant>>> = PerProcess::new(|| Mutex::new(None));
+
+/// The one dump of this process that may run now; given back when dropped.
+pub(crate) struct DumpTurn {
+    wake: Arc<Wake>,
+    /// The process that took it (a forked child gives back only its own).
+    pid: u32,
+}
+
+impl DumpTurn {
+    /// The turn, for a dump that waits up to `deadline` for its threads; if another dump
+    /// holds it, how long that one still waits.
+    pub(crate) fn take(deadline: Duration) -> Result<DumpTurn, Duration> {
+        let mut running = TURN.get().lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if let Some(ends) = *running {
+            return Err(ends.saturating_duration_since(now));
+        }
+        *running = Some(now + deadline);
+        Ok(DumpTurn {
+            wake: Arc::new(Wake::default()),
+            pid: std::process::id(),
+        })
+    }
+
+    /// What cancels this turn's dump from elsewhere (the request's future, once its
+    /// client hangs up).
+    pub(crate) fn canceller(&self) -> Canceller {
+        Canceller(self.wake.clone())
+    }
+
+    /// Whether the dump was cancelled.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.wake.is_cancelled()
+    }
+}
+
+impl Drop for DumpTurn {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            *TURN.get().lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+    }
+}
+
+/// Cancels a dump: its collector stops waiting at once, wherever it runs.
+pub(crate) struct Canceller(Arc<Wake>);
+
+impl Canceller {
+    pub(crate) fn cancel(&self) {
+        self.0.cancel();
+    }
+}
 
 /// What one thread answered.
 pub(crate) enum ThreadAnswer {
-    /// Its stack, leaf first: the interrupted PC, then return addresses.
-    Unwound {
-        frames: Vec<u64>,
-        /// `FLAG_*` of the sampler: truncated, blocklisted, not unwound and why.
-        flags: u8,
-        /// The unwind reached the outermost frame.
-        complete: bool,
-    },
-    /// It blocks `SIGPROF`, so it was not asked.
-    SignalBlocked,
-    /// It did not answer before the deadline.
-    NoAnswer,
+    /// Its stack: unwound by the thread itself when signalled, or read while it slept,
+    /// without a signal.
+    Unwound(Stack),
+    /// It blocks `SIGURG`, so it was not asked; `part`: what was read of its stack while
+    /// it slept, if anything.
+    SignalBlocked { part: Option<Stack> },
+    /// It did not answer before the deadline; `part` as above.
+    NoAnswer { part: Option<Stack> },
     /// It exited before it could be asked.
     Exited,
     /// It could not be signalled (the error says why).
@@ -69,23 +130,25 @@ pub(crate) struct ThreadStacks {
     pub(crate) stacks: Vec<(u32, ThreadAnswer)>,
     /// The objects the stacks' addresses lie in, for symbols.
     pub(crate) objects: Objects,
-    /// From the first signal to the last answer (or the deadline).
+    /// From the start to the last answer (or the deadline).
     pub(crate) elapsed: Duration,
     /// How the stacks were read (`process_vm_readv`, `/proc/self/mem`, none).
     pub(crate) reader: &'static str,
+    /// Threads read whole while they slept, without a signal.
+    pub(crate) asleep: usize,
+    /// Threads sent a signal.
+    pub(crate) signalled: usize,
 }
 
-/// Asks each of `tids` (threads of this process) for its stack and waits up to
-/// `deadline` for the answers. Blocks; call it on the blocking pool.
+/// Asks each of `tids` (threads of this process) for its stack, reading the sleeping ones
+/// without a signal, and waits up to `deadline` for the others' answers, or until `turn`'s
+/// dump is cancelled. Blocks; call it on the blocking pool.
 pub(crate) fn take_dump(
+    turn: &DumpTurn,
     tids: &[u32],
     blocklist: &[&str],
     deadline: Duration,
 ) -> Result<ThreadStacks, StartError> {
-    let _one = ONE_DUMP
-        .get()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
     register_fork_handler();
     if !is_free_for(DUMP_SIGNAL, on_dump_signal) {
         return Err(StartError::ForeignHandler);
@@ -102,164 +165,259 @@ pub(crate) fn take_dump(
             .map(|&tid| Reply {
                 tid,
                 state: AtomicU8::new(PENDING),
-                answer: UnsafeCell::new(Answer {
-                    depth: 0,
-                    flags: 0,
-                    complete: false,
-                    frames: [0; MAX_DEPTH],
-                }),
+                filtered: AtomicBool::new(false),
+                answer: UnsafeCell::new(Answer::new()),
             })
             .collect(),
         answered: AtomicU32::new(0),
+        wake: turn.wake.clone(),
         released: AtomicU32::new(0),
         expired: AtomicBool::new(false),
     });
     install(DUMP_SIGNAL, on_dump_signal, CPU_SIGNAL)?;
     let pointer = Box::into_raw(dump);
-    // One dump at a time (`ONE_DUMP`), and a forked child clears its copy: the slot is
-    // free.
+    // One dump at a time (the turn), and a forked child clears its copy: the slot is free.
     DUMP.store(pointer, Ordering::SeqCst);
     // SAFETY: the dump lives until `retire` below.
     let dump = unsafe { &*pointer };
 
     let started = Instant::now();
-    let mut outcome: Vec<Option<ThreadAnswer>> = tids.iter().map(|_| None).collect();
-    // Asks reply `index`'s thread; false if it cannot be asked (then `outcome` says why).
-    let ask = |index: usize, outcome: &mut Vec<Option<ThreadAnswer>>| {
-        let early = match send(tids[index], signal_value(dump.id, index)) {
-            Ok(()) => return true,
-            Err(err) if err.raw_os_error() == Some(libc::ESRCH) => ThreadAnswer::Exited,
-            Err(err) => ThreadAnswer::NotSignalled(err),
-        };
-        dump.replies[index].state.store(EXPIRED, Ordering::SeqCst);
-        outcome[index] = Some(early);
-        false
-    };
-    // A thread whose mask holds SIGPROF is not signalled: the signal would stay pending
-    // on it, and survive an `execve` it makes. The mask also holds SIGPROF while the
-    // thread's own handler runs (a CPU sample: microseconds), so such a thread is looked
-    // at again BLOCKED_LOOK later, and signalled then if its mask no longer holds it.
-    let mut asked = vec![false; tids.len()];
-    let mut deferred = Vec::new();
-    for (index, &tid) in tids.iter().enumerate() {
-        if blocks_signal(tid, DUMP_SIGNAL) {
-            deferred.push(index);
-        } else {
-            asked[index] = ask(index, &mut outcome);
-        }
-    }
-    let mut last_sent = Instant::now();
-    let mut last_checked = Instant::now();
-    let mut all_unable_before = false;
-    loop {
-        let answered = dump.answered.load(Ordering::Acquire);
-        let elapsed = started.elapsed();
-        let waiting = asked.iter().filter(|a| **a).count();
-        if (answered as usize >= waiting && deferred.is_empty()) || elapsed >= deadline {
-            break;
-        }
-        if last_checked.elapsed() >= BLOCKED_LOOK {
-            for index in deferred.drain(..) {
-                if blocks_signal(tids[index], DUMP_SIGNAL) {
-                    dump.replies[index].state.store(EXPIRED, Ordering::SeqCst);
-                    outcome[index] = Some(ThreadAnswer::SignalBlocked);
-                } else {
-                    asked[index] = ask(index, &mut outcome);
-                }
-            }
-            // A thread asked that has exited since, or has blocked SIGPROF since, cannot
-            // answer: seen so on two looks BLOCKED_LOOK apart, for every thread still
-            // pending, there is nothing left to wait for.
-            let all_unable = dump
-                .replies
-                .iter()
-                .enumerate()
-                .filter(|(index, reply)| {
-                    asked[*index]
-                        && outcome[*index].is_none()
-                        && reply.state.load(Ordering::Acquire) == PENDING
-                })
-                .all(|(_, reply)| !is_alive(reply.tid) || blocks_signal(reply.tid, DUMP_SIGNAL));
-            if all_unable && all_unable_before {
-                break;
-            }
-            all_unable_before = all_unable;
-            last_checked = Instant::now();
-        }
-        if last_sent.elapsed() >= RESEND_EVERY {
-            for (index, reply) in dump.replies.iter().enumerate() {
-                if asked[index]
-                    && outcome[index].is_none()
-                    && reply.state.load(Ordering::Acquire) == PENDING
-                {
-                    // An error now (the thread exited) shows at the deadline.
-                    let _ = send(reply.tid, signal_value(dump.id, index));
-                }
-            }
-            last_sent = Instant::now();
-        }
-        let wait = deadline
-            .saturating_sub(elapsed)
-            .min(RESEND_EVERY.saturating_sub(last_sent.elapsed()))
-            .min(BLOCKED_LOOK.saturating_sub(last_checked.elapsed()))
-            .max(Duration::from_micros(100));
-        futex_wait(&dump.answered, answered, wait);
-    }
-    dump.expired.store(true, Ordering::Release);
-    futex_wake(&dump.released, i32::MAX);
-    for (index, reply) in dump.replies.iter().enumerate() {
-        if outcome[index].is_some() {
-            continue;
-        }
-        let state = match reply.state.compare_exchange(
-            PENDING,
-            EXPIRED,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => EXPIRED,
-            Err(mut state) => {
-                // A handler is writing it: it finishes in microseconds.
-                while state == WRITING {
-                    std::thread::yield_now();
-                    state = reply.state.load(Ordering::Acquire);
-                }
-                state
-            }
-        };
-        outcome[index] = Some(if state == DONE {
-            // SAFETY: done: its handler has finished writing (acquire above).
-            let answer = unsafe { &*reply.answer.get() };
-            ThreadAnswer::Unwound {
-                frames: answer.frames[..answer.depth].to_vec(),
-                flags: answer.flags,
-                complete: answer.complete,
-            }
-        } else if blocks_signal(reply.tid, DUMP_SIGNAL) {
-            ThreadAnswer::SignalBlocked
-        } else if !is_alive(reply.tid) {
-            ThreadAnswer::Exited
-        } else {
-            ThreadAnswer::NoAnswer
-        });
-    }
+    let mut collector = Collector::new(dump, &objects);
+    collector.ask_every_thread();
+    collector.wait(deadline);
+    let stacks = collector.finish();
+    let (asleep, signalled) = (collector.asleep.read, collector.signalled);
     let elapsed = started.elapsed();
     let reader = dump.unwinding.memory.name();
     retire(pointer);
     Ok(ThreadStacks {
-        stacks: tids
-            .iter()
-            .copied()
-            .zip(
-                outcome
-                    .into_iter()
-                    .map(|o| o.unwrap_or(ThreadAnswer::NoAnswer)),
-            )
-            .collect(),
+        stacks: tids.iter().copied().zip(stacks).collect(),
         objects,
         elapsed,
         reader,
+        asleep,
+        signalled,
     })
+}
+
+/// One dump's collection: what is known of each reply so far.
+struct Collector<'d> {
+    dump: &'d Dump,
+    objects: &'d Objects,
+    /// Per reply, its outcome once known before the end: read asleep, or not askable.
+    outcome: Vec<Option<ThreadAnswer>>,
+    /// Per reply, the part of its stack read while it slept, if it did not unwind whole.
+    parts: Vec<Option<Stack>>,
+    /// Per reply, whether it was signalled.
+    asked: Vec<bool>,
+    /// Replies whose thread blocked `SIGURG` at the first look.
+    deferred: Vec<usize>,
+    asleep: Asleep,
+    signalled: usize,
+    /// The seccomp mode and filters of this thread: a thread with others has its own.
+    own_filter: Option<(u32, u32)>,
+    pipes_open: bool,
+}
+
+impl<'d> Collector<'d> {
+    fn new(dump: &'d Dump, objects: &'d Objects) -> Collector<'d> {
+        let n = dump.replies.len();
+        Collector {
+            dump,
+            objects,
+            outcome: (0..n).map(|_| None).collect(),
+            parts: vec![None; n],
+            asked: vec![false; n],
+            deferred: Vec::new(),
+            asleep: Asleep::new(),
+            signalled: 0,
+            own_filter: ProcThread::seccomp(current_tid()),
+            pipes_open: false,
+        }
+    }
+
+    /// Settles reply `index` before the end: nothing will write it.
+    fn settle(&mut self, index: usize, answer: ThreadAnswer) {
+        self.dump.replies[index]
+            .state
+            .store(EXPIRED, Ordering::SeqCst);
+        self.outcome[index] = Some(answer);
+    }
+
+    /// Reads every sleeping thread, and asks the others (or defers those that block the
+    /// signal), unless the dump is cancelled meanwhile.
+    fn ask_every_thread(&mut self) {
+        for index in 0..self.dump.replies.len() {
+            if self.dump.wake.is_cancelled() {
+                return;
+            }
+            let tid = self.dump.replies[index].tid;
+            match self.asleep.read(&self.dump.unwinding, self.objects, tid) {
+                Read::Whole(stack) => {
+                    self.settle(index, ThreadAnswer::Unwound(stack));
+                    continue;
+                }
+                Read::Part(stack) => self.parts[index] = Some(stack),
+                Read::NotAsleep => {}
+            }
+            // A thread whose mask holds SIGURG is not signalled: the signal would stay
+            // pending on it. The mask also holds SIGURG while the thread's own handler runs
+            // (microseconds), so such a thread is looked at again BLOCKED_LOOK later.
+            match ProcThread::status(tid) {
+                None => self.settle(index, ThreadAnswer::Exited),
+                Some(status) if status.blocks(DUMP_SIGNAL) => self.deferred.push(index),
+                Some(status) => self.ask(index, &status),
+            }
+        }
+    }
+
+    /// Signals reply `index`'s thread, marking it first if it has a seccomp filter of its
+    /// own; settles it if it cannot be signalled.
+    fn ask(&mut self, index: usize, status: &ThreadStatus) {
+        let reply = &self.dump.replies[index];
+        if matches!(status.seccomp, Some((mode, _)) if mode != 0)
+            && status.seccomp != self.own_filter
+        {
+            if !self.pipes_open {
+                for slot in self.dump.scratch.iter() {
+                    slot.pipe.open();
+                }
+                self.pipes_open = true;
+            }
+            reply.filtered.store(true, Ordering::SeqCst);
+        }
+        let early = match send(reply.tid, signal_value(self.dump.id, index)) {
+            Ok(()) => {
+                self.asked[index] = true;
+                self.signalled += 1;
+                return;
+            }
+            Err(err) if err.raw_os_error() == Some(libc::ESRCH) => ThreadAnswer::Exited,
+            Err(err) => ThreadAnswer::NotSignalled(err),
+        };
+        self.settle(index, early);
+    }
+
+    /// Whether reply `index` was asked and has not answered yet.
+    fn is_waited_for(&self, index: usize) -> bool {
+        self.asked[index]
+            && self.outcome[index].is_none()
+            && self.dump.replies[index].state.load(Ordering::Acquire) == PENDING
+    }
+
+    /// Waits for the answers, up to `deadline` from now.
+    fn wait(&mut self, deadline: Duration) {
+        let wake = &*self.dump.wake;
+        let started = Instant::now();
+        let mut last_sent = started;
+        let mut last_looked = started;
+        let mut last_checked = started;
+        let mut all_unable_before = false;
+        loop {
+            let seen = wake.seen();
+            let elapsed = started.elapsed();
+            let waiting = self.asked.iter().filter(|a| **a).count();
+            let answered = self.dump.answered.load(Ordering::Acquire) as usize;
+            if wake.is_cancelled()
+                || (answered >= waiting && self.deferred.is_empty())
+                || elapsed >= deadline
+            {
+                return;
+            }
+            if !self.deferred.is_empty() && last_looked.elapsed() >= BLOCKED_LOOK {
+                for index in std::mem::take(&mut self.deferred) {
+                    match ProcThread::status(self.dump.replies[index].tid) {
+                        None => self.settle(index, ThreadAnswer::Exited),
+                        Some(status) if status.blocks(DUMP_SIGNAL) => {
+                            let part = self.parts[index].take();
+                            self.settle(index, ThreadAnswer::SignalBlocked { part });
+                        }
+                        Some(status) => self.ask(index, &status),
+                    }
+                }
+                last_looked = Instant::now();
+            }
+            if last_checked.elapsed() >= RESEND_EVERY {
+                // A thread asked that has exited since, or has blocked SIGURG since, cannot
+                // answer: seen so on two looks RESEND_EVERY apart, for every thread still
+                // pending, there is nothing left to wait for.
+                let all_unable = (0..self.asked.len())
+                    .filter(|&index| self.is_waited_for(index))
+                    .all(|index| {
+                        ProcThread::status(self.dump.replies[index].tid)
+                            .is_none_or(|status| status.blocks(DUMP_SIGNAL))
+                    });
+                if all_unable && all_unable_before && self.deferred.is_empty() {
+                    return;
+                }
+                all_unable_before = all_unable;
+                last_checked = Instant::now();
+            }
+            if last_sent.elapsed() >= RESEND_EVERY {
+                for index in 0..self.asked.len() {
+                    if self.is_waited_for(index) {
+                        let reply = &self.dump.replies[index];
+                        // An error now (the thread exited) shows at the end.
+                        let _ = send(reply.tid, signal_value(self.dump.id, index));
+                    }
+                }
+                last_sent = Instant::now();
+            }
+            // Handlers of threads with their own seccomp filter do not wake the collector:
+            // it looks at least every RESEND_EVERY.
+            let mut sleep = deadline
+                .saturating_sub(elapsed)
+                .min(RESEND_EVERY.saturating_sub(last_sent.elapsed()));
+            if !self.deferred.is_empty() {
+                sleep = sleep.min(BLOCKED_LOOK.saturating_sub(last_looked.elapsed()));
+            }
+            wake.sleep(seen, sleep.max(Duration::from_micros(100)));
+        }
+    }
+
+    /// Expires every reply still pending and gives each reply's answer.
+    fn finish(&mut self) -> Vec<ThreadAnswer> {
+        self.dump.expired.store(true, Ordering::Release);
+        futex_wake(&self.dump.released, i32::MAX);
+        let mut answers = Vec::with_capacity(self.outcome.len());
+        for (index, reply) in self.dump.replies.iter().enumerate() {
+            if let Some(answer) = self.outcome[index].take() {
+                answers.push(answer);
+                continue;
+            }
+            let state = match reply.state.compare_exchange(
+                PENDING,
+                EXPIRED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => EXPIRED,
+                Err(mut state) => {
+                    // A handler is writing it: it finishes in microseconds.
+                    while state == WRITING {
+                        std::thread::yield_now();
+                        state = reply.state.load(Ordering::Acquire);
+                    }
+                    state
+                }
+            };
+            let part = self.parts[index].take();
+            answers.push(if state == DONE {
+                // SAFETY: done: its handler has finished writing (acquire above).
+                let answer = unsafe { &*reply.answer.get() };
+                ThreadAnswer::Unwound(answer.stack())
+            } else {
+                match ProcThread::status(reply.tid) {
+                    Some(status) if status.blocks(DUMP_SIGNAL) => {
+                        ThreadAnswer::SignalBlocked { part }
+                    }
+                    None => ThreadAnswer::Exited,
+                    Some(_) => ThreadAnswer::NoAnswer { part },
+                }
+            });
+        }
+        answers
+    }
 }
 
 /// Clears [`DUMP`] and waits until no handler can still use the dump; then frees it, or
@@ -272,14 +430,7 @@ fn retire(pointer: *mut Dump) {
     }
 }
 
-/// Whether thread `tid` of this process still exists (`tgkill` with no signal).
-fn is_alive(tid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the thread exists and may be signalled.
-    let sent = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, 0) };
-    sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-/// Sends `SIGPROF` carrying `value` to thread `tid` of this process.
+/// Sends `SIGURG` carrying `value` to thread `tid` of this process.
 fn send(tid: u32, value: u64) -> std::io::Result<()> {
     /// The layout of a `siginfo_t` queued by `sigqueue` on 64-bit Linux.
     #[repr(C)]
@@ -315,5 +466,28 @@ fn send(tid: u32, value: u64) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_turn_at_a_time_and_the_second_learns_how_long_the_first_waits() {
+        let first = DumpTurn::take(Duration::from_secs(2)).expect("the turn is free");
+        let refused = DumpTurn::take(Duration::from_secs(2))
+            .err()
+            .expect("it is taken");
+        assert!(
+            refused > Duration::from_millis(1500) && refused <= Duration::from_secs(2),
+            "{refused:?}"
+        );
+        let cancel = first.canceller();
+        assert!(!first.is_cancelled());
+        cancel.cancel();
+        assert!(first.is_cancelled());
+        drop(first);
+        drop(DumpTurn::take(Duration::from_millis(1)).expect("given back when dropped"));
     }
 }

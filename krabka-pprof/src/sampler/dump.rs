@@ -1,7 +1,7 @@
 //! The signal side of thread dumps: what a thread does, in its `SIGURG` handler
 //! ([`on_dump_signal`]), when a dump asks it for its stack (step 2 of the contract in
-//! `sampler.rs`). The collector's
-//! side, which publishes a [`Dump`] and asks every thread, is `asking.rs`.
+//! `sampler.rs`). The collector's side, which publishes a [`Dump`], reads sleeping threads
+//! without a signal (`asleep.rs`) and asks the others, is `asking.rs`.
 //!
 //! A dump's signal is sent with `rt_tgsigqueueinfo`: `si_code` is `SI_QUEUE` and the
 //! signal value carries [`DUMP_TAG`], the dump's number and the thread's reply slot.
@@ -17,8 +17,16 @@
 //! allocates or takes a lock; it waits only for a scratch slot, never past the deadline.
 //! A late signal, after the dump is gone, finds no dump with its number and returns at
 //! once.
+//!
+//! A thread with a seccomp filter of its own (its reply marked so by the collector, which
+//! read its `status`) makes only the system calls every filter allows: no `gettid` (the
+//! kernel delivers the signal to exactly the thread it names), no futex (it spins a
+//! bounded while for a scratch slot, and the collector notices its answer on its own
+//! timeout), and its stack is copied through its scratch slot's pipe with `write` and
+//! `read` (`memory.rs`), never with `pread` or `process_vm_readv`.
 
 use std::cell::UnsafeCell;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -38,6 +46,10 @@ pub(crate) const PENDING: u8 = 0;
 pub(crate) const WRITING: u8 = 1;
 pub(crate) const DONE: u8 = 2;
 pub(crate) const EXPIRED: u8 = 3;
+
+/// How many times a handler without futex calls (a thread with its own seccomp filter)
+/// looks for a free scratch slot before it answers with its PC alone: a few milliseconds.
+const FILTERED_SPINS: u32 = 1 << 16;
 
 /// The dump running now, if any; the handler reads it.
 pub(crate) static DUMP: AtomicPtr<Dump> = AtomicPtr::new(std::ptr::null_mut());
@@ -60,10 +72,80 @@ pub(crate) struct Answer {
     pub(crate) frames: [u64; MAX_DEPTH],
 }
 
+impl Answer {
+    /// An empty answer, to be written by a handler.
+    pub(crate) fn new() -> Answer {
+        Answer {
+            depth: 0,
+            flags: 0,
+            complete: false,
+            frames: [0; MAX_DEPTH],
+        }
+    }
+
+    /// The stack written, off the signal path.
+    pub(crate) fn stack(&self) -> Stack {
+        Stack {
+            frames: self.frames[..self.depth].to_vec(),
+            flags: self.flags,
+            complete: self.complete,
+        }
+    }
+}
+
+/// One thread's stack, leaf first: the PC it was stopped at, then return addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Stack {
+    pub(crate) frames: Vec<u64>,
+    /// `FLAG_*` of the sampler: truncated, blocklisted, not unwound and why.
+    pub(crate) flags: u8,
+    /// The unwind reached the outermost frame.
+    pub(crate) complete: bool,
+}
+
 pub(crate) struct Reply {
     pub(crate) tid: u32,
     pub(crate) state: AtomicU8,
+    /// The thread has a seccomp filter of its own: its handler makes no system call that
+    /// filter may forbid (see the module docs). Set before it is signalled.
+    pub(crate) filtered: AtomicBool,
     pub(crate) answer: UnsafeCell<Answer>,
+}
+
+/// What the collector sleeps on (a futex word), and what wakes it: a handler's answer, or
+/// the request that asked for the dump going away (its client hung up).
+#[derive(Default)]
+pub(crate) struct Wake {
+    word: AtomicU32,
+    cancelled: AtomicBool,
+}
+
+impl Wake {
+    /// Wakes the collector; async-signal-safe (one system call).
+    pub(crate) fn wake(&self) {
+        self.word.fetch_add(1, Ordering::AcqRel);
+        futex_wake(&self.word, i32::MAX);
+    }
+
+    /// The request went away: the collector stops waiting at once.
+    pub(crate) fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// The word's value now: what [`sleep`](Self::sleep) compares against.
+    pub(crate) fn seen(&self) -> u32 {
+        self.word.load(Ordering::Acquire)
+    }
+
+    /// Sleeps until a wake after `seen` was read, or `timeout`.
+    pub(crate) fn sleep(&self, seen: u32, timeout: Duration) {
+        futex_wait(&self.word, seen, timeout);
+    }
 }
 
 /// Everything a dump's handlers read.
@@ -72,8 +154,10 @@ pub(crate) struct Dump {
     pub(crate) unwinding: Unwinding,
     pub(crate) scratch: Box<[Slot]>,
     pub(crate) replies: Box<[Reply]>,
-    /// Replies done; the collector waits on it as a futex.
+    /// Replies done.
     pub(crate) answered: AtomicU32,
+    /// What wakes the collector; shared with the request, which cancels through it.
+    pub(crate) wake: Arc<Wake>,
     /// Scratch slots given back; handlers waiting for one wait on it as a futex.
     pub(crate) released: AtomicU32,
     /// The deadline has passed: a handler still waiting for a scratch slot stops waiting.
@@ -176,7 +260,10 @@ impl Dump {
         let Some(reply) = self.replies.get(index) else {
             return;
         };
-        if reply.tid != current_tid()
+        let filtered = reply.filtered.load(Ordering::Acquire);
+        // `rt_tgsigqueueinfo` delivers to exactly the thread it names; `gettid` checks the
+        // value was not sent by someone else, where the thread's filter allows it.
+        if (!filtered && reply.tid != current_tid())
             || reply
                 .state
                 .compare_exchange(PENDING, WRITING, Ordering::Acquire, Ordering::Relaxed)
@@ -195,7 +282,7 @@ impl Dump {
             answer.depth = 1;
             if let Some(flags) = self.unwinding.refusal(pc) {
                 answer.flags = flags;
-            } else if let Some(slot) = self.take_scratch() {
+            } else if let Some(slot) = self.take_scratch(filtered) {
                 // SAFETY: `take_scratch` gave this handler exclusive use of the slot.
                 let Scratch { cache, stack, .. } = unsafe { &mut *slot.scratch.get() };
                 let Unwound {
@@ -203,10 +290,15 @@ impl Dump {
                     flags,
                     complete,
                     ..
-                } = self
-                    .unwinding
-                    .unwind((pc, regs), 0, None, cache, stack, &mut answer.frames);
-                self.release_scratch(slot);
+                } = self.unwinding.unwind(
+                    (pc, regs),
+                    0,
+                    filtered.then_some(&slot.pipe),
+                    cache,
+                    stack,
+                    &mut answer.frames,
+                );
+                self.release_scratch(slot, filtered);
                 answer.depth = depth.max(1);
                 answer.flags = flags;
                 answer.complete = complete;
@@ -216,14 +308,18 @@ impl Dump {
         }
         reply.state.store(DONE, Ordering::Release);
         self.answered.fetch_add(1, Ordering::AcqRel);
-        futex_wake(&self.answered, 1);
+        if !filtered {
+            self.wake.wake();
+        }
     }
 
     /// A free scratch slot. The holders are other threads' handlers, which finish in
     /// microseconds once they run again; on a busy machine one may be preempted for a
     /// while, so this sleeps on [`Dump::released`] until a slot is free, giving up (and
-    /// answering with the PC alone) only once the dump's deadline has passed.
-    fn take_scratch(&self) -> Option<&Slot> {
+    /// answering with the PC alone) only once the dump's deadline has passed. A `filtered`
+    /// thread's handler makes no futex call: it spins, for at most [`FILTERED_SPINS`].
+    fn take_scratch(&self, filtered: bool) -> Option<&Slot> {
+        let mut spins = 0u32;
         loop {
             let seen = self.released.load(Ordering::Acquire);
             if let Some(slot) = self.scratch.iter().find(|slot| slot.try_take()) {
@@ -232,15 +328,26 @@ impl Dump {
             if self.expired.load(Ordering::Acquire) {
                 return None;
             }
-            futex_wait(&self.released, seen, Duration::from_millis(1));
+            if filtered {
+                if spins == FILTERED_SPINS {
+                    return None;
+                }
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                futex_wait(&self.released, seen, Duration::from_millis(1));
+            }
         }
     }
 
-    /// Gives a scratch slot back and wakes the handlers waiting for one.
-    fn release_scratch(&self, slot: &Slot) {
+    /// Gives a scratch slot back and wakes the handlers waiting for one (a `filtered`
+    /// thread's handler does not: they wake on their own timeout).
+    fn release_scratch(&self, slot: &Slot, filtered: bool) {
         slot.busy.store(false, Ordering::Release);
         self.released.fetch_add(1, Ordering::AcqRel);
-        futex_wake(&self.released, i32::MAX);
+        if !filtered {
+            futex_wake(&self.released, i32::MAX);
+        }
     }
 }
 

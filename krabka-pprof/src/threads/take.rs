@@ -1,6 +1,8 @@
-//! Taking one thread dump: every thread listed from `/proc/self/task`, each asked for its
-//! stack through the sampler (`crate::sampler::take_dump`), identical stacks grouped into
-//! one sample of a profile, labelled with their threads' names and ids.
+//! Taking one thread dump: every thread listed from `/proc/self/task`, its stack read
+//! through the sampler (`crate::sampler::take_dump`: without a signal while it sleeps,
+//! else by asking it), identical stacks grouped into one sample of a profile, labelled
+//! with their threads' names and ids. A thread that did not answer but was read while it
+//! slept shows that part, marked with why it has no more.
 
 #![cfg_attr(not(sampler), allow(dead_code))]
 
@@ -33,6 +35,10 @@ pub(crate) struct DumpRequest {
 #[derive(Debug)]
 pub(crate) enum DumpError {
     Unavailable(&'static str),
+    /// Another dump runs; it waits for its threads `retry_after` more at most.
+    Busy {
+        retry_after: Duration,
+    },
     Failed(String),
 }
 
@@ -57,13 +63,11 @@ pub(crate) struct DumpedThread {
     pub(crate) missing: Option<String>,
 }
 
-#[cfg(not(sampler))]
-pub(super) fn take(_request: DumpRequest) -> Result<ThreadDump, DumpError> {
-    Err(DumpError::Unavailable(UNAVAILABLE.unwrap_or_default()))
-}
-
 #[cfg(sampler)]
-pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
+pub(super) fn take(
+    request: DumpRequest,
+    turn: &crate::sampler::DumpTurn,
+) -> Result<ThreadDump, DumpError> {
     use std::collections::HashMap;
 
     use crate::process::list_threads;
@@ -76,12 +80,14 @@ pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
         .collect();
     threads.truncate(MAX_DUMP_THREADS);
     let tids: Vec<u32> = threads.iter().map(|t| t.tid).collect();
-    let taken = ask_every_thread(&tids, request.blocklist, request.deadline)?;
+    let taken = ask_every_thread(turn, &tids, request.blocklist, request.deadline)?;
 
     /// What threads with one sample share.
     #[derive(PartialEq, Eq, Hash)]
     enum Group {
         Stack(Vec<u64>, u8, bool),
+        /// The part of its stack read while it slept, and why it has no more.
+        Part(Vec<u64>, u8, String),
         Missing(String),
     }
     let deadline = humantime::format_duration(request.deadline);
@@ -89,26 +95,34 @@ pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
     let mut members: Vec<(Vec<Frame>, Vec<usize>)> = Vec::new();
     let mut dumped = Vec::with_capacity(threads.len());
     let mut answered = 0;
-    for (index, (proc, (_, stack))) in threads.into_iter().zip(taken.stacks).enumerate() {
-        let missing = match &stack {
-            ThreadAnswer::Unwound { .. } => None,
-            ThreadAnswer::SignalBlocked => {
-                Some("blocks SIGURG (SigBlk), so it cannot be asked for its stack".to_owned())
-            }
-            ThreadAnswer::NoAnswer => Some(format!("did not answer within {deadline}")),
-            ThreadAnswer::Exited => Some("exited during the dump".to_owned()),
-            ThreadAnswer::NotSignalled(err) => Some(format!("could not be signalled: {err}")),
-        };
-        let group = match stack {
-            ThreadAnswer::Unwound {
-                frames,
-                flags,
-                complete,
-            } => {
+    for (index, (proc, (_, answer))) in threads.into_iter().zip(taken.stacks).enumerate() {
+        let (why, part) = match answer {
+            ThreadAnswer::Unwound(stack) => {
                 answered += 1;
-                Group::Stack(frames, flags, complete)
+                (None, Some(stack))
             }
-            _ => Group::Missing(missing.clone().unwrap_or_default()),
+            ThreadAnswer::SignalBlocked { part } => (
+                Some("blocks SIGURG (SigBlk), so it cannot be asked for its stack".to_owned()),
+                part,
+            ),
+            ThreadAnswer::NoAnswer { part } => {
+                (Some(format!("did not answer within {deadline}")), part)
+            }
+            ThreadAnswer::Exited => (Some("exited during the dump".to_owned()), None),
+            ThreadAnswer::NotSignalled(err) => {
+                (Some(format!("could not be signalled: {err}")), None)
+            }
+        };
+        let (group, missing) = match (why, part) {
+            (None, Some(stack)) => (
+                Group::Stack(stack.frames, stack.flags, stack.complete),
+                None,
+            ),
+            (Some(why), Some(part)) => (Group::Part(part.frames, part.flags, why), None),
+            (why, None) => {
+                let why = why.unwrap_or_default();
+                (Group::Missing(why.clone()), Some(why))
+            }
         };
         let next = members.len();
         let sample = *groups.entry(group).or_insert_with_key(|group| {
@@ -120,6 +134,13 @@ pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
                             "[unwinding stopped: the rest of the stack is unknown]".to_owned(),
                         ));
                     }
+                    frames
+                }
+                Group::Part(frames, flags, why) => {
+                    let mut frames = stack_frames(frames, *flags, &taken.objects);
+                    frames.push(Frame::Marker(format!(
+                        "[read while it slept, this far; it {why}]"
+                    )));
                     frames
                 }
                 Group::Missing(why) => vec![Frame::Marker(format!("[{why}]"))],
@@ -154,10 +175,12 @@ pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
         default_sample_type: None,
         comments: vec![format!(
             "krabka-pprof thread dump: {} threads, {answered} answered within {deadline} \
-             (in {} µs); stacks read with {}",
+             (in {} µs); stacks read with {}; {} read asleep without a signal, {} signalled",
             dumped.len(),
             taken.elapsed.as_micros(),
-            taken.reader
+            taken.reader,
+            taken.asleep,
+            taken.signalled,
         )],
     };
     Ok(ThreadDump {
@@ -168,15 +191,17 @@ pub(super) fn take(request: DumpRequest) -> Result<ThreadDump, DumpError> {
     })
 }
 
-/// Asks each of `tids` for its stack (see `sampler/asking.rs`); blocks up to `deadline`.
+/// Asks each of `tids` for its stack (see `sampler/asking.rs`); blocks up to `deadline`,
+/// or until `turn`'s dump is cancelled.
 #[cfg(sampler)]
 fn ask_every_thread(
+    turn: &crate::sampler::DumpTurn,
     tids: &[u32],
     blocklist: &[&str],
     deadline: Duration,
 ) -> Result<crate::sampler::ThreadStacks, DumpError> {
     use crate::sampler::StartError;
-    crate::sampler::take_dump(tids, blocklist, deadline).map_err(|err| match err {
+    crate::sampler::take_dump(turn, tids, blocklist, deadline).map_err(|err| match err {
         StartError::ForeignHandler => DumpError::Unavailable(
             "another SIGURG handler is installed in this process (a Go runtime linked in, or \
              a library that watches sockets' urgent data), and thread dumps ask each thread \

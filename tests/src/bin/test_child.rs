@@ -14,6 +14,14 @@
 //! its own that kills the process for `process_vm_readv` or `pread64`. `sigq-sessions`
 //! (as a user of its own, so that `SigQ` is its own) takes eight 1 s profiles of itself
 //! beside a thread that blocks every signal, and prints `SigQ` after each.
+//!
+//! For thread dumps: `serve-vforked` serves with two threads parked in `vfork` (their
+//! children sleep), which cannot take a signal, one of them in code without unwind
+//! tables; `serve-filtered` with two threads that installed
+//! a seccomp filter of their own, killing the process for `gettid`, `futex`, `pread64`
+//! or `process_vm_readv` (one spins, one sleeps); `exec-during-dumps [N]` takes dumps of
+//! itself in a loop while its main thread spins and then `exec`s `exec-during-dumps N-1`
+//! (30 to begin with), until the last one says it survived.
 
 use std::io::Read as _;
 use std::os::unix::process::CommandExt as _;
@@ -189,6 +197,299 @@ fn install_seccomp_against(calls: &[libc::c_long], action: u32) {
             "installing the seccomp filter"
         );
     }
+}
+
+/// A seccomp filter on the calling thread alone (no `TSYNC`, as seccompiler's
+/// `apply_filter` installs one) that kills the process for any of `calls` and allows
+/// the rest.
+fn install_thread_filter(calls: &[libc::c_long]) {
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xC000_003E;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xC000_00B7;
+    let statement = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    let mut filter = vec![
+        statement(load, 4), // seccomp_data.arch
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 1,
+            jf: 0,
+            k: AUDIT_ARCH,
+        },
+        statement(ret, libc::SECCOMP_RET_ALLOW),
+        statement(load, 0), // seccomp_data.nr
+    ];
+    for (i, &call) in calls.iter().enumerate() {
+        // Equal: jump to the kill at the end; else the next comparison.
+        let to_kill = (calls.len() - i) as u8;
+        filter.push(libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: to_kill,
+            jf: 0,
+            k: call as u32,
+        });
+    }
+    filter.push(statement(ret, libc::SECCOMP_RET_ALLOW));
+    filter.push(statement(ret, libc::SECCOMP_RET_KILL_PROCESS));
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_mut_ptr(),
+    };
+    // SAFETY: no_new_privs, then a filter program that lives through the call; this
+    // thread only.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                &raw const program,
+            ),
+            0,
+            "installing the thread's seccomp filter"
+        );
+    }
+}
+
+/// Threads with their own seccomp filter, after it is installed.
+static FILTERED_READY: AtomicU64 = AtomicU64::new(0);
+
+/// Spins, with no system call at all, for two minutes, then sleeps.
+#[inline(never)]
+fn krabka_filtered_spinning() {
+    let until = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < until {
+        std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
+    }
+    krabka_filtered_sleeping();
+}
+
+/// Sleeps (nanosleep, no futex), for ever.
+#[inline(never)]
+fn krabka_filtered_sleeping() {
+    loop {
+        std::thread::sleep(std::hint::black_box(Duration::from_secs(3600)));
+    }
+}
+
+/// Two threads that install a seccomp filter of their own killing the process for
+/// `gettid`, `futex`, `pread64` and `process_vm_readv`, the calls a dump's handler made
+/// (one spins, so it is asked with a signal; one sleeps, so it is read without one);
+/// returns once both have it.
+fn start_filtered_threads() {
+    const FORBIDDEN: [libc::c_long; 4] = [
+        libc::SYS_gettid,
+        libc::SYS_futex,
+        libc::SYS_pread64,
+        libc::SYS_process_vm_readv,
+    ];
+    for (name, body) in [
+        ("filtered-spin", krabka_filtered_spinning as fn()),
+        ("filtered-sleep", krabka_filtered_sleeping as fn()),
+    ] {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                install_thread_filter(&FORBIDDEN);
+                FILTERED_READY.fetch_add(1, Ordering::SeqCst);
+                body();
+            })
+            .expect("spawn a filtered thread");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while FILTERED_READY.load(Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the filtered threads never started"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The child of the `vfork`: it sleeps two minutes at most, and dies with the thread
+/// that made it (a `vfork` child shares its parent's memory: raw system calls only).
+extern "C" fn vforked_child(_: *mut libc::c_void) -> libc::c_int {
+    let sleep = libc::timespec {
+        tv_sec: 120,
+        tv_nsec: 0,
+    };
+    // SAFETY: system calls on this child's own state; the timespec lives on its stack.
+    unsafe {
+        libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        libc::syscall(
+            libc::SYS_nanosleep,
+            &raw const sleep,
+            std::ptr::null_mut::<()>(),
+        );
+    }
+    0
+}
+
+/// A thread parked in `vfork` (`clone` with `CLONE_VM | CLONE_VFORK`, as `posix_spawn`
+/// makes its children, but without blocking signals first) while its child sleeps: in
+/// uninterruptible sleep, it takes no signal until the child exits.
+#[inline(never)]
+fn krabka_in_vfork() {
+    // The child's own stack: it never runs on this thread's.
+    let mut stack = vec![0u8; 64 * 1024];
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    // SAFETY: the child runs `vforked_child` on `stack`, which outlives it (this thread
+    // waits in `clone` until the child exits).
+    let pid = unsafe {
+        libc::clone(
+            vforked_child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    };
+    assert!(pid > 0, "clone: {}", std::io::Error::last_os_error());
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    drop(stack);
+}
+
+// `vfork` from code without unwind tables (hand-written assembly, as JIT code is): the
+// stack of a thread parked in it cannot be read from where it sleeps, and it takes no
+// signal. The return address is kept in a register across the call, as glibc's `vfork`
+// keeps it, since the child runs on this stack; the child sleeps two minutes at most,
+// dying with this thread (PR_SET_PDEATHSIG), with raw system calls only.
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".globl krabka_vfork_without_unwind_tables",
+    "krabka_vfork_without_unwind_tables:",
+    "pop rdi",
+    "mov eax, 58", // vfork
+    "syscall",
+    "test eax, eax",
+    "jnz 2f",
+    "mov edi, 1", // prctl(PR_SET_PDEATHSIG, SIGKILL)
+    "mov esi, 9",
+    "mov eax, 157",
+    "syscall",
+    "sub rsp, 16", // nanosleep({120, 0}, NULL)
+    "mov qword ptr [rsp], 120",
+    "mov qword ptr [rsp + 8], 0",
+    "mov rdi, rsp",
+    "xor esi, esi",
+    "mov eax, 35",
+    "syscall",
+    "xor edi, edi", // exit(0)
+    "mov eax, 60",
+    "syscall",
+    "2:",
+    "push rdi",
+    "ret",
+);
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" {
+    /// Returns the child's pid once it exits.
+    fn krabka_vfork_without_unwind_tables() -> libc::c_long;
+}
+
+/// Two threads parked in `vfork`: one through glibc's `clone` (`vfork-clone`), one
+/// through code without unwind tables (`vfork-asm`; elsewhere than on x86_64, glibc's too).
+fn start_vforked() {
+    std::thread::Builder::new()
+        .name("vfork-clone".into())
+        .spawn(krabka_in_vfork)
+        .expect("spawn a vforked thread");
+    std::thread::Builder::new()
+        .name("vfork-asm".into())
+        .spawn(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                // SAFETY: the stub keeps its return address in a register across the
+                // vfork and leaves the stack as it found it; its child makes raw system
+                // calls only, below this thread's stack pointer.
+                let pid = unsafe { krabka_vfork_without_unwind_tables() };
+                let mut status = 0;
+                // SAFETY: reaping our own child.
+                unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            krabka_in_vfork();
+        })
+        .expect("spawn a vforked thread");
+}
+
+/// One process of `exec-during-dumps`: serves, takes dumps of itself in a loop, spins
+/// its main thread a while (a running thread is asked with a signal), and `exec`s the
+/// next, with long arguments (a longer `execve`, during which a dump's signal stays
+/// pending into the new program); the last says it survived.
+fn exec_during_dumps(left: u32) {
+    if left == 0 {
+        // SIGURG and SIGPROF have their default actions here (exec resets handlers): a
+        // dump's signal left over from a program before would have killed this one if
+        // its default were to terminate.
+        say("survived");
+        return;
+    }
+    say(&format!("hop {left}"));
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, cpu_app()).await
+        })
+    });
+    let addr = addr_rx.recv().expect("the server's address");
+    let dumped = std::sync::Arc::new(AtomicU64::new(0));
+    {
+        let dumped = dumped.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let client = krabka_pprof_tests::client();
+                let url = format!("http://{addr}/debug/pprof/threads?symbolize=none&deadline=20ms");
+                // Until the exec ends this program (a bound: 2000 dumps).
+                for _ in 0..2000 {
+                    if let Ok(response) = client.get(&url).send().await
+                        && response.status() == 200
+                        && response.bytes().await.is_ok()
+                    {
+                        dumped.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dumped.load(Ordering::SeqCst) < 2 {
+        assert!(Instant::now() < deadline, "no dump was taken");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Running, so that the dumps signal this thread, right up to the exec.
+    let until = Instant::now() + Duration::from_millis(20);
+    while Instant::now() < until {
+        std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(2_000));
+    }
+    let long = "x".repeat(100 * 1024);
+    let error = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("exec-during-dumps")
+        .arg((left - 1).to_string())
+        .args(std::iter::repeat_n(&long, 12))
+        .exec();
+    panic!("exec failed: {error}");
 }
 
 /// A thread that burns CPU in `krabka_hot_spin` for at most a minute.
@@ -387,6 +688,21 @@ fn main() {
                     .join(" ")
             ));
         }
+        Some("serve-vforked") => {
+            start_vforked();
+            serve(cpu_app());
+        }
+        Some("serve-filtered") => {
+            start_filtered_threads();
+            serve(cpu_app());
+        }
+        Some("exec-during-dumps") => {
+            // 30 programs unless told how many are left.
+            let left = std::env::args()
+                .nth(2)
+                .map_or(30, |n| n.parse().expect("exec-during-dumps N"));
+            exec_during_dumps(left);
+        }
         Some("exec-during-profile") => {
             start_burner();
             let profiling = std::thread::spawn(|| profile_self(5));
@@ -441,7 +757,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: test_child config|serve|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
-                 fork-profile|spin|sigq-sessions"
+                 fork-profile|spin|sigq-sessions|serve-vforked|serve-filtered|exec-during-dumps [N]"
             );
             std::process::exit(2);
         }

@@ -1,17 +1,22 @@
 //! Thread dumps over HTTP (`/threads`, `/goroutine`, `/cmdline`): every thread of the
 //! process with its stack and state, threads parked in known functions found there, a
-//! thread that blocks the signal listed as such, the profile read by `go tool pprof`,
-//! dumps during thread churn and during a CPU profile. A binary of its own: the parked
-//! threads (two of them deadlocked for good) live as long as the process. Every test
-//! holds `serial()`: the dumps count every thread of the process, and one test's server
-//! starting or stopping would show in another's counts.
+//! sleeping thread read without a signal (never interrupted, even if it blocks the
+//! signal), a running thread that blocks it listed as such, the profile read by `go tool
+//! pprof`, dumps during thread churn and during a CPU profile. A binary of its own: the
+//! parked threads (two of them deadlocked for good) live as long as the process. Every
+//! test holds `serial()`: the dumps count every thread of the process, and one test's
+//! server starting or stopping would show in another's counts. `hostile.rs`: dumps in
+//! child processes whose hosts are hostile (a thread in `vfork`, a thread that calls
+//! `execve`, threads with seccomp filters of their own).
+
+mod hostile;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::parked::{Cast, cast, thread_cpu_of, wait_until_asleep};
+use krabka_pprof_tests::parked::{Cast, MaskedSpinner, cast, thread_cpu_of, wait_until_asleep};
 use krabka_pprof_tests::{
     Profile, TestServer, client, comments, decode, go_pprof, serial, stacks, string, total,
     total_in,
@@ -104,9 +109,6 @@ async fn debug_2_shows_every_parked_thread_in_its_function_with_its_state() {
             header.starts_with(&format!("thread {} \"{}\" [", parked.tid, parked.name)),
             "{header}"
         );
-        if parked.tid == cast.masked.tid {
-            continue;
-        }
         assert!(
             block.lines().any(|line| line.ends_with(parked.function)),
             "{} is in {}:\n{block}",
@@ -145,21 +147,36 @@ async fn debug_2_shows_every_parked_thread_in_its_function_with_its_state() {
 }
 
 #[tokio::test]
-async fn a_thread_that_blocks_the_signal_is_listed_as_such_and_not_waited_for() {
+async fn a_sleeping_thread_that_blocks_the_signal_is_read_without_it() {
     let _serial = serial().await;
     let cast = parked_cast();
     let server = TestServer::start(app);
-    let started = Instant::now();
-    let dump = text(&server, "/debug/pprof/threads?debug=2&deadline=5s").await;
+    let dump = text(&server, "/debug/pprof/threads?debug=2").await;
     let block = thread_block(&dump, cast.masked.tid);
     assert!(
-        block.contains("[sleeping") && block.contains("no stack: it blocks SIGPROF"),
+        block.contains("[sleeping") && block.contains(cast.masked.function),
+        "it blocks SIGURG and SIGPROF, and sleeps: its stack is read all the same: {block}"
+    );
+    assert!(!block.contains("no stack"), "{block}");
+}
+
+#[tokio::test]
+async fn a_running_thread_that_blocks_the_signal_is_listed_as_such_and_not_waited_for() {
+    let _serial = serial().await;
+    let _cast = parked_cast();
+    let server = TestServer::start(app);
+    let spinner = MaskedSpinner::start();
+    let started = Instant::now();
+    let dump = text(&server, "/debug/pprof/threads?debug=2&deadline=5s").await;
+    let elapsed = started.elapsed();
+    let (tid, function) = (spinner.tid, spinner.function);
+    drop(spinner);
+    let block = thread_block(&dump, tid);
+    assert!(
+        block.contains("[running") && block.contains("no stack: it blocks SIGURG"),
         "{block}"
     );
-    assert!(
-        !block.contains(cast.masked.function),
-        "it was not unwound: {block}"
-    );
+    assert!(!block.contains(function), "it was not unwound: {block}");
     // Every other thread answered; nobody waited for the masked one's 5 s deadline.
     let listed = dump.matches("\nthread ").count();
     let first = dump.lines().next().unwrap();
@@ -168,8 +185,39 @@ async fn a_thread_that_blocks_the_signal_is_listed_as_such_and_not_waited_for() 
         format!("threads: total {listed}, {} answered within 5s", listed - 1)
     );
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        elapsed < Duration::from_secs(5),
         "the dump waited for a thread that cannot answer"
+    );
+}
+
+#[tokio::test]
+async fn a_thread_asleep_in_poll_is_never_interrupted_and_its_caller_is_shown() {
+    let _serial = serial().await;
+    let cast = parked_cast();
+    let server = TestServer::start(app);
+    let before = cast.poll_interruptions();
+    for _ in 0..20 {
+        let dump = text(&server, "/debug/pprof/goroutine?debug=2").await;
+        let block = thread_block(&dump, cast.poller.tid);
+        assert!(
+            block.contains("[sleeping") && block.contains(cast.poller.function),
+            "the function that called poll: {block}"
+        );
+        let poll = block
+            .lines()
+            .position(|l| l == "poll" || l.ends_with("poll"));
+        let caller = block
+            .lines()
+            .position(|l| l.ends_with(cast.poller.function));
+        assert!(
+            poll.is_some() && poll < caller,
+            "poll, then its caller: {block}"
+        );
+    }
+    assert_eq!(
+        cast.poll_interruptions() - before,
+        0,
+        "20 dumps interrupted the poll of a sleeping thread (EINTR)"
     );
 }
 
@@ -282,11 +330,7 @@ async fn the_profile_has_one_sample_per_distinct_stack_and_go_tool_pprof_reads_i
         );
         for parked in cast.all() {
             let (index, _) = by_tid[&i64::from(parked.tid)];
-            let expected = if parked.tid == cast.masked.tid {
-                "blocks SIGPROF"
-            } else {
-                parked.function
-            };
+            let expected = parked.function;
             assert!(
                 stacks[index].0.iter().any(|f| f.contains(expected)),
                 "{}: {:?}",
@@ -379,12 +423,12 @@ async fn a_hundred_dumps_during_thread_churn_all_answer_and_leave_nothing_behind
     let spawned: u64 = churn.into_iter().map(|t| t.join().unwrap()).sum();
     assert!(spawned > 0);
     eprintln!("{spawned} threads came and went; {exited} exited mid-dump");
-    // Afterwards, with the churn over, every thread but the masked one answers: no reply
-    // slot or handler was left behind.
+    // Afterwards, with the churn over, every thread answers (the masked one is read while
+    // it sleeps): no reply slot or handler was left behind.
     let dump = text(&server, "/debug/pprof/threads?debug=2").await;
     let listed = dump.matches("\nthread ").count();
     assert!(
-        dump.starts_with(&format!("threads: total {listed}, {} answered", listed - 1)),
+        dump.starts_with(&format!("threads: total {listed}, {listed} answered")),
         "{}",
         dump.lines().next().unwrap()
     );

@@ -1,0 +1,446 @@
+//! A sleeping thread's stack, read by the dump's collector without a signal (off the
+//! signal path): a thread asleep in the kernel left the user stack pointer and program
+//! counter it entered with in `/proc/self/task/TID/syscall` (`crate::process`), and its
+//! stack does not change while it sleeps, so the collector unwinds it from there with the
+//! dump's unwinder, reading the stack through the dump's reader (`pread` of
+//! `/proc/self/mem`, or `process_vm_readv`: system calls that report unreadable memory,
+//! never a plain load). The thread is never interrupted: its `poll`, `epoll_wait`,
+//! `nanosleep` or read with a timeout is not cut short with `EINTR`, as a signal cuts it
+//! (`SA_RESTART` restarts none of those), and a thread with a seccomp filter of its own
+//! makes no system call for it.
+//!
+//! The thread may wake meanwhile and write over what is being read, so a read counts only
+//! if the thread did not run from before its `syscall` file was read to after the unwind:
+//! its CPU clock unchanged (a thread that ran, even to fall asleep again at the same place
+//! with the same registers, used CPU time). Otherwise it is read again, and after a few
+//! tries left to the signal.
+//!
+//! x86_64 only. The file gives the program counter and the stack pointer, not the frame
+//! pointer, and only ptrace gives the other registers. The unwind starts with a frame
+//! pointer of 1, a value no frame has: a rule that needs the real one fails, and a frame
+//! that saved it on the stack gives it back (0 would be wrong: framehop takes a frame
+//! pointer of 0 for the outermost frame, and would call a stack whole that it stopped
+//! reading). glibc's system call wrappers keep their frames by the stack pointer, so the
+//! leaf always unwinds; a frame above it often needs the frame pointer, since Rust's
+//! standard library is built with frame pointers (`futex_wait` above `syscall`,
+//! `thread::sleep` above `nanosleep`, a thread's start above frames that never touch the
+//! frame pointer). The frame that stopped the unwind then has its frame record looked for
+//! on the stack, above where its return address was read: a 16-byte-aligned pair of a
+//! saved frame pointer and a return address just after a call instruction in a loaded
+//! object. The lowest one with which the whole stack unwinds to its outermost frame,
+//! through return addresses that each follow a call, gives the frame pointer the unwind
+//! starts with (the frames below the stopped one never changed it). Every stack read so
+//! is held to that: it ends at the first address no call returns to (a leaf in code
+//! without unwind tables is unwound by the rule of the function before it, into garbage). A stack that still
+//! does not unwind to its outermost frame is asked for with a signal after all, and this
+//! part kept in case no answer comes; so are the threads of a glibc built with frame
+//! pointers, whose wrappers need it for the leaf itself. On aarch64 a leaf function's
+//! return address is in the link register and its frame in x29, neither of which the file
+//! gives: there every thread is asked with a signal.
+
+#![cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, reason = "on aarch64 every thread is signalled")
+)]
+
+use super::dump::Stack;
+use super::scratch::{FreshPages, MAX_STACK_COPY, Scratch};
+use super::unwind::{Cache, MAX_DEPTH, Unwinding};
+use crate::objects::Objects;
+
+/// How often a thread that woke during the read is read again before it is left to the
+/// signal.
+#[cfg(target_arch = "x86_64")]
+const TRIES: usize = 3;
+/// How far above the stopped frame's stack pointer its frame record is looked for.
+#[cfg(target_arch = "x86_64")]
+const RECORD_SCAN: usize = 4096;
+/// How many frame records found are tried at most.
+#[cfg(target_arch = "x86_64")]
+const RECORD_TRIES: usize = 8;
+
+/// What reading a thread without a signal gave.
+pub(crate) enum Read {
+    /// Its stack, read while it slept: to its outermost frame, or as far as a signal's
+    /// answer would go too (a blocklisted leaf, a stack that cannot be read here).
+    Whole(Stack),
+    /// Read while it slept, but not to its outermost frame.
+    Part(Stack),
+    /// It runs, woke during every try, or cannot be read so (another architecture, a
+    /// `syscall` file that a process that is not dumpable cannot read).
+    NotAsleep,
+}
+
+/// The collector's working memory for reading threads without a signal: an unwind cache
+/// and a stack copy of its own, so that it never takes a scratch slot a handler may need.
+pub(crate) struct Asleep {
+    scratch: Box<Scratch>,
+    /// Threads read whole without a signal so far.
+    pub(crate) read: usize,
+}
+
+impl Asleep {
+    pub(crate) fn new() -> Asleep {
+        Asleep {
+            scratch: Box::new(Scratch {
+                cache: Cache::new_in(),
+                stack: FreshPages::new(MAX_STACK_COPY),
+                frames: [0; MAX_DEPTH],
+            }),
+            read: 0,
+        }
+    }
+
+    /// Reads thread `tid`'s stack, if it sleeps in the kernel, with `unwinding` (over
+    /// `objects`).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn read(&mut self, unwinding: &Unwinding, objects: &Objects, tid: u32) -> Read {
+        use crate::process::{InKernel, ProcThread, thread_cpu_time};
+
+        // Its own `syscall` file shows the thread that reads it in that `read`.
+        if tid == crate::process::current_tid() {
+            return Read::NotAsleep;
+        }
+        for _try in 0..TRIES {
+            let Ok(clock) = thread_cpu_time(tid) else {
+                return Read::NotAsleep;
+            };
+            let Some(InKernel::Asleep { sp, pc, .. }) = ProcThread::in_kernel(tid) else {
+                return Read::NotAsleep;
+            };
+            let stack = if let Some(flags) = unwinding.refusal(pc) {
+                // What the thread's own handler would answer too.
+                Stack {
+                    frames: vec![pc],
+                    flags,
+                    complete: true,
+                }
+            } else {
+                let (first, copied) = self.unwind(unwinding, pc, sp, 1);
+                let mut stack = if first.complete || first.flags != 0 || first.frames.len() < 2 {
+                    first
+                } else {
+                    self.with_frame_record(unwinding, objects, (pc, sp), &first, copied)
+                        .unwrap_or(first)
+                };
+                // A leaf in code without unwind tables can be unwound by the rule of the
+                // function before it: such a stack goes on from an address no call
+                // returns to. It ends there, and is not whole.
+                if let Some(bad) = (1..stack.frames.len())
+                    .find(|&i| !is_return_address(unwinding, objects, stack.frames[i]))
+                {
+                    stack.frames.truncate(bad);
+                    stack.complete = false;
+                }
+                stack
+            };
+            // A thread that did not run in the meantime did not change its registers or
+            // its stack: its CPU clock would have moved (to the nanosecond; the kernel adds
+            // a running thread's current stretch when asked). This also catches a thread
+            // that woke and fell asleep again at the same place, which its `syscall` file
+            // read again would not.
+            if thread_cpu_time(tid).ok() != Some(clock) {
+                continue;
+            }
+            return if stack.complete || stack.flags != 0 {
+                self.read += 1;
+                Read::Whole(stack)
+            } else {
+                Read::Part(stack)
+            };
+        }
+        Read::NotAsleep
+    }
+
+    /// Unwinds from `pc` and `sp` with frame pointer `bp`; also how many bytes of the
+    /// stack, from `sp`, it copied into the scratch's stack copy.
+    #[cfg(target_arch = "x86_64")]
+    fn unwind(&mut self, unwinding: &Unwinding, pc: u64, sp: u64, bp: u64) -> (Stack, usize) {
+        let Scratch {
+            cache,
+            stack,
+            frames,
+        } = &mut *self.scratch;
+        frames[0] = pc;
+        let regs = framehop::UnwindRegsNative::new(pc, sp, bp);
+        let unwound = unwinding.unwind((pc, regs), 0, None, cache, stack, frames);
+        let stack = Stack {
+            frames: frames[..unwound.depth.max(1)].to_vec(),
+            flags: unwound.flags,
+            complete: unwound.complete,
+        };
+        (stack, unwound.copied)
+    }
+
+    /// The stack unwound again with a frame pointer found on it (see the module docs),
+    /// if one gives the whole stack, beginning with the frames `first` found (whose
+    /// unwind copied `copied` bytes from `sp` into the scratch's stack copy). The frame
+    /// that stopped the unwind is `first`'s last: its record lies above the place its
+    /// return address was read from.
+    #[cfg(target_arch = "x86_64")]
+    fn with_frame_record(
+        &mut self,
+        unwinding: &Unwinding,
+        objects: &Objects,
+        (pc, sp): (u64, u64),
+        first: &Stack,
+        copied: usize,
+    ) -> Option<Stack> {
+        let word = |bytes: &[u8], at: usize| {
+            bytes
+                .get(at..at + 8)
+                .map(|bytes| u64::from_ne_bytes(bytes.try_into().expect("8 bytes")))
+        };
+        let stopped = *first.frames.last()?;
+        let copy = &self.scratch.stack[..copied.min(MAX_STACK_COPY)];
+        let read_at = (0..copy.len())
+            .step_by(8)
+            .find(|&at| word(copy, at) == Some(stopped))?;
+        let frame_sp = sp + read_at as u64 + 8;
+        // What the first unwind copied above the frame's stack pointer, then the rest of
+        // the window only if no record is found in that.
+        let mut window = [0u8; RECORD_SCAN];
+        let mut got = (copy.len() - (read_at + 8)).min(RECORD_SCAN);
+        window[..got].copy_from_slice(&copy[read_at + 8..read_at + 8 + got]);
+        let mut fetched = false;
+        let mut tried = 0;
+        // From the first 16-byte-aligned address at or above the frame's stack pointer.
+        let mut at = ((16 - frame_sp % 16) % 16) as usize;
+        loop {
+            let Some(return_address) = word(&window[..got], at + 8) else {
+                if fetched || got == RECORD_SCAN {
+                    return None;
+                }
+                while got < RECORD_SCAN {
+                    match unwinding
+                        .memory
+                        .read(frame_sp + got as u64, &mut window[got..])
+                    {
+                        0 => break,
+                        n => got += n,
+                    }
+                }
+                fetched = true;
+                continue;
+            };
+            let record = frame_sp + at as u64;
+            at += 16;
+            if !is_return_address(unwinding, objects, return_address) {
+                continue;
+            }
+            let (stack, _) = self.unwind(unwinding, pc, sp, record);
+            if stack.complete
+                && stack.flags == 0
+                && stack.frames.len() > first.frames.len()
+                && stack.frames.starts_with(&first.frames)
+                && (stack.frames[first.frames.len()..].iter())
+                    .all(|&r| is_return_address(unwinding, objects, r))
+            {
+                return Some(stack);
+            }
+            tried += 1;
+            if tried == RECORD_TRIES {
+                return None;
+            }
+        }
+    }
+
+    /// On aarch64 the `syscall` file's two registers do not unwind a leaf: every thread is
+    /// asked with a signal.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(crate) fn read(&mut self, _unwinding: &Unwinding, _objects: &Objects, _tid: u32) -> Read {
+        Read::NotAsleep
+    }
+}
+
+/// Whether `address` is a return address: in the code of a loaded object, just after a
+/// call instruction (read through the dump's reader, so a library unloaded meanwhile is
+/// never touched).
+#[cfg(target_arch = "x86_64")]
+fn is_return_address(unwinding: &Unwinding, objects: &Objects, address: u64) -> bool {
+    let Some((_, object)) = objects.find(address) else {
+        return false;
+    };
+    if !object
+        .text()
+        .is_some_and(|text| text.avma.contains(&address) && text.avma.start + 8 <= address)
+    {
+        return false;
+    }
+    let mut before = [0u8; 8];
+    if object.file.as_deref() == Some(std::path::Path::new("/proc/self/exe")) {
+        // SAFETY: the executable's code is mapped, readable, for the process's life (as
+        // its unwind tables, read where they are loaded: `unwind.rs`); the 8 bytes lie in
+        // its text segment.
+        before = unsafe { ((address - 8) as *const [u8; 8]).read_unaligned() };
+    } else if unwinding.memory.read(address - 8, &mut before) != 8 {
+        // A library's pages are read with a system call: it may be unloaded meanwhile.
+        return false;
+    }
+    follows_a_call(&before)
+}
+
+/// Whether the 8 bytes `before` an address end with an x86_64 call instruction: `call
+/// rel32` (`e8` and 4 bytes), or `call r/m64` (`ff /2`, 2 to 7 bytes with its ModRM, SIB
+/// and displacement, maybe after a REX prefix).
+#[cfg(target_arch = "x86_64")]
+fn follows_a_call(before: &[u8; 8]) -> bool {
+    if before[3] == 0xe8 {
+        return true;
+    }
+    (2..=7).any(|len: usize| {
+        let at = 8 - len;
+        let modrm = before[at + 1];
+        if before[at] != 0xff || (modrm >> 3) & 7 != 2 {
+            return false;
+        }
+        let (mode, rm) = (modrm >> 6, modrm & 7);
+        let mut encoded = 2;
+        if mode != 3 && rm == 4 {
+            encoded += 1;
+            let sib = before.get(at + 2).copied().unwrap_or(0);
+            if mode == 0 && sib & 7 == 5 {
+                encoded += 4;
+            }
+        }
+        encoded += match (mode, rm) {
+            (0, 5) => 4,
+            (1, _) => 1,
+            (2, _) => 4,
+            _ => 0,
+        };
+        encoded == len
+    })
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use std::sync::mpsc::{Receiver, channel};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::objects::Objects;
+    use crate::process::{InKernel, ProcThread, current_tid};
+    use crate::sampler::memory::Memory;
+    use crate::symbolize::Resolved;
+
+    /// Polls `fd` until it is readable or hung up; the times `poll` was interrupted.
+    #[inline(never)]
+    fn krabka_test_polling(fd: i32) -> usize {
+        let mut interrupted = 0;
+        loop {
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, 60_000) };
+            if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                interrupted += 1;
+                continue;
+            }
+            return std::hint::black_box(interrupted);
+        }
+    }
+
+    #[inline(never)]
+    fn krabka_test_waiting(until: &Receiver<()>) {
+        let _ = std::hint::black_box(until.recv());
+    }
+
+    /// Waits until `tid` sleeps in the kernel.
+    fn asleep(tid: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !matches!(ProcThread::in_kernel(tid), Some(InKernel::Asleep { .. })) {
+            assert!(Instant::now() < deadline, "{tid} never slept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The functions of `stack`, leaf first, each frame's inlined ones first.
+    fn names(stack: &Stack, objects: &Objects) -> Vec<String> {
+        let at: Vec<u64> = (stack.frames.iter().enumerate())
+            .map(|(i, &address)| if i == 0 { address } else { address - 1 })
+            .collect();
+        let resolved = Resolved::of(objects, at.clone());
+        at.iter()
+            .flat_map(|address| match resolved.functions(*address) {
+                Some(functions) => functions.iter().map(|f| f.name.clone()).collect(),
+                None => vec![format!("{address:#x}")],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_thread_asleep_in_poll_or_on_a_futex_is_read_whole_and_never_interrupted() {
+        // No CPU session meanwhile: the backstop's process-wide SIGPROF may land on any
+        // thread that does not block it, a sleeping one too.
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let [read_end, write_end] = fds;
+        let (tx, rx) = channel();
+        let poller = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            krabka_test_polling(read_end)
+        });
+        let poller_tid = rx.recv().unwrap();
+        let (stop, until) = channel::<()>();
+        let (tx, rx) = channel();
+        let waiter = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            krabka_test_waiting(&until);
+        });
+        let waiter_tid = rx.recv().unwrap();
+        asleep(poller_tid);
+        asleep(waiter_tid);
+
+        let mut reader = Asleep::new();
+        for _round in 0..20 {
+            for (tid, function) in [
+                (poller_tid, "krabka_test_polling"),
+                (waiter_tid, "krabka_test_waiting"),
+            ] {
+                let stack = match reader.read(&unwinding, &objects, tid) {
+                    Read::Whole(stack) => stack,
+                    Read::Part(stack) => {
+                        panic!("{function}: part {:?}", names(&stack, &objects))
+                    }
+                    Read::NotAsleep => panic!("{function}'s thread is read without a signal"),
+                };
+                let names = names(&stack, &objects);
+                assert!(
+                    names.iter().any(|n| n.contains(function)),
+                    "{function} in {names:?}"
+                );
+                assert!(stack.complete, "{names:?}");
+            }
+        }
+        assert_eq!(reader.read, 40);
+        assert!(
+            matches!(
+                reader.read(&unwinding, &objects, current_tid()),
+                Read::NotAsleep
+            ),
+            "a running thread is not read so"
+        );
+
+        // SAFETY: closing our end of the pipe ends the poll with POLLHUP.
+        unsafe { libc::close(write_end) };
+        assert_eq!(
+            poller.join().unwrap(),
+            0,
+            "poll was never interrupted by 20 reads"
+        );
+        drop(stop);
+        waiter.join().unwrap();
+        // SAFETY: the read end, no longer polled.
+        unsafe { libc::close(read_end) };
+    }
+}

@@ -1,0 +1,232 @@
+//! Thread dumps in hosts that make them hard, each in a child process (`test_child`),
+//! since each changes what the whole process does: threads parked in `vfork`, which
+//! cannot take a signal (one is read while it sleeps; the other, in code without unwind
+//! tables, cannot be, and makes a dump wait its deadline: twenty dumps at once, one
+//! runs, the others are refused at once; a client that hangs up frees the dump at once), threads with seccomp filters of their
+//! own that kill the process for the system calls a dump's handler used to make, and
+//! programs `exec`'d while dumps are taken.
+
+use std::time::{Duration, Instant};
+
+use krabka_pprof_tests::{ChildServer, client, run_child, unpooled_client};
+use reqwest::StatusCode;
+
+const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
+
+/// The id of the child's thread named `name`, once its `stat` shows it in `state` (at
+/// most 10 s).
+fn child_thread_in(pid: u32, name: &str, state: char) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+        {
+            let Ok(entry) = entry else { continue };
+            let dir = entry.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            let now = stat
+                .rfind(')')
+                .and_then(|at| stat[at + 1..].split_ascii_whitespace().next())
+                .and_then(|s| s.chars().next());
+            if comm.trim_end() == name && now == Some(state) {
+                return entry.file_name().to_str().unwrap().parse().unwrap();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child's thread {name} never reached state {state}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `debug=2`'s block for thread `tid`.
+fn thread_block(dump: &str, tid: u32) -> &str {
+    let header = format!("\nthread {tid} \"");
+    let start = dump
+        .find(&header)
+        .unwrap_or_else(|| panic!("thread {tid} is not in the dump:\n{dump}"))
+        + 1;
+    let end = dump[start..].find("\n\n").map_or(dump.len(), |e| start + e);
+    &dump[start..end]
+}
+
+#[tokio::test]
+async fn twenty_dumps_at_once_beside_a_thread_in_vfork_one_runs_and_the_others_get_409_at_once() {
+    let _serial = krabka_pprof_tests::serial().await;
+    let child = ChildServer::start(CHILD, "serve-vforked", &[]);
+    let readable = child_thread_in(child.pid(), "vfork-clone", 'D');
+    let unreadable = child_thread_in(child.pid(), "vfork-asm", 'D');
+    let http = unpooled_client();
+    let url = child.url("/debug/pprof/threads?debug=2&deadline=2s");
+    let started = Instant::now();
+    let requests = (0..20).map(|_| {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let response = http.get(&url).send().await.unwrap();
+            let status = response.status();
+            let retry_after = response.headers().get("retry-after").cloned();
+            let body = response.text().await.unwrap();
+            (status, retry_after, body, sent.elapsed())
+        })
+    });
+    let mut answers = Vec::new();
+    for request in requests.collect::<Vec<_>>() {
+        answers.push(request.await.unwrap());
+    }
+    let all = started.elapsed();
+    let ok: Vec<_> = answers.iter().filter(|a| a.0 == StatusCode::OK).collect();
+    assert_eq!(
+        ok.len(),
+        1,
+        "one dump at a time: {:?}",
+        answers.iter().map(|a| (a.0, a.3)).collect::<Vec<_>>()
+    );
+    for (status, retry_after, body, took) in &answers {
+        if *status == StatusCode::OK {
+            continue;
+        }
+        assert_eq!(*status, StatusCode::CONFLICT, "{body}");
+        let retry_after: u64 = retry_after
+            .as_ref()
+            .expect("a Retry-After")
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=2).contains(&retry_after), "{retry_after}");
+        assert!(body.contains("a thread dump is already running"), "{body}");
+        // At once, not after the running dump's 2 s deadline.
+        assert!(
+            *took < Duration::from_millis(1500),
+            "a refusal took {took:?}: it waited for the running dump"
+        );
+    }
+    // The one dump waited its deadline for the thread that can neither answer nor be
+    // read, and shows what was read of it: where it sleeps. The other thread in vfork was
+    // read whole while it slept.
+    let (_, _, dump, took) = ok[0];
+    assert!(
+        *took >= Duration::from_secs(2),
+        "{took:?}: {}",
+        thread_block(dump, unreadable)
+    );
+    assert!(all < Duration::from_secs(10), "{all:?}");
+    let block = thread_block(dump, unreadable);
+    assert!(
+        block.contains("[disk sleep")
+            && block.contains("read while it slept, this far; it did not answer within 2s"),
+        "{block}"
+    );
+    let block = thread_block(dump, readable);
+    assert!(
+        block.contains("[disk sleep") && block.contains("krabka_in_vfork"),
+        "{block}"
+    );
+    assert!(!block.contains("did not answer"), "{block}");
+    // The server still dumps afterwards.
+    let later = client()
+        .get(child.url("/debug/pprof/threads?debug=1&deadline=50ms"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(later.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_dump_whose_client_hangs_up_frees_the_next_at_once() {
+    use tokio::io::AsyncWriteExt as _;
+    let _serial = krabka_pprof_tests::serial().await;
+    let child = ChildServer::start(CHILD, "serve-vforked", &[]);
+    child_thread_in(child.pid(), "vfork-asm", 'D');
+    let http = unpooled_client();
+    let probe = child.url("/debug/pprof/threads?deadline=50ms");
+    // A dump that waits 10 s for the thread in vfork, held by a raw connection; a probe
+    // sent after it must be refused (else the probe won the turn: again, at most 20 times
+    // and 30 s; a server that queues dumps instead answers the probe after the 10 s).
+    let mut held = None;
+    let trying = Instant::now();
+    for _ in 0..20 {
+        assert!(
+            trying.elapsed() < Duration::from_secs(30),
+            "no probe was refused while a 10 s dump ran: dumps queue"
+        );
+        let mut raw = tokio::net::TcpStream::connect(child.addr).await.unwrap();
+        let request = format!(
+            "GET /debug/pprof/threads?deadline=10s HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            child.addr
+        );
+        raw.write_all(request.as_bytes()).await.unwrap();
+        raw.flush().await.unwrap();
+        let response = http.get(&probe).send().await.unwrap();
+        if response.status() == StatusCode::CONFLICT {
+            held = Some(raw);
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::OK);
+        drop(raw);
+        // The raw request may hold the turn now, or be refused; either way it ends.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let held = held.expect("a 10 s dump held the turn, and a probe was refused");
+    let hung_up_at = Instant::now();
+    drop(held);
+    // The server sees the EOF and drops the request's future: the dump stops waiting for
+    // the thread in vfork, and the next request gets the turn at once; a dump left running
+    // would refuse probes for 10 s.
+    let mut refusals = 0;
+    loop {
+        assert!(
+            hung_up_at.elapsed() < Duration::from_secs(3),
+            "the dump still ran 3 s after its client hung up ({refusals} 409s)"
+        );
+        let response = http.get(&probe).send().await.unwrap();
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        refusals += 1;
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn threads_with_their_own_seccomp_filter_are_dumped_and_the_process_lives() {
+    let _serial = krabka_pprof_tests::serial().await;
+    let mut child = ChildServer::start(CHILD, "serve-filtered", &[]);
+    let spinning = child_thread_in(child.pid(), "filtered-spin", 'R');
+    let sleeping = child_thread_in(child.pid(), "filtered-sleep", 'S');
+    for _ in 0..10 {
+        let response = client()
+            .get(child.url("/debug/pprof/threads?debug=2&deadline=2s"))
+            .send()
+            .await
+            .expect("the child answers: a dump's handler made no forbidden call");
+        assert_eq!(response.status(), StatusCode::OK);
+        let dump = response.text().await.unwrap();
+        for (tid, function) in [
+            (spinning, "krabka_filtered_spinning"),
+            (sleeping, "krabka_filtered_sleeping"),
+        ] {
+            let block = thread_block(&dump, tid);
+            assert!(block.contains(function), "{block}");
+        }
+    }
+    assert!(child.is_running(), "the filters killed the process");
+}
+
+#[test]
+fn programs_execd_while_dumps_are_taken_run_to_their_end() {
+    // Thirty programs in a row, each exec'd by the one before while that one dumps itself
+    // in a loop: a dump's signal pending on the exec'ing thread goes into the new program.
+    let (status, stdout) = run_child(CHILD, "exec-during-dumps", Duration::from_secs(120));
+    let hops = stdout.lines().filter(|l| l.starts_with("hop ")).count();
+    assert!(
+        status.success() && stdout.contains("survived") && hops == 30,
+        "every exec'd program must run to its end, none die of a dump's signal: {status}, \
+         {hops} hops, {stdout:?}"
+    );
+}
