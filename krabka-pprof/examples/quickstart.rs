@@ -37,15 +37,20 @@ fn count_primes(limit: u64) -> u64 {
         .count() as u64
 }
 
-/// Keeps one core about 40% busy with `count_primes`, like a service under load.
+/// Keeps one core about 40% busy with `count_primes`, like a service under load, for two
+/// tenants: three quarters of it labelled `tenant=acme`, a quarter `tenant=globex`.
 fn background_load() {
     std::thread::Builder::new()
         .name("quickstart-load".into())
         .spawn(|| {
             loop {
-                let started = Instant::now();
-                while started.elapsed() < Duration::from_millis(40) {
-                    black_box(count_primes(black_box(20_000)));
+                for (tenant, millis) in [("acme", 30), ("globex", 10)] {
+                    krabka_pprof::labels::scope(&[("tenant", tenant)], || {
+                        let started = Instant::now();
+                        while started.elapsed() < Duration::from_millis(millis) {
+                            black_box(count_primes(black_box(20_000)));
+                        }
+                    });
                 }
                 std::thread::sleep(Duration::from_millis(60));
             }
@@ -103,8 +108,13 @@ async fn main() {
             println!("\nsaved to {}", path.display());
             println!("\nnext, with Go installed (Debian: apt-get install golang-go):");
             println!("  go tool pprof -top {}", path.display());
+            println!(
+                "  go tool pprof -tags {}    # the CPU per tenant",
+                path.display()
+            );
             println!("  go tool pprof -top {url}");
             println!("  go tool pprof -http=127.0.0.1:8080 {url}");
+            println!("  curl '{url}&format=text&group=tenant'");
         }
     }
     println!("\nstill serving on http://{addr}/ (Ctrl-C to stop)");
