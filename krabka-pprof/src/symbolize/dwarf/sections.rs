@@ -120,9 +120,12 @@ pub(crate) struct Section<'f> {
     /// The region's first byte, or the inflated bytes'.
     bytes: NonNull<u8>,
     len: usize,
-    source: Source<'f>,
+    /// One bit per [`BLOCK`]: whether it holds the file's bytes (every bit, for bytes
+    /// inflated into memory).
+    filled: Box<[Cell<u64>]>,
     /// Bytes the section may still hand out.
     budget: Cell<u64>,
+    source: Source<'f>,
 }
 
 enum Source<'f> {
@@ -131,8 +134,6 @@ enum Source<'f> {
         file: &'f File,
         offset: u64,
         region: Region,
-        /// One bit per [`BLOCK`] of the region: whether it holds the file's bytes.
-        filled: Box<[Cell<u64>]>,
         /// Bytes of the region filled.
         resident: Cell<usize>,
     },
@@ -153,8 +154,9 @@ impl<'f> Section<'f> {
             // never changed again.
             bytes: NonNull::new(owned.as_ptr().cast_mut()).expect("a vector's buffer"),
             len,
-            source: Source::Memory { _owned: owned },
+            filled: (0..words_for(len)).map(|_| Cell::new(u64::MAX)).collect(),
             budget: Cell::new(budget_of(len)),
+            source: Source::Memory { _owned: owned },
         }
     }
 
@@ -178,18 +180,17 @@ impl<'f> Section<'f> {
             Stored::Plain if len == 0 => Some(Section::empty()),
             Stored::Plain => {
                 let region = Region::new(len)?;
-                let words = len.div_ceil(BLOCK).div_ceil(64);
                 Some(Section {
                     bytes: region.at,
                     len,
+                    filled: (0..words_for(len)).map(|_| Cell::new(0)).collect(),
+                    budget: Cell::new(budget_of(len)),
                     source: Source::File {
                         file,
                         offset: placement.offset,
                         region,
-                        filled: (0..words).map(|_| Cell::new(0)).collect(),
                         resident: Cell::new(0),
                     },
-                    budget: Cell::new(budget_of(len)),
                 })
             }
         }
@@ -204,13 +205,10 @@ impl<'f> Section<'f> {
 
     fn release(&self) {
         if let Source::File {
-            region,
-            filled,
-            resident,
-            ..
+            region, resident, ..
         } = &self.source
         {
-            filled.iter().for_each(|word| word.set(0));
+            self.filled.iter().for_each(|word| word.set(0));
             resident.set(0);
             region.release();
         }
@@ -219,17 +217,17 @@ impl<'f> Section<'f> {
     /// Charges `n` bytes to the budget, and makes `at..at + n` (inside the section) hold
     /// the file's bytes. `Err` when the budget is spent, or the file no longer holds them
     /// (cut short since it was opened) or cannot be read.
-    #[inline]
+    #[inline(always)]
     fn take(&self, at: usize, n: usize) -> gimli::Result<()> {
         let left = self.budget.get();
         if n as u64 > left {
             return Err(gimli::Error::Io);
         }
         self.budget.set(left - n as u64);
-        match &self.source {
-            Source::File { filled, .. } if n > 0 && !covered(filled, at, n) => self.fill(at, n),
-            _ => Ok(()),
+        if n == 0 || covered(&self.filled, at, n) {
+            return Ok(());
         }
+        self.fill(at, n)
     }
 
     /// Reads the blocks of `at..at + n` not yet in, and more ahead of them when they
@@ -239,13 +237,13 @@ impl<'f> Section<'f> {
         let Source::File {
             file,
             offset,
-            filled,
             resident,
             ..
         } = &self.source
         else {
             return Ok(());
         };
+        let filled = &self.filled;
         let blocks = self.len.div_ceil(BLOCK);
         let last = (at + n - 1) / BLOCK;
         let mut block = at / BLOCK;
@@ -271,6 +269,20 @@ impl<'f> Section<'f> {
             // to these bytes exists while they are written.
             let into =
                 unsafe { std::slice::from_raw_parts_mut(self.bytes.as_ptr().add(from), to - from) };
+            if end - block > 1 {
+                // SAFETY: advice on pages of the region about to be written, which no
+                // reference covers (above): it makes them resident in one call rather
+                // than one fault each while `pread` writes them, and changes no byte.
+                // Kernels before 5.14 do not know it and fault them in as they are
+                // written.
+                unsafe {
+                    libc::madvise(
+                        into.as_mut_ptr().cast(),
+                        into.len(),
+                        libc::MADV_POPULATE_WRITE,
+                    )
+                };
+            }
             let got = read_fully(file, into, offset + from as u64);
             // Only whole blocks count as in (and the section's last, if it ends inside one).
             let complete = if from + got == self.len {
@@ -299,10 +311,7 @@ impl<'f> Section<'f> {
     fn peek(&self, at: usize, into: &mut [u8]) -> Option<usize> {
         let n = into.len().min(self.len.checked_sub(at)?);
         self.budget.set(self.budget.get().checked_sub(n as u64)?);
-        let in_memory = match &self.source {
-            Source::File { filled, .. } => n == 0 || covered(filled, at, n),
-            Source::Memory { .. } => true,
-        };
+        let in_memory = n == 0 || covered(&self.filled, at, n);
         match &self.source {
             Source::File { file, offset, .. } if !in_memory => {
                 Some(read_fully(file, &mut into[..n], offset + at as u64))
@@ -323,7 +332,12 @@ fn budget_of(len: usize) -> u64 {
     (len as u64).saturating_mul(8).saturating_add(4 << 20)
 }
 
-#[inline]
+/// How many words of one bit per block `len` bytes take.
+fn words_for(len: usize) -> usize {
+    len.div_ceil(BLOCK).div_ceil(64)
+}
+
+#[inline(always)]
 fn is_set(filled: &[Cell<u64>], block: usize) -> bool {
     filled[block / 64].get() >> (block % 64) & 1 == 1
 }
@@ -334,9 +348,14 @@ fn set(filled: &[Cell<u64>], block: usize) {
 }
 
 /// Whether every block of `at..at + n` (`n > 0`) is filled.
-#[inline]
+#[inline(always)]
 fn covered(filled: &[Cell<u64>], at: usize, n: usize) -> bool {
-    (at / BLOCK..=(at + n - 1) / BLOCK).all(|block| is_set(filled, block))
+    let (first, last) = (at / BLOCK, (at + n - 1) / BLOCK);
+    // Most reads are of a few bytes, inside one block.
+    if first == last {
+        return is_set(filled, first);
+    }
+    (first..=last).all(|block| is_set(filled, block))
 }
 
 /// Fills `into` from `file` at `at`, as far as the file goes: how many bytes were read
@@ -455,7 +474,7 @@ impl<'d> Paged<'d> {
     }
 
     /// The next `n` bytes, in memory: to be copied at once.
-    #[inline]
+    #[inline(always)]
     fn bytes(&self, n: usize) -> gimli::Result<&[u8]> {
         if n > self.len {
             return Err(self.eof());
@@ -609,7 +628,7 @@ impl<'d> gimli::Reader for Paged<'d> {
         ))
     }
 
-    #[inline]
+    #[inline(always)]
     fn read_slice(&mut self, buf: &mut [u8]) -> gimli::Result<()> {
         buf.copy_from_slice(self.bytes(buf.len())?);
         self.start += buf.len();
@@ -617,7 +636,7 @@ impl<'d> gimli::Reader for Paged<'d> {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn read_u8(&mut self) -> gimli::Result<u8> {
         let byte = self.bytes(1)?[0];
         self.start += 1;
