@@ -39,7 +39,7 @@ pub(crate) type Unit<'a> = gimli::Unit<Reader<'a>>;
 
 /// What is read from the file at once, and what is known to be in or not.
 const BLOCK: usize = 4096;
-/// How many blocks are read at once when a read continues from the block before it.
+/// The most blocks read at once, when a read continues from as many blocks before it.
 const READ_AHEAD: usize = 16;
 /// The most units [`Paged::unit_starts`] lists (the benchmark's service has 1,655).
 const MAX_UNITS: usize = 1 << 20;
@@ -252,11 +252,12 @@ impl<'f> Section<'f> {
                 block += 1;
                 continue;
             }
-            let ahead = if block > 0 && is_set(filled, block - 1) {
-                READ_AHEAD
-            } else {
-                1
-            };
+            // As many blocks as were read just before this one, up to READ_AHEAD: a read
+            // that goes on doubles its next read, and one that stops soon wastes little.
+            let ahead = (1..=READ_AHEAD)
+                .take_while(|back| block >= *back && is_set(filled, block - back))
+                .count()
+                .max(1);
             let mut end = block + 1;
             while end < blocks && !is_set(filled, end) && (end <= last || end < block + ahead) {
                 end += 1;
@@ -578,17 +579,39 @@ impl<'d> gimli::Reader for Paged<'d> {
         (at <= self.len as u64).then_some(at as usize)
     }
 
+    /// Looks through what is in memory, and reads what is not without keeping it: gimli
+    /// finds the end of every string it is given this way, most of them names (a unit's,
+    /// its directory's) read at scattered places and never used.
     fn find(&self, byte: u8) -> gimli::Result<usize> {
         let mut done = 0;
+        let mut chunk = [0u8; 256];
         while done < self.len {
             let at = self.start + done;
             let n = (BLOCK - at % BLOCK).min(self.len - done);
-            let piece = Paged {
-                start: at,
-                len: n,
-                ..*self
+            let found = if covered(&self.section.filled, at, n) {
+                let piece = Paged {
+                    start: at,
+                    len: n,
+                    ..*self
+                };
+                piece.bytes(n)?.iter().position(|b| *b == byte)
+            } else {
+                let n = n.min(chunk.len());
+                let got = self
+                    .section
+                    .peek(at, &mut chunk[..n])
+                    .ok_or(gimli::Error::Io)?;
+                if got < n {
+                    return Err(gimli::Error::Io);
+                }
+                let found = chunk[..n].iter().position(|b| *b == byte);
+                if found.is_none() {
+                    done += n;
+                    continue;
+                }
+                found
             };
-            if let Some(i) = piece.bytes(n)?.iter().position(|b| *b == byte) {
+            if let Some(i) = found {
                 return Ok(done + i);
             }
             done += n;

@@ -855,9 +855,12 @@ fn sections_are_read_as_the_file_holds_them_and_only_where_they_are_read() {
     let nul = expected[4090..].iter().position(|b| *b == 0).unwrap();
     assert_eq!(from.find(0).unwrap(), nul);
 
-    // Given back: nothing held, and read again as the file holds it.
+    // Given back: nothing held, and read again as the file holds it; looking for the
+    // end of a string reads without keeping.
     sections.release_all();
     assert_eq!(sections.resident(), 0);
+    assert_eq!(from.find(0).unwrap(), nul);
+    assert_eq!(sections.resident(), 0, "find kept what it read");
     let mut again = whole;
     again.skip(expected.len() / 2 - 3).unwrap();
     again.read_slice(&mut six).unwrap();
