@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 #[cfg(elf)]
 pub(crate) mod dwarf;
 mod names;
+mod opening;
 mod symtab;
 
 pub(crate) use names::FunctionLine;

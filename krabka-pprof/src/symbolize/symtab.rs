@@ -1,8 +1,10 @@
 //! Function names for code addresses, from the ELF symbol tables of the loaded objects
-//! (`.symtab`, else `.dynsym`). Tables are streamed through a small buffer and nothing is
-//! cached: a profile's symbolization costs a few pages of memory while it runs and none
-//! afterwards (the `backtrace` crate's caches, used by the `pprof` crate, stay resident
-//! for the life of the process).
+//! (`.symtab`, else `.dynsym`). Tables are streamed through a small buffer with positioned
+//! reads (never a map, which a file truncated meanwhile would turn into `SIGBUS`), from
+//! regular files only (`symbolize/opening.rs`), and nothing is cached: a profile's
+//! symbolization costs a few pages of memory while it runs and none afterwards (the
+//! `backtrace` crate's caches, used by the `pprof` crate, stay resident for the life of
+//! the process).
 
 use std::fs::File;
 #[cfg(unix)]
@@ -11,6 +13,7 @@ use std::os::unix::fs::FileExt as _;
 use std::os::windows::fs::FileExt as _;
 
 use super::names::demangle;
+use super::opening::open_regular;
 use crate::objects::LoadedObject;
 
 /// A resolved function.
@@ -148,9 +151,9 @@ pub(crate) fn resolve(object: &LoadedObject, addresses: &[u64]) -> Vec<Option<Sy
         // SAFETY: the vDSO stays mapped for the life of the process.
         Source::Memory(unsafe { object.image() })
     } else {
-        match object.file.as_ref().map(File::open) {
-            Some(Ok(file)) => Source::File(file),
-            _ => return vec![None; addresses.len()],
+        match object.file.as_deref().and_then(open_regular) {
+            Some(file) => Source::File(file),
+            None => return vec![None; addresses.len()],
         }
     };
     let Some(sections) = sections(&source) else {

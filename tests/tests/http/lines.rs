@@ -2,9 +2,14 @@
 //! with the dev profile's line tables) names its file and lines, shows the step inlined
 //! into it as a frame of its own, and `go tool pprof -list` and `-lines` read them;
 //! `?symbolize=none` answers addresses and mappings only, which `go tool pprof` still
-//! reads; `?lines=true` lists lines in the text view. Only krabka-pprof's own sampler
-//! keeps addresses: these tests do not run against the `pprof` crate's.
+//! reads; `?lines=true` lists lines in the text view; a library whose debug file is
+//! looked for where a FIFO sits first still gets its lines, without the profile waiting on
+//! the FIFO. Only krabka-pprof's own sampler keeps addresses: these tests do not run
+//! against the `pprof` crate's.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use axum::Router;
@@ -340,4 +345,124 @@ async fn the_thread_dump_and_bad_values_follow_the_same_rules() {
         text.lines().any(with_a_line),
         "no row of the thread dump by line names a file and line: {text}"
     );
+}
+
+/// The C function of [`a_library_whose_debug_file_is_looked_for_at_a_fifo_first_has_its_lines`],
+/// loaded with `dlopen`.
+static C_SPIN: OnceLock<extern "C" fn(u64) -> u64> = OnceLock::new();
+
+/// One round of the C library's loop.
+fn c_round() {
+    let spin = C_SPIN.get().expect("the C library is loaded");
+    std::hint::black_box(spin(std::hint::black_box(20_000)));
+}
+
+fn run(command: &mut Command) {
+    let status = command
+        .status()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(status.success(), "{command:?}");
+}
+
+/// Builds, in `dir`, a C library with line tables (`cc -g`), stripped and linked to its
+/// debug file as Debian's `dh_strip` leaves them: the debug file in `.debug/` beside the
+/// library, and, where its debug link is looked for first (beside the library), a FIFO
+/// nobody writes to. The library's path.
+fn library_beside_a_fifo(dir: &Path) -> PathBuf {
+    let source = dir.join("krabka_c_spin.c");
+    std::fs::write(
+        &source,
+        "unsigned long krabka_c_spin(unsigned long rounds) {\n\
+         \x20   unsigned long x = 0x2545f4914f6cdd1d;\n\
+         \x20   for (unsigned long i = 0; i < rounds; i++)\n\
+         \x20       x = (x ^ (x >> 12)) * 0x9e3779b97f4a7c15 + i;\n\
+         \x20   return x;\n\
+         }\n",
+    )
+    .unwrap();
+    let built = dir.join("built.so");
+    run(Command::new("cc")
+        .args(["-shared", "-fPIC", "-g", "-O1", "-o"])
+        .arg(&built)
+        .arg(&source));
+    let debug = dir.join("libkrabka_c.so.debug");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&built)
+        .arg(&debug));
+    let library = dir.join("libkrabka_c.so");
+    run(Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(format!("--add-gnu-debuglink={}", debug.display()))
+        .arg(&built)
+        .arg(&library));
+    std::fs::create_dir_all(dir.join(".debug")).unwrap();
+    std::fs::rename(&debug, dir.join(".debug").join("libkrabka_c.so.debug")).unwrap();
+    run(Command::new("mkfifo").arg(&debug));
+    library
+}
+
+#[tokio::test]
+#[cfg_attr(
+    target_env = "musl",
+    ignore = "a static musl binary cannot dlopen: no library is loaded"
+)]
+async fn a_library_whose_debug_file_is_looked_for_at_a_fifo_first_has_its_lines() {
+    let _serial = serial().await;
+    let dir = std::env::temp_dir().join(format!("krabka-pprof-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let library = library_beside_a_fifo(&dir);
+    let path = std::ffi::CString::new(library.to_str().unwrap()).unwrap();
+    // SAFETY: the library was just built from the C above, and stays loaded for the rest
+    // of the process; `krabka_c_spin` has the signature it is called with.
+    let spin = unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW);
+        assert!(!handle.is_null(), "dlopen {}", library.display());
+        let spin = libc::dlsym(handle, c"krabka_c_spin".as_ptr());
+        assert!(!spin.is_null());
+        std::mem::transmute::<*mut libc::c_void, extern "C" fn(u64) -> u64>(spin)
+    };
+    C_SPIN.get_or_init(|| spin);
+
+    let server = TestServer::start(app);
+    let burner = Burner::start_with(1, Duration::from_secs(20), c_round);
+    let request = client()
+        .get(server.url("/debug/pprof/profile?seconds=2"))
+        .send();
+    // A symbolizer that opened the FIFO would wait in open(2) for a writer for ever, and
+    // the profile with it: judged by this test's clock, then the FIFO is opened for
+    // writing to let that thread go.
+    let response = match tokio::time::timeout(Duration::from_secs(60), request).await {
+        Ok(response) => response.unwrap(),
+        Err(_) => {
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("libkrabka_c.so.debug"));
+            panic!("no profile 60 s after it was asked for: its symbols waited on the FIFO");
+        }
+    };
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    drop(burner.finish());
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let locations = locations(&profile);
+    let in_c: Vec<&LineOf> = locations
+        .iter()
+        .filter_map(|lines| lines.last())
+        .filter(|outer| outer.name == "krabka_c_spin")
+        .collect();
+    assert!(
+        !in_c.is_empty(),
+        "no location in the C library: {locations:#?}"
+    );
+    for spin in &in_c {
+        assert!(
+            spin.filename.starts_with('/') && spin.filename.ends_with("/krabka_c_spin.c"),
+            "lines from the debug file in .debug/: {spin:?}"
+        );
+        assert!((1..=5).contains(&spin.line), "{spin:?}");
+        assert_eq!(spin.start_line, 1, "{spin:?}");
+    }
 }

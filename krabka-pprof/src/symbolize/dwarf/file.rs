@@ -1,22 +1,23 @@
-//! Finding and reading the file that holds an object's DWARF: the object's own file, or
-//! its separate debug file where distributions and `objcopy --only-keep-debug` put one
-//! (by build ID, by `.gnu_debuglink`), never one of another build; its sections, borrowed
-//! from a read-only map or inflated within a bound; and small scattered reads done with
-//! `pread`, so that looking up a few names does not make the file resident.
+//! Finding the file that holds an object's DWARF: the object's own file, or its separate
+//! debug file where distributions and `objcopy --only-keep-debug` put one (by build ID, by
+//! `.gnu_debuglink`), never one of another build; and where in it each DWARF section
+//! lies, read from its ELF headers alone.
+//!
+//! Nothing here maps the file: a file truncated and rewritten in place while it is read
+//! (`cp` over it) would turn a mapped read into `SIGBUS`. Files are opened as
+//! `symbolize/opening.rs` opens them (regular files only, never waiting on a FIFO), the
+//! headers read with positioned reads, and the sections' bytes later as
+//! `dwarf/sections.rs` reads them.
 
-use std::borrow::Cow;
 use std::fs::File;
-use std::io::Read as _;
 use std::path::Path;
 
-use gimli::{DebugInfoOffset, EndianSlice, LittleEndian};
-use object::{CompressionFormat, Object as _, ObjectSection as _};
+use object::elf::{ELF_NOTE_GNU, ELFCOMPRESS_ZLIB, FileHeader64, NT_GNU_BUILD_ID, SHT_NOBITS};
+use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
+use object::{LittleEndian, ReadCache, ReadRef as _};
 
 use crate::objects::hex;
-
-pub(crate) type Reader<'a> = EndianSlice<'a, LittleEndian>;
-pub(crate) type Dwarf<'a> = gimli::Dwarf<Reader<'a>>;
-pub(crate) type Unit<'a> = gimli::Unit<Reader<'a>>;
+use crate::symbolize::opening::open_regular;
 
 /// Where distributions install separate debug files (by build ID under `.build-id/`, or
 /// by the binary's own path).
@@ -27,29 +28,69 @@ pub(crate) const DEBUG_ROOT: &str = "/usr/lib/debug";
 /// and memory in proportion: glibc's (libc6-dbg) would inflate to some 12 MB in about
 /// 100 ms, on every request. Above this, the object keeps its symbol-table names; its
 /// debug file can be decompressed once with `objcopy --decompress-debug-sections`, and is
-/// then mapped like any other.
+/// then read like any other.
 pub(crate) const MAX_INFLATED: u64 = 4 << 20;
 
-/// A mapped ELF file with DWARF in it.
+/// The DWARF sections this module reads; the others (locations, macros, types, name
+/// indexes) are never read.
+pub(crate) const USED: [gimli::SectionId; 10] = [
+    gimli::SectionId::DebugAbbrev,
+    gimli::SectionId::DebugAddr,
+    gimli::SectionId::DebugAranges,
+    gimli::SectionId::DebugInfo,
+    gimli::SectionId::DebugLine,
+    gimli::SectionId::DebugLineStr,
+    gimli::SectionId::DebugStr,
+    gimli::SectionId::DebugStrOffsets,
+    gimli::SectionId::DebugRanges,
+    gimli::SectionId::DebugRngLists,
+];
+
+/// An opened ELF file, and where its DWARF lies in it.
 pub(crate) struct DebugFile {
-    pub(crate) map: memmap2::Mmap,
-    /// The same file, for positioned reads of small scattered pieces (see [`Scattered`]).
     pub(crate) file: File,
+    pub(crate) layout: Layout,
+}
+
+/// What the ELF headers of a file say: its build ID, its debug link, and where each of
+/// the [`USED`] sections is.
+#[derive(Debug, Default)]
+pub(crate) struct Layout {
+    pub(crate) build_id: Option<Vec<u8>>,
+    /// `.gnu_debuglink`'s file name.
+    pub(crate) link: Option<Vec<u8>>,
+    /// By the index of the section in [`USED`]; `None` where the file has no such section.
+    pub(crate) sections: [Option<Placement>; USED.len()],
+}
+
+/// Where one DWARF section's bytes are in the file, and how they are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Placement {
+    /// Where the section starts in the file.
+    pub(crate) offset: u64,
+    /// Its size in memory: the inflated size of a compressed section.
+    pub(crate) size: u64,
+    pub(crate) stored: Stored,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// The bytes as they are, at [`Placement::offset`].
+    Plain,
+    /// A zlib stream of `len` bytes at `at` (`SHF_COMPRESSED`, as `objcopy
+    /// --compress-debug-sections` and distributions write them, or GNU's older
+    /// `.zdebug_*` sections).
+    Zlib { at: u64, len: u64 },
+    /// Compressed otherwise (zstd), or placed outside the file: no lines from this file.
+    Unusable,
 }
 
 impl DebugFile {
-    /// Maps `path` read-only.
-    fn map(path: &Path) -> Option<DebugFile> {
-        let file = File::open(path).ok()?;
-        // SAFETY: the map is private and read-only, and lives only for one request. A file
-        // truncated meanwhile would fault on access (SIGBUS), as for every reader of mapped
-        // binaries (the dynamic loader maps them the same way): package managers and deploy
-        // tools replace files by rename, which leaves this map on the old file; docs/limits.md
-        // says not to rewrite debug files in place.
-        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-        // Only parts are read: no readahead beyond them when the file is not cached.
-        let _ = map.advise(memmap2::Advice::Random);
-        Some(DebugFile { map, file })
+    /// Opens `path` and reads where its sections are.
+    fn open(path: &Path) -> Option<DebugFile> {
+        let file = open_regular(path)?;
+        let layout = Layout::read(&file)?;
+        Some(DebugFile { file, layout })
     }
 
     /// The file that holds `file`'s DWARF: itself if it has line tables, else its separate
@@ -67,24 +108,21 @@ impl DebugFile {
         loaded: Option<&[u8]>,
         roots: &[&Path],
     ) -> Option<DebugFile> {
-        let own = DebugFile::map(file)?;
-        let elf = object::File::parse(&*own.map).ok()?;
-        let on_disk = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let own = DebugFile::open(file)?;
+        let on_disk = own.layout.build_id.clone();
         let replaced = matches!((loaded, &on_disk), (Some(loaded), Some(on_disk)) if loaded != on_disk.as_slice());
-        if !replaced && has_dwarf(&elf) {
-            drop(elf);
+        if !replaced && own.layout.has_dwarf() {
             return Some(own);
         }
         let build_id = loaded.map(<[u8]>::to_vec).or(on_disk);
-        let link = elf
-            .gnu_debuglink()
-            .ok()
-            .flatten()
-            .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned())
+        let link = own
+            .layout
+            .link
+            .as_deref()
+            .map(|name| String::from_utf8_lossy(name).into_owned())
             // A link is a file name, never a path elsewhere; a replaced file's link names
             // the new build's debug file.
             .filter(|name| !replaced && !name.is_empty() && !name.contains('/'));
-        drop(elf);
         drop(own);
         let by_build_id = build_id
             .iter()
@@ -118,140 +156,161 @@ impl DebugFile {
             // The link may name the binary itself: never read it twice.
             .filter(|candidate| candidate != &real)
             .find_map(|candidate| {
-                let debug = DebugFile::map(&candidate)?;
-                let elf = object::File::parse(&*debug.map).ok()?;
+                let debug = DebugFile::open(&candidate)?;
                 // A debug file of another build gives wrong lines: worse than none.
-                let same_build = match (&build_id, elf.build_id().ok().flatten()) {
-                    (Some(wanted), Some(theirs)) => wanted.as_slice() == theirs,
+                let same_build = match (&build_id, &debug.layout.build_id) {
+                    (Some(wanted), Some(theirs)) => wanted == theirs,
                     _ => true,
                 };
-                let usable = same_build && has_dwarf(&elf);
-                drop(elf);
-                usable.then_some(debug)
+                (same_build && debug.layout.has_dwarf()).then_some(debug)
             })
     }
 }
 
-/// Where an uncompressed section lies in the file: its offset and size.
-pub(crate) fn plain_range(elf: &object::File<'_>, name: &str) -> Option<(u64, u64)> {
-    let section = elf.section_by_name(name)?;
-    let range = section.compressed_file_range().ok()?;
-    (range.format == CompressionFormat::None).then_some((range.offset, range.uncompressed_size))
-}
-
-/// Small pieces read at scattered places, by positioned reads rather than through the
-/// map: the kernel maps 64 KiB of a cached file around every page a mapping touches
-/// (fault-around, which `MADV_RANDOM` does not turn off), so a name looked up here and
-/// there would make most of `.debug_str` resident, and walking every unit's header most
-/// of `.debug_info`.
-pub(crate) struct Scattered<'f> {
-    pub(crate) file: &'f File,
-    pub(crate) debug_info: Option<(u64, u64)>,
-    pub(crate) debug_str: Option<(u64, u64)>,
-}
-
-impl Scattered<'_> {
-    /// The string at `offset` in `.debug_str`, if the section is stored plain.
-    pub(crate) fn string(&self, offset: usize) -> Option<String> {
-        let (start, size) = self.debug_str?;
-        let offset = offset as u64;
-        if offset >= size {
-            return None;
-        }
-        let mut found = Vec::new();
-        let mut chunk = [0u8; 256];
-        while offset + (found.len() as u64) < size && found.len() < 1 << 16 {
-            let at = start + offset + found.len() as u64;
-            let n = read_at(self.file, &mut chunk, at)?;
-            if n == 0 {
-                return None;
+impl Layout {
+    /// Reads the ELF file header, the section headers and their names, the build ID note
+    /// and the debug link, each with a read of its own size (through `object`'s
+    /// `ReadCache`, dropped on return): a few kilobytes however large the sections. `None`
+    /// if it is not a 64-bit little-endian ELF file (the only kind this crate symbolizes)
+    /// or its headers cannot be read.
+    fn read(file: &File) -> Option<Layout> {
+        let size = file.metadata().ok()?.len();
+        let cache = ReadCache::new(file);
+        let data = &cache;
+        let header = FileHeader64::<LittleEndian>::parse(data).ok()?;
+        let endian = header.endian().ok()?;
+        let sections = header.sections(endian, data).ok()?;
+        let mut layout = Layout::default();
+        for section in sections.iter() {
+            if layout.build_id.is_none()
+                && let Ok(Some(mut notes)) = section.notes(endian, data)
+            {
+                layout.build_id = build_id(&mut notes);
             }
-            let n = n.min((size - offset - found.len() as u64) as usize);
-            if let Some(nul) = chunk[..n].iter().position(|b| *b == 0) {
-                found.extend_from_slice(&chunk[..nul]);
-                return Some(String::from_utf8_lossy(&found).into_owned());
-            }
-            found.extend_from_slice(&chunk[..n]);
-        }
-        None
-    }
-
-    /// The start of every unit in `.debug_info`, from their lengths alone.
-    pub(crate) fn unit_starts(&self) -> Option<Vec<DebugInfoOffset>> {
-        let (start, size) = self.debug_info?;
-        let mut starts = Vec::new();
-        let mut offset = 0u64;
-        let mut length = [0u8; 12];
-        // Every unit is at least its 4-byte length long, so a malformed length can only
-        // end the walk, never make it loop.
-        while offset.checked_add(4)? <= size {
-            if read_at(self.file, &mut length, start.checked_add(offset)?)? < 12 {
-                return None;
-            }
-            let short = u32::from_le_bytes(length[..4].try_into().expect("4 bytes"));
-            let (header, length) = match short {
-                0xffff_ffff => (
-                    12,
-                    u64::from_le_bytes(length[4..].try_into().expect("8 bytes")),
-                ),
-                0xffff_fff0.. => return None,
-                length => (4, u64::from(length)),
+            let Ok(name) = sections.section_name(endian, section) else {
+                continue;
             };
-            starts.push(DebugInfoOffset(usize::try_from(offset).ok()?));
-            offset = offset.checked_add(header)?.checked_add(length)?;
+            if name == b".gnu_debuglink" {
+                layout.link = section
+                    .data(endian, data)
+                    .ok()
+                    .and_then(|bytes| bytes.split(|b| *b == 0).next())
+                    .map(<[u8]>::to_vec);
+                continue;
+            }
+            let Some((index, gnu_compressed)) = used(name) else {
+                continue;
+            };
+            // A plain section wins over GNU's compressed copy of it.
+            if gnu_compressed && layout.sections[index].is_some() {
+                continue;
+            }
+            let Some((offset, stored_size)) = section
+                .file_range(endian)
+                .filter(|_| section.sh_type(endian) != SHT_NOBITS)
+            else {
+                continue;
+            };
+            let inside = offset
+                .checked_add(stored_size)
+                .is_some_and(|end| end <= size);
+            let placement = if !inside {
+                Placement {
+                    offset,
+                    size: stored_size,
+                    stored: Stored::Unusable,
+                }
+            } else if let Ok(Some((compression, at, len))) = section.compression(endian, data) {
+                use object::read::elf::CompressionHeader as _;
+                Placement {
+                    offset,
+                    size: compression.ch_size(endian),
+                    stored: if compression.ch_type(endian) == ELFCOMPRESS_ZLIB {
+                        Stored::Zlib { at, len }
+                    } else {
+                        Stored::Unusable
+                    },
+                }
+            } else if gnu_compressed {
+                // "ZLIB", then the inflated size, big-endian.
+                let head = data
+                    .read_bytes_at(offset, 12)
+                    .ok()
+                    .filter(|_| stored_size >= 12);
+                match head {
+                    Some(head) if &head[..4] == b"ZLIB" => Placement {
+                        offset,
+                        size: u64::from_be_bytes(head[4..].try_into().expect("8 bytes")),
+                        stored: Stored::Zlib {
+                            at: offset + 12,
+                            len: stored_size - 12,
+                        },
+                    },
+                    _ => Placement {
+                        offset,
+                        size: stored_size,
+                        stored: Stored::Unusable,
+                    },
+                }
+            } else {
+                Placement {
+                    offset,
+                    size: stored_size,
+                    stored: Stored::Plain,
+                }
+            };
+            layout.sections[index] = Some(placement);
         }
-        Some(starts)
+        if sections.is_empty()
+            && let Ok(segments) = header.program_headers(endian, data)
+        {
+            for segment in segments {
+                if let Ok(Some(mut notes)) = segment.notes(endian, data) {
+                    layout.build_id = build_id(&mut notes);
+                    if layout.build_id.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        Some(layout)
+    }
+
+    /// Whether the file has the DWARF this module reads.
+    pub(crate) fn has_dwarf(&self) -> bool {
+        [gimli::SectionId::DebugInfo, gimli::SectionId::DebugLine]
+            .iter()
+            .all(|id| self.placement(*id).is_some_and(|p| p.size > 0))
+    }
+
+    /// Where section `id` is, if the file has it.
+    pub(crate) fn placement(&self, id: gimli::SectionId) -> Option<Placement> {
+        let index = USED.iter().position(|used| *used == id)?;
+        self.sections[index]
     }
 }
 
-fn read_at(file: &File, buf: &mut [u8], offset: u64) -> Option<usize> {
-    use std::os::unix::fs::FileExt as _;
-    file.read_at(buf, offset).ok()
+/// The GNU build ID among `notes`.
+fn build_id(
+    notes: &mut object::read::elf::NoteIterator<'_, FileHeader64<LittleEndian>>,
+) -> Option<Vec<u8>> {
+    while let Ok(Some(note)) = notes.next() {
+        if note.name() == ELF_NOTE_GNU && note.n_type(LittleEndian) == NT_GNU_BUILD_ID {
+            return Some(note.desc().to_vec());
+        }
+    }
+    None
 }
 
-/// Whether an ELF file has the DWARF this module reads.
-fn has_dwarf(elf: &object::File<'_>) -> bool {
-    [".debug_info", ".debug_line"].iter().all(|name| {
-        elf.section_by_name(name)
-            .is_some_and(|section| section.size() > 0)
-    })
-}
-
-/// The DWARF sections this module reads; the others (locations, macros, types, name
-/// indexes) are never loaded.
-pub(crate) const USED: [gimli::SectionId; 10] = [
-    gimli::SectionId::DebugAbbrev,
-    gimli::SectionId::DebugAddr,
-    gimli::SectionId::DebugAranges,
-    gimli::SectionId::DebugInfo,
-    gimli::SectionId::DebugLine,
-    gimli::SectionId::DebugLineStr,
-    gimli::SectionId::DebugStr,
-    gimli::SectionId::DebugStrOffsets,
-    gimli::SectionId::DebugRanges,
-    gimli::SectionId::DebugRngLists,
-];
-
-/// A section's bytes: borrowed from the map, or inflated when the section is compressed
-/// (`SHF_COMPRESSED` with zlib, as `objcopy --compress-debug-sections` and distributions
-/// write them). Empty when the object has no such section; `None` when it cannot be read
-/// or inflated.
-pub(crate) fn section<'m>(elf: &object::File<'m>, name: &str) -> Option<Cow<'m, [u8]>> {
-    let Some(section) = elf.section_by_name(name) else {
-        return Some(Cow::Borrowed(&[]));
+/// The index in [`USED`] of the section named `name` (`.debug_*`), and whether it is
+/// GNU's compressed copy of one (`.zdebug_*`).
+fn used(name: &[u8]) -> Option<(usize, bool)> {
+    let (plain, gnu_compressed) = match name.strip_prefix(b".zdebug_") {
+        Some(rest) => (rest, true),
+        None => (name.strip_prefix(b".debug_")?, false),
     };
-    let compressed = section.compressed_data().ok()?;
-    match compressed.format {
-        CompressionFormat::None => Some(Cow::Borrowed(compressed.data)),
-        CompressionFormat::Zlib if compressed.uncompressed_size <= MAX_INFLATED => {
-            let mut inflated = Vec::with_capacity(compressed.uncompressed_size as usize);
-            flate2::read::ZlibDecoder::new(compressed.data)
-                .take(compressed.uncompressed_size)
-                .read_to_end(&mut inflated)
-                .ok()?;
-            Some(Cow::Owned(inflated))
-        }
-        // zstd-compressed sections (`--compress-debug-sections=zstd`), or too big.
-        _ => None,
-    }
+    let index = USED
+        .iter()
+        .position(|id| id.name().as_bytes().strip_prefix(b".debug_") == Some(plain))?;
+    Some((index, gnu_compressed))
 }

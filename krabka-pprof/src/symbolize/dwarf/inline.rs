@@ -2,16 +2,29 @@
 //! subprogram, then each call inlined into it), their names followed through
 //! `DW_AT_abstract_origin` and `DW_AT_specification` (across units too, as LTO writes
 //! them), and the chain turned into an address's functions, innermost first.
+//!
+//! A crafted file costs bounded memory here: a DIE's range list, however long, is kept
+//! as at most as many spans as there are addresses; a chain is at most [`MAX_LEVELS`]
+//! deep, a sibling replacing its sibling; and one unit's walk places at most
+//! [`MAX_LEVELS`] functions per address before it stops.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::rc::Rc;
 
-use gimli::{AttributeValue, DebugInfoOffset, UnitOffset, UnitRef};
+use gimli::{AttributeValue, DebugInfoOffset, Reader as _, Section as _, UnitOffset, UnitRef};
 
-use super::file::{Dwarf, Reader, Scattered, Unit};
 use super::rows::{Row, program_file};
+use super::sections::{Dwarf, Reader, Unit};
 use super::units::span;
 use crate::symbolize::names::{FunctionLine, demangle};
+
+/// The most functions at one address: the deepest inline chains of Rust release builds
+/// are a few dozen (the benchmark's service: 16).
+pub(crate) const MAX_LEVELS: usize = 128;
+
+/// The most other units [`Origins`] keeps parsed at once.
+const MAX_UNITS_KEPT: usize = 64;
 
 /// A function's name and where it is declared, as its DIE (or the DIEs it refers to,
 /// through `DW_AT_abstract_origin` and `DW_AT_specification`) states it.
@@ -25,6 +38,8 @@ struct Origin {
 /// inlined into one.
 #[derive(Clone, Debug)]
 pub(crate) struct Scope {
+    /// The DIE's depth in its unit's tree.
+    depth: isize,
     origin: Rc<Origin>,
     /// Where the inlined call is, in the function it was inlined into.
     call: Option<Row>,
@@ -32,14 +47,13 @@ pub(crate) struct Scope {
 
 /// Names already looked up in this request, by the DIE's offset in `.debug_info`:
 /// inlined calls of one function share its abstract DIE.
-pub(crate) struct Origins<'s, 'd> {
+pub(crate) struct Origins<'d> {
     known: HashMap<DebugInfoOffset, Origin>,
     /// Start offsets of every unit, read once if a DIE refers to another unit.
     unit_starts: Option<Vec<DebugInfoOffset>>,
     /// Units other units' DIEs referred to, parsed once: in a release build most inlined
     /// functions are declared in another unit of their crate.
     units: HashMap<DebugInfoOffset, Rc<Unit<'d>>>,
-    scattered: &'s Scattered<'s>,
 }
 
 /// For each of `at` (sorted), the function DIEs containing it, outermost first: the
@@ -51,10 +65,12 @@ pub(crate) fn inline_chains<'d>(
     unit: UnitRef<'_, Reader<'d>>,
     at: &[u64],
     expected: &[bool],
-    origins: &mut Origins<'_, 'd>,
+    origins: &mut Origins<'d>,
 ) -> Option<Vec<Vec<Scope>>> {
     let mut chains: Vec<Vec<Scope>> = vec![Vec::new(); at.len()];
     let mut unplaced = expected.iter().filter(|e| **e).count();
+    // Honest DWARF places each address in one function per level of its chain.
+    let mut placements_left = at.len().saturating_mul(MAX_LEVELS);
     let mut entries = unit.entries_raw(None).ok()?;
     // While set, DIEs deeper than this are inside a function that holds none of `at`.
     let mut skip_deeper_than: Option<isize> = None;
@@ -91,6 +107,7 @@ pub(crate) fn inline_chains<'d>(
             skip_deeper_than = Some(depth);
             continue;
         }
+        placements_left = placements_left.checked_sub(hits.len())?;
         let origin = Rc::new(die.origin(unit, origins));
         let call = (tag == gimli::DW_TAG_inlined_subroutine).then(|| {
             let file = die
@@ -108,12 +125,19 @@ pub(crate) fn inline_chains<'d>(
                 .min(unplaced);
         }
         // Depth-first order: a DIE comes before those nested in it, so each chain grows
-        // outwards in.
+        // outwards in; a DIE no deeper than the chain's last ends that one's part.
         for i in hits {
-            chains[i].push(Scope {
-                origin: origin.clone(),
-                call: call.clone(),
-            });
+            let chain = &mut chains[i];
+            while chain.last().is_some_and(|scope| scope.depth >= depth) {
+                chain.pop();
+            }
+            if chain.len() < MAX_LEVELS {
+                chain.push(Scope {
+                    depth,
+                    origin: origin.clone(),
+                    call: call.clone(),
+                });
+            }
         }
     }
     Some(chains)
@@ -161,39 +185,55 @@ impl<'a> Die<'a> {
         }
     }
 
-    /// The indexes of `at` inside this DIE's code.
+    /// The indexes of `at` inside this DIE's code, sorted.
     fn hits(&self, unit: UnitRef<'_, Reader<'a>>, at: &[u64]) -> Vec<usize> {
-        let mut hits = Vec::new();
+        let mut spans: Vec<Range<usize>> = Vec::new();
         if let Some(offset) = self.ranges {
             if let Ok(mut ranges) = unit.ranges(offset) {
                 while let Ok(Some(range)) = ranges.next() {
-                    hits.extend(span(at, range.begin, range.end));
+                    let span = span(at, range.begin, range.end);
+                    if span.is_empty() {
+                        continue;
+                    }
+                    spans.push(span);
+                    // Merged, the spans are disjoint and each holds an address: never
+                    // more than there are addresses, however long the list.
+                    if spans.len() > 2 * at.len() + 8 {
+                        merge(&mut spans);
+                    }
                 }
             }
-            hits.sort_unstable();
-            hits.dedup();
+            merge(&mut spans);
         } else if let Some(low) = self.low_pc {
             let high = self
                 .high_pc
                 .or_else(|| self.size.map(|size| low.saturating_add(size)));
             if let Some(high) = high {
-                hits.extend(span(at, low, high));
+                spans.push(span(at, low, high));
             }
         }
-        hits
+        spans.into_iter().flatten().collect()
     }
 
     /// The DIE's own name: its linkage name, else its plain name; and whether it was the
-    /// linkage name.
-    fn own_name(&self, unit: UnitRef<'_, Reader<'a>>, scattered: &Scattered<'_>) -> (String, bool) {
+    /// linkage name. Names in the string sections are read without keeping their blocks
+    /// (`Paged::string_at`).
+    fn own_name(&self, unit: UnitRef<'_, Reader<'a>>) -> (String, bool) {
         let string = |value: AttributeValue<Reader<'a>>| match value {
-            AttributeValue::DebugStrRef(offset) if scattered.debug_str.is_some() => {
-                scattered.string(offset.0)
+            AttributeValue::DebugStrRef(offset) => {
+                unit.dwarf.debug_str.reader().string_at(offset.0)
             }
-            value => unit
-                .attr_string(value)
-                .ok()
-                .map(|name| name.to_string_lossy().into_owned()),
+            AttributeValue::DebugStrOffsetsIndex(index) => {
+                let offset = unit.string_offset(index).ok()?;
+                unit.dwarf.debug_str.reader().string_at(offset.0)
+            }
+            AttributeValue::DebugLineStrRef(offset) => {
+                unit.dwarf.debug_line_str.reader().string_at(offset.0)
+            }
+            value => {
+                let name = unit.attr_string(value).ok()?;
+                Some(name.to_string_lossy().ok()?.into_owned())
+            }
         };
         if let Some(name) = self.linkage_name.and_then(string) {
             return (name, true);
@@ -202,8 +242,8 @@ impl<'a> Die<'a> {
     }
 
     /// The function's name and declaration, following the DIEs it refers to.
-    fn origin(&self, unit: UnitRef<'_, Reader<'a>>, origins: &mut Origins<'_, 'a>) -> Origin {
-        let (raw, has_linkage_name) = self.own_name(unit, origins.scattered);
+    fn origin(&self, unit: UnitRef<'_, Reader<'a>>, origins: &mut Origins<'a>) -> Origin {
+        let (raw, has_linkage_name) = self.own_name(unit);
         let mut origin = Origin {
             raw,
             decl: self.decl(unit),
@@ -224,13 +264,12 @@ impl<'a> Die<'a> {
     }
 }
 
-impl<'s, 'd> Origins<'s, 'd> {
-    pub(crate) fn new(scattered: &'s Scattered<'s>) -> Origins<'s, 'd> {
+impl<'d> Origins<'d> {
+    pub(crate) fn new() -> Origins<'d> {
         Origins {
             known: HashMap::new(),
             unit_starts: None,
             units: HashMap::new(),
-            scattered,
         }
     }
 
@@ -277,26 +316,18 @@ impl<'s, 'd> Origins<'s, 'd> {
         at: DebugInfoOffset,
         limit: u32,
     ) -> Option<Origin> {
-        let scattered = self.scattered;
-        let starts = self.unit_starts.get_or_insert_with(|| {
-            scattered.unit_starts().unwrap_or_else(|| {
-                // A compressed section is in memory already: walk it.
-                let mut starts = Vec::new();
-                let mut headers = dwarf.units();
-                while let Ok(Some(header)) = headers.next() {
-                    if let Some(offset) = header.debug_info_offset() {
-                        starts.push(offset);
-                    }
-                }
-                starts
-            })
-        });
+        let starts = self
+            .unit_starts
+            .get_or_insert_with(|| dwarf.debug_info.reader().unit_starts().unwrap_or_default());
         let start = *starts.get(starts.partition_point(|s| *s <= at).checked_sub(1)?)?;
         let unit = match self.units.get(&start) {
             Some(unit) => unit.clone(),
             None => {
                 let header = dwarf.debug_info.header_from_offset(start).ok()?;
                 let unit = Rc::new(dwarf.unit(header).ok()?);
+                if self.units.len() >= MAX_UNITS_KEPT {
+                    self.units.clear();
+                }
                 self.units.insert(start, unit.clone());
                 unit
             }
@@ -319,7 +350,7 @@ impl<'s, 'd> Origins<'s, 'd> {
             };
             die.read(unit, attr);
         }
-        let (raw, has_linkage_name) = die.own_name(unit, self.scattered);
+        let (raw, has_linkage_name) = die.own_name(unit);
         let mut origin = Origin {
             raw,
             decl: die.decl(unit),
@@ -333,6 +364,19 @@ impl<'s, 'd> Origins<'s, 'd> {
         }
         origin
     }
+}
+
+/// Sorts `spans` and joins those that overlap or touch.
+fn merge(spans: &mut Vec<Range<usize>>) {
+    spans.sort_unstable_by_key(|span| span.start);
+    let mut joined: Vec<Range<usize>> = Vec::with_capacity(spans.len());
+    for span in spans.drain(..) {
+        match joined.last_mut() {
+            Some(last) if span.start <= last.end => last.end = last.end.max(span.end),
+            _ => joined.push(span),
+        }
+    }
+    *spans = joined;
 }
 
 /// A file index attribute, where DWARF 4's index 0 means "no file" and DWARF 5's does not.

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::path::PathBuf;
 
-use gimli::UnitRef;
+use gimli::{Reader as _, UnitRef};
 
-use super::file::Reader;
+use super::sections::Reader;
+use super::units::Unplaced;
 
 /// A file and line from the line program.
 pub(crate) type Row = (String, i64);
@@ -18,10 +19,13 @@ pub(crate) fn line_rows(unit: UnitRef<'_, Reader<'_>>, at: &[u64]) -> Option<Vec
     let mut rows = program.rows();
     let mut covering: Vec<Option<(u64, i64)>> = vec![None; at.len()];
     let mut uncovered = at.len();
+    let mut unplaced = Unplaced::new(at.len());
     // The previous row of the current sequence: its address, file and line.
     let mut previous: Option<(u64, u64, i64)> = None;
-    // The first of `at` not below the previous row: rows of a sequence only go up, so
-    // this moves forward one step at a time instead of being searched for at every row.
+    // The first of `at` not below the previous row and not yet covered: rows of a
+    // sequence only go up, so this moves forward instead of being searched for at every
+    // row, and a covered address is skipped at once (a crafted program of a million
+    // sequences over the same code costs a million steps, not a million times `at`).
     let mut next = 0;
     let mut discarded = false;
     // The program is read only until every address has its row: on average half of it.
@@ -34,15 +38,14 @@ pub(crate) fn line_rows(unit: UnitRef<'_, Reader<'_>>, at: &[u64]) -> Option<Vec
                 // A sequence starts. Sequences of code the linker discarded are left at
                 // address 0.
                 discarded = address == 0;
-                next = at.partition_point(|a| *a < address);
+                next = unplaced.first_from(at.partition_point(|a| *a < address));
             }
             Some((_, file, line)) if !discarded => {
                 while next < at.len() && at[next] < address {
-                    if covering[next].is_none() {
-                        covering[next] = Some((file, line));
-                        uncovered -= 1;
-                    }
-                    next += 1;
+                    covering[next] = Some((file, line));
+                    uncovered -= 1;
+                    unplaced.place(next);
+                    next = unplaced.first_from(next + 1);
                 }
             }
             Some(_) => {}
@@ -80,12 +83,18 @@ pub(crate) fn file_path<'a>(
     let file = header.file(index)?;
     let mut path = PathBuf::new();
     if let Some(dir) = unit.comp_dir {
-        path.push(&*dir.to_string_lossy());
+        path.push(&*dir.to_string_lossy().ok()?);
     }
     if let Some(dir) = file.directory(header) {
-        path.push(&*unit.attr_string(dir).ok()?.to_string_lossy());
+        path.push(&*unit.attr_string(dir).ok()?.to_string_lossy().ok()?);
     }
-    path.push(&*unit.attr_string(file.path_name()).ok()?.to_string_lossy());
+    path.push(
+        &*unit
+            .attr_string(file.path_name())
+            .ok()?
+            .to_string_lossy()
+            .ok()?,
+    );
     Some(path.to_string_lossy().into_owned())
 }
 

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{resolve, resolve_with_roots};
+use super::{Stage, resolve, resolve_observed, resolve_with_roots};
 use crate::objects::{LoadedObject, Objects};
 use crate::symbolize::names::FunctionLine;
 
@@ -280,4 +280,626 @@ fn a_stripped_binarys_debug_file_is_found_by_build_id_or_debug_link() {
     std::fs::rename(&debug, bin.join(".debug").join("stripped.debug")).unwrap();
     let loaded = as_if_loaded_from(object, &linked);
     assert_eq!(resolve_with_roots(&loaded, &addresses, &[&root]), want);
+}
+
+/// Where distributions install `object`'s debug file under `root`:
+/// `<root>/.build-id/xx/yyyy.debug`; its directory is made.
+fn build_id_path(root: &Path, object: &LoadedObject) -> PathBuf {
+    let id = object
+        .build_id
+        .as_deref()
+        .expect("rustc links with a build ID");
+    let hex = crate::objects::hex(id);
+    let dir = root.join(".build-id").join(&hex[..2]);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{}.debug", &hex[2..]))
+}
+
+/// Runs `work` on a thread of its own and waits for it by this test's own clock: a
+/// lookup that blocks (on a FIFO) or runs away (on a crafted file) fails the test instead
+/// of hanging it. `unblock` runs if it times out, to let the thread go.
+fn within<T: Send + 'static>(
+    limit: std::time::Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+    unblock: impl FnOnce(),
+) -> T {
+    let (send, receive) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
+    let thread = std::thread::spawn(move || {
+        let _ = send.send(work());
+    });
+    match receive.recv_timeout(limit) {
+        Ok(done) => {
+            thread.join().unwrap();
+            done
+        }
+        Err(_) => {
+            unblock();
+            panic!(
+                "the lookup did not return within {limit:?} ({:?})",
+                started.elapsed()
+            );
+        }
+    }
+}
+
+/// Writes `bytes` over `path` the way `cp` does: truncated first, then rewritten in
+/// place (the same inode, which a reader of the file keeps reading).
+fn cp_over(path: &Path, bytes: &[u8]) {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
+    file.write_all(bytes).unwrap();
+}
+
+#[test]
+fn a_debug_file_truncated_after_it_is_opened_gives_no_lines_and_no_sigbus() {
+    let (objects, index, addresses) = probe();
+    let object = objects.get(index).unwrap();
+    let want = resolve(object, &addresses);
+    let scratch = Scratch::new("truncated");
+    let (stripped, debug) = split(&scratch.0);
+    let root = scratch.0.join("debug-root");
+    let installed = build_id_path(&root, object);
+    std::fs::copy(&debug, &installed).unwrap();
+    let loaded = as_if_loaded_from(object, &stripped);
+    assert_eq!(resolve_with_roots(&loaded, &addresses, &[&root]), want);
+
+    // `cp` truncates the file it writes over before it writes: a lookup that has opened
+    // the file but not yet read its sections finds nothing there. Reading what is gone
+    // through a memory map raised SIGBUS, which kills the process.
+    let found = resolve_observed(&loaded, &addresses, &[&root], &mut |stage| {
+        if stage == Stage::Opened {
+            cp_over(&installed, &[]);
+        }
+    });
+    assert!(found.iter().all(Vec::is_empty), "lines from an empty file");
+
+    // Rewritten with other bytes of the same length (every byte past the ELF header
+    // changed): whatever the lookup makes of them, it returns.
+    let original = std::fs::read(&debug).unwrap();
+    let mut garbled = original.clone();
+    for byte in &mut garbled[64..] {
+        *byte = byte.rotate_left(3) ^ 0xa5;
+    }
+    let _ = resolve_observed(&loaded, &addresses, &[&root], &mut |stage| {
+        if stage == Stage::Opened {
+            cp_over(&installed, &garbled);
+        }
+    });
+    // Half of it, cut inside the DWARF sections.
+    let _ = resolve_observed(&loaded, &addresses, &[&root], &mut |stage| {
+        if stage == Stage::Opened {
+            cp_over(&installed, &original[..original.len() / 2]);
+        }
+    });
+    // And once the file is whole again, its lines are read again.
+    cp_over(&installed, &original);
+    assert_eq!(resolve_with_roots(&loaded, &addresses, &[&root]), want);
+}
+
+#[test]
+fn a_debug_file_rewritten_in_place_while_lookups_read_it_never_kills_the_process() {
+    let (objects, index, addresses) = probe();
+    let object = objects.get(index).unwrap();
+    let want = resolve(object, &addresses);
+    let scratch = Scratch::new("rewritten");
+    let (stripped, debug) = split(&scratch.0);
+    let root = scratch.0.join("debug-root");
+    let installed = build_id_path(&root, object);
+    std::fs::copy(&debug, &installed).unwrap();
+    let loaded = as_if_loaded_from(object, &stripped);
+    let original = std::fs::read(&debug).unwrap();
+
+    // One thread looks lines up again and again while another writes over the file the
+    // way `cp` does: empty, then the bytes of another file (half of it, garbled), then
+    // its own bytes again. Both loops are bounded; the process must outlive them.
+    let lookups = {
+        let (loaded, addresses, root) = (loaded.clone(), addresses.clone(), root.clone());
+        std::thread::spawn(move || {
+            let mut with_lines = 0;
+            for _ in 0..40 {
+                let found = resolve_with_roots(&loaded, &addresses, &[&root]);
+                with_lines += usize::from(found.iter().any(|levels| !levels.is_empty()));
+            }
+            with_lines
+        })
+    };
+    let garbled: Vec<u8> = original.iter().map(|b| b ^ 0x5a).collect();
+    let versions: [&[u8]; 4] = [&[], &original[..original.len() / 2], &garbled, &original];
+    for round in 0..12 {
+        cp_over(&installed, versions[round % versions.len()]);
+    }
+    let with_lines = lookups.join().expect("the lookups returned");
+    eprintln!("{with_lines} of 40 lookups found lines while the file was rewritten");
+    cp_over(&installed, &original);
+    assert_eq!(resolve_with_roots(&loaded, &addresses, &[&root]), want);
+}
+
+#[test]
+fn a_fifo_or_a_directory_where_a_debug_file_is_looked_for_is_passed_over_at_once() {
+    let (objects, index, addresses) = probe();
+    let object = objects.get(index).unwrap();
+    let want = resolve(object, &addresses);
+    assert!(!inside(&want).is_empty());
+    let scratch = Scratch::new("fifo");
+    let (stripped, debug) = split(&scratch.0);
+    // A binary that links its debug file, installed in `.debug/` beside it; and where
+    // the debug file by build ID would be (looked at first), a FIFO nobody writes to.
+    let bin = scratch.0.join("bin");
+    std::fs::create_dir_all(bin.join(".debug")).unwrap();
+    let linked = bin.join("service");
+    objcopy(&[
+        format!("--add-gnu-debuglink={}", debug.display()).as_ref(),
+        stripped.as_os_str(),
+        linked.as_os_str(),
+    ]);
+    std::fs::rename(&debug, bin.join(".debug").join("stripped.debug")).unwrap();
+    let loaded = as_if_loaded_from(object, &linked);
+    let root = scratch.0.join("debug-root");
+    let by_id = build_id_path(&root, object);
+    let fifo = std::ffi::CString::new(by_id.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+
+    let limit = std::time::Duration::from_secs(60);
+    let release = |path: PathBuf| {
+        move || {
+            // Opening the other end lets a reader blocked in open(2) or read(2) go.
+            let _ = std::fs::OpenOptions::new().write(true).open(path);
+        }
+    };
+    let found = within(
+        limit,
+        {
+            let (loaded, addresses, root) = (loaded.clone(), addresses.clone(), root.clone());
+            move || resolve_with_roots(&loaded, &addresses, &[&root])
+        },
+        release(by_id.clone()),
+    );
+    assert_eq!(found, want, "the linked debug file, past the FIFO");
+
+    // A directory there instead: passed over as well.
+    std::fs::remove_file(&by_id).unwrap();
+    std::fs::create_dir(&by_id).unwrap();
+    let found = within(
+        limit,
+        {
+            let (loaded, addresses, root) = (loaded.clone(), addresses.clone(), root.clone());
+            move || resolve_with_roots(&loaded, &addresses, &[&root])
+        },
+        || {},
+    );
+    assert_eq!(found, want, "the linked debug file, past the directory");
+
+    // The FIFO as the binary itself (a library's path taken over): nothing, at once.
+    std::fs::remove_dir(&by_id).unwrap();
+    let own = scratch.0.join("own-fifo");
+    let own_c = std::ffi::CString::new(own.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(own_c.as_ptr(), 0o600) }, 0);
+    let fifo_object = as_if_loaded_from(object, &own);
+    let found = within(
+        limit,
+        {
+            let addresses = addresses.clone();
+            move || resolve_with_roots(&fifo_object, &addresses, &[&root])
+        },
+        release(own.clone()),
+    );
+    assert!(found.iter().all(Vec::is_empty));
+}
+
+/// `RssFile:` or `RssAnon:` of this process, in bytes.
+fn rss(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"));
+    kib * 1024
+}
+
+/// The resident bytes of every mapping of `path` in this process (`/proc/self/smaps`).
+fn resident_in_mappings_of(path: &Path) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let path = path.to_str().unwrap();
+    let mut in_it = false;
+    let mut resident = 0;
+    for line in smaps.lines() {
+        if line.starts_with(|c: char| c.is_ascii_hexdigit()) && line.contains('-') {
+            in_it = line.ends_with(path);
+        } else if in_it && let Some(rest) = line.strip_prefix("Rss:") {
+            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().unwrap();
+            resident += kib * 1024;
+        }
+    }
+    resident
+}
+
+#[test]
+fn a_lookup_keeps_no_page_of_the_debug_file_resident() {
+    let (objects, index, addresses) = probe();
+    let object = objects.get(index).unwrap();
+    let want = resolve(object, &addresses);
+    let scratch = Scratch::new("resident");
+    let (stripped, debug) = split(&scratch.0);
+    let root = scratch.0.join("debug-root");
+    let installed = build_id_path(&root, object);
+    std::fs::copy(&debug, &installed).unwrap();
+    let loaded = as_if_loaded_from(object, &stripped);
+    // Once first, so that the lookup's own code is resident before measuring.
+    assert_eq!(resolve_with_roots(&loaded, &addresses, &[&root]), want);
+
+    let (file_before, anon_before) = (rss("RssFile:"), rss("RssAnon:"));
+    // After each unit, before what was read of it may be given back: the lookup's peaks.
+    let mut at_peak: Option<(u64, u64, u64)> = None;
+    let found = resolve_observed(&loaded, &addresses, &[&root], &mut |stage| {
+        if stage == Stage::UnitRead {
+            let now = (
+                resident_in_mappings_of(&installed),
+                rss("RssFile:"),
+                rss("RssAnon:"),
+            );
+            let most = at_peak.get_or_insert(now);
+            *most = (most.0.max(now.0), most.1.max(now.1), most.2.max(now.2));
+        }
+    });
+    assert_eq!(found, want);
+    let (mapped, file_peak, anon_peak) = at_peak.expect("the lookup read a unit");
+    eprintln!(
+        "at the lookup's peak: {} KiB of the debug file mapped; RssFile {:+} KiB, RssAnon \
+         {:+} KiB",
+        mapped / 1024,
+        (file_peak as i64 - file_before as i64) / 1024,
+        (anon_peak as i64 - anon_before as i64) / 1024,
+    );
+    assert_eq!(
+        mapped, 0,
+        "pages of the debug file resident in this process"
+    );
+}
+
+/// The bytes each thread holds from the heap, and their peak: how much a lookup
+/// allocates, measured on its own thread while other tests run on theirs.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    pub(crate) struct Counting;
+
+    thread_local! {
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+        static PEAK: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn add(bytes: isize) {
+        // Neither cell has a destructor: both are there for as long as the thread runs.
+        let _ = LIVE.try_with(|live| {
+            let now = live.get() + bytes;
+            live.set(now);
+            let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+        });
+    }
+
+    // SAFETY: every call is passed to the system allocator as it came; the counting
+    // beside it neither allocates nor touches the memory.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's layout, as `GlobalAlloc::alloc` requires of it.
+            let at = unsafe { System.alloc(layout) };
+            if !at.is_null() {
+                add(layout.size() as isize);
+            }
+            at
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: as for `alloc`.
+            let at = unsafe { System.alloc_zeroed(layout) };
+            if !at.is_null() {
+                add(layout.size() as isize);
+            }
+            at
+        }
+
+        unsafe fn dealloc(&self, at: *mut u8, layout: Layout) {
+            // SAFETY: `at` came from this allocator (the system's) with `layout`.
+            unsafe { System.dealloc(at, layout) };
+            add(-(layout.size() as isize));
+        }
+
+        unsafe fn realloc(&self, at: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+            // SAFETY: `at` came from this allocator with `layout`; `size` is the caller's.
+            let moved = unsafe { System.realloc(at, layout, size) };
+            if !moved.is_null() {
+                add(size as isize - layout.size() as isize);
+            }
+            moved
+        }
+    }
+
+    /// What `work` returns, and the most it held from the heap at once, on this thread.
+    pub(crate) fn peak_of<T>(work: impl FnOnce() -> T) -> (T, usize) {
+        LIVE.set(0);
+        PEAK.set(0);
+        let done = work();
+        (done, PEAK.get().max(0) as usize)
+    }
+}
+
+#[global_allocator]
+static COUNTING: counting::Counting = counting::Counting;
+
+/// `name`'s size in the ELF file at `path`.
+fn section_size(path: &Path, name: &str) -> usize {
+    use object::{Object as _, ObjectSection as _};
+    let bytes = std::fs::read(path).unwrap();
+    let elf = object::File::parse(&*bytes).unwrap();
+    elf.section_by_name(name).map_or(0, |s| s.size() as usize)
+}
+
+#[test]
+fn crafted_range_lists_and_aranges_of_millions_of_ranges_keep_the_lookup_bounded() {
+    let (objects, index, addresses) = probe();
+    let object = objects.get(index).unwrap();
+    let scratch = Scratch::new("crafted");
+    let (stripped, debug) = split(&scratch.0);
+    let root = scratch.0.join("debug-root");
+    let installed = build_id_path(&root, object);
+    std::fs::copy(&debug, &installed).unwrap();
+    let loaded = as_if_loaded_from(object, &stripped);
+    let (want, honest) = counting::peak_of(|| resolve_with_roots(&loaded, &addresses, &[&root]));
+    assert!(!inside(&want).is_empty());
+
+    // Each crafted file: this binary's debug file with one section replaced, installed
+    // where its build ID says, then looked up on a thread of its own.
+    let crafted = |section: &str, contents: Vec<u8>| {
+        let replacement = scratch.0.join("replacement");
+        std::fs::write(&replacement, contents).unwrap();
+        let _ = std::fs::remove_file(&installed);
+        objcopy(&[
+            format!("--update-section={section}={}", replacement.display()).as_ref(),
+            debug.as_os_str(),
+            installed.as_os_str(),
+        ]);
+        let (loaded, addresses, root) = (loaded.clone(), addresses.clone(), root.clone());
+        let started = std::time::Instant::now();
+        let (found, peak) = within(
+            std::time::Duration::from_secs(120),
+            move || counting::peak_of(|| resolve_with_roots(&loaded, &addresses, &[&root])),
+            || {},
+        );
+        eprintln!(
+            "{section} crafted: returned in {:?}, held {} KiB of heap at most (the honest \
+             file: {} KiB)",
+            started.elapsed(),
+            peak / 1024,
+            honest / 1024
+        );
+        assert!(
+            peak <= 2 * honest + (4 << 20),
+            "{section}: {peak} bytes of heap at once; the honest file took {honest}"
+        );
+        found
+    };
+
+    // A million range-list entries, none ending its list, each covering every address:
+    // every function DIE with `DW_AT_ranges` claims every wanted address, with a list
+    // that runs to the end of the section.
+    let entries = (section_size(&debug, ".debug_ranges") / 16).max(1 << 20);
+    let mut ranges = Vec::with_capacity(entries * 16);
+    for _ in 0..entries {
+        ranges.extend_from_slice(&1u64.to_le_bytes());
+        ranges.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    }
+    let found = crafted(".debug_ranges", ranges);
+    assert_eq!(found.len(), addresses.len());
+    for levels in &found {
+        assert!(
+            levels.len() <= super::inline::MAX_LEVELS,
+            "{} levels",
+            levels.len()
+        );
+    }
+
+    // One address-range set of a million entries, each covering every address.
+    let tuples = 1usize << 20;
+    let mut aranges = Vec::with_capacity(16 + tuples * 16);
+    aranges.extend_from_slice(&(12 + 16 * tuples as u32).to_le_bytes());
+    aranges.extend_from_slice(&2u16.to_le_bytes());
+    aranges.extend_from_slice(&0u32.to_le_bytes());
+    aranges.extend_from_slice(&[8, 0, 0, 0, 0, 0]);
+    for _ in 0..tuples {
+        aranges.extend_from_slice(&1u64.to_le_bytes());
+        aranges.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    }
+    let found = crafted(".debug_aranges", aranges);
+    assert_eq!(found.len(), addresses.len());
+}
+
+/// A C library with DWARF (`cc -g`, DWARF 5 with today's gcc and clang), built in `dir`:
+/// small enough for its debug sections to inflate within the cap. Its path, and the
+/// file address of [`C_FUNCTION`] in it.
+fn c_library(dir: &Path) -> (PathBuf, u64) {
+    use object::{Object as _, ObjectSymbol as _};
+    let source = dir.join("krabka_lines.c");
+    std::fs::write(
+        &source,
+        "unsigned long krabka_c_function(unsigned long rounds) {\n\
+         \x20   unsigned long x = 14;\n\
+         \x20   for (unsigned long i = 0; i < rounds; i++)\n\
+         \x20       x = (x * 3) ^ (x >> 7) ^ i;\n\
+         \x20   return x;\n\
+         }\n",
+    )
+    .unwrap();
+    let library = dir.join("libkrabka_lines.so");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-g", "-O1", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .expect("cc runs: rustc links with it");
+    assert!(status.success());
+    let bytes = std::fs::read(&library).unwrap();
+    let elf = object::File::parse(&*bytes).unwrap();
+    let function = elf
+        .symbols()
+        .find(|s| s.name() == Ok(C_FUNCTION))
+        .expect("the C function's symbol");
+    (library, function.address())
+}
+
+const C_FUNCTION: &str = "krabka_c_function";
+
+#[test]
+fn compressed_debug_sections_are_inflated_within_the_cap() {
+    let (objects, index, addresses) = probe();
+    let object = objects.get(index).unwrap();
+    let scratch = Scratch::new("compressed");
+    let (library, function) = c_library(&scratch.0);
+    let at: Vec<u64> = (function..function + 8).collect();
+    // As if the library were loaded (its own build ID is not this binary's).
+    let loaded_from = |file: &Path| LoadedObject {
+        build_id: None,
+        ..as_if_loaded_from(object, file)
+    };
+    let plain = resolve(&loaded_from(&library), &at);
+    for levels in &plain {
+        let outermost = levels
+            .last()
+            .expect("lines for every byte of the C function");
+        assert_eq!(outermost.name, C_FUNCTION, "{plain:?}");
+        assert!(outermost.filename.ends_with("/krabka_lines.c"), "{plain:?}");
+        assert!((1..=5).contains(&outermost.line), "{plain:?}");
+    }
+
+    // zlib, as `SHF_COMPRESSED` sections (what distributions ship) and as GNU's older
+    // `.zdebug_*` sections: the same lines.
+    for format in ["zlib", "zlib-gnu"] {
+        let compressed = scratch.0.join(format!("libkrabka_lines.{format}.so"));
+        objcopy(&[
+            format!("--compress-debug-sections={format}").as_ref(),
+            library.as_os_str(),
+            compressed.as_os_str(),
+        ]);
+        assert_eq!(resolve(&loaded_from(&compressed), &at), plain, "{format}");
+    }
+
+    // This binary's own DWARF inflates to far more than 4 MiB: no lines, at once.
+    let (_, debug) = split(&scratch.0);
+    let compressed = scratch.0.join("compressed.debug");
+    objcopy(&[
+        "--compress-debug-sections=zlib".as_ref(),
+        debug.as_os_str(),
+        compressed.as_os_str(),
+    ]);
+    let root = scratch.0.join("debug-root");
+    std::fs::rename(&compressed, build_id_path(&root, object)).unwrap();
+    let stripped = scratch.0.join("stripped");
+    let found = resolve_with_roots(&as_if_loaded_from(object, &stripped), &addresses, &[&root]);
+    assert!(found.iter().all(Vec::is_empty), "inflated past the cap");
+}
+
+#[test]
+fn sections_are_read_as_the_file_holds_them_and_only_where_they_are_read() {
+    use gimli::{Reader as _, Section as _};
+    let scratch = Scratch::new("paged");
+    let (_, debug) = split(&scratch.0);
+    let bytes = std::fs::read(&debug).unwrap();
+    let file = super::file::DebugFile::find(&debug, &debug, None, &[]).expect("DWARF");
+    let line = file
+        .layout
+        .placement(gimli::SectionId::DebugLine)
+        .expect(".debug_line");
+    let offset = line.offset as usize;
+    let expected = &bytes[offset..offset + line.size as usize];
+    let sections = super::sections::Sections::load(&file).unwrap();
+    let dwarf = sections.dwarf();
+    let whole = *dwarf.debug_line.reader();
+    assert_eq!(whole.len(), expected.len());
+    assert_eq!(sections.resident(), 0, "nothing read before it is read");
+
+    // A few bytes in the middle: one block of the file in memory, no more.
+    let mut middle = whole;
+    middle.skip(expected.len() / 2 - 3).unwrap();
+    let mut six = [0u8; 6];
+    middle.read_slice(&mut six).unwrap();
+    assert_eq!(six, expected[expected.len() / 2 - 3..][..6]);
+    assert!(
+        sections.resident() <= 2 * 4096,
+        "{} bytes",
+        sections.resident()
+    );
+
+    // All of it, in pieces that straddle blocks, as gimli reads: the file's bytes, and
+    // a NUL found across blocks where the file has it.
+    let mut reader = whole;
+    let mut read = Vec::with_capacity(expected.len());
+    while !reader.is_empty() {
+        let mut piece = vec![0u8; 4093.min(reader.len())];
+        reader.read_slice(&mut piece).unwrap();
+        read.extend_from_slice(&piece);
+    }
+    assert!(
+        read == expected,
+        "the section as read differs from the file"
+    );
+    let mut from = whole;
+    from.skip(4090).unwrap();
+    let nul = expected[4090..].iter().position(|b| *b == 0).unwrap();
+    assert_eq!(from.find(0).unwrap(), nul);
+
+    // Given back: nothing held, and read again as the file holds it; looking for the
+    // end of a string reads without keeping.
+    sections.release_all();
+    assert_eq!(sections.resident(), 0);
+    assert_eq!(from.find(0).unwrap(), nul);
+    assert_eq!(sections.resident(), 0, "find kept what it read");
+    let mut again = whole;
+    again.skip(expected.len() / 2 - 3).unwrap();
+    again.read_slice(&mut six).unwrap();
+    assert_eq!(six, expected[expected.len() / 2 - 3..][..6]);
+
+    // Each section hands out at most eight times its size and 4 MiB: a file that makes
+    // a lookup read the same bytes again and again runs out.
+    let fresh = super::sections::Sections::load(&file).unwrap();
+    let fresh_dwarf = fresh.dwarf();
+    let mut block = [0u8; 4096];
+    let mut reads = 0u64;
+    while reads < 1 << 20
+        && fresh_dwarf
+            .debug_line
+            .reader()
+            .clone()
+            .read_slice(&mut block)
+            .is_ok()
+    {
+        reads += 1;
+    }
+    let budget = 8 * expected.len() as u64 + (4 << 20);
+    assert_eq!(reads, budget / 4096, "reads of 4 KiB");
+
+    // The file cut short under the reader: a read past the cut fails, and never faults.
+    sections.release_all();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&debug)
+        .unwrap()
+        .set_len(line.offset + 100)
+        .unwrap();
+    let mut head = whole;
+    head.read_slice(&mut six).unwrap();
+    assert_eq!(six, expected[..6]);
+    let mut past = whole;
+    past.skip(200).unwrap();
+    assert!(
+        past.read_slice(&mut six).is_err(),
+        "bytes past the end of the file"
+    );
 }

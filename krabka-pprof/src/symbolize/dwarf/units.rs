@@ -1,11 +1,14 @@
 //! Which compilation unit holds each wanted address: `.debug_aranges` where the file
-//! has it, else each unit's own ranges read from its root DIE alone.
+//! has it, else each unit's own ranges read from its root DIE alone; and [`Unplaced`],
+//! the addresses still without one, which every range placed skips in near-constant
+//! time, however many ranges a file claims.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use gimli::{AttributeValue, DebugInfoOffset};
 
-use super::file::{Dwarf, Reader};
+use super::sections::{Dwarf, Reader};
 
 /// The compilation unit holding each address, with the indexes of its addresses: from
 /// `.debug_aranges` where the file has it (rustc and gcc write it), else from each unit's
@@ -17,11 +20,16 @@ use super::file::{Dwarf, Reader};
 /// of compiler-builtins built by clang). Reading each one's first DIE to find that out
 /// took 15 ms and made some 10 MB of the file resident, for every profile that holds an
 /// address no unit covers (`_start`, a PLT stub); such code keeps its symbol-table name.
+///
+/// `between` runs after each set of `.debug_aranges` and each unit looked at, when no
+/// reader is reading: `dwarf.rs` gives back there what has been read.
 pub(crate) fn units_of(
     dwarf: &Dwarf<'_>,
     addresses: &[u64],
+    between: &mut dyn FnMut(),
 ) -> BTreeMap<DebugInfoOffset, Vec<usize>> {
     let mut unit_of: Vec<Option<DebugInfoOffset>> = vec![None; addresses.len()];
+    let mut unplaced = Unplaced::new(addresses.len());
     let mut any_listed = false;
     let mut headers = dwarf.debug_aranges.headers();
     while let Ok(Some(header)) = headers.next() {
@@ -30,10 +38,11 @@ pub(crate) fn units_of(
         let mut entries = header.entries();
         while let Ok(Some(entry)) = entries.next() {
             let range = entry.range();
-            for slot in &mut unit_of[span(addresses, range.begin, range.end)] {
-                slot.get_or_insert(offset);
-            }
+            unplaced.place_in(span(addresses, range.begin, range.end), |i| {
+                unit_of[i] = Some(offset);
+            });
         }
+        between();
     }
     if !any_listed {
         let mut headers = dwarf.units();
@@ -42,9 +51,9 @@ pub(crate) fn units_of(
                 continue;
             };
             let mut place = |begin: u64, end: u64| {
-                for slot in &mut unit_of[span(addresses, begin, end)] {
-                    slot.get_or_insert(offset);
-                }
+                unplaced.place_in(span(addresses, begin, end), |i| {
+                    unit_of[i] = Some(offset);
+                });
             };
             match root_ranges(dwarf, &header, &mut place) {
                 Some(()) => {}
@@ -62,7 +71,8 @@ pub(crate) fn units_of(
                     }
                 }
             }
-            if unit_of.iter().all(Option::is_some) {
+            between();
+            if unplaced.none_left() {
                 break;
             }
         }
@@ -130,8 +140,56 @@ fn root_ranges(
 }
 
 /// The indexes of the sorted `addresses` in `begin..end`.
-pub(crate) fn span(addresses: &[u64], begin: u64, end: u64) -> std::ops::Range<usize> {
+pub(crate) fn span(addresses: &[u64], begin: u64, end: u64) -> Range<usize> {
     let from = addresses.partition_point(|a| *a < begin);
     let to = addresses.partition_point(|a| *a < end).max(from);
     from..to
+}
+
+/// The indexes of sorted addresses not yet placed (in a unit, in a line-table row): a
+/// disjoint-set forest in which each placed index points past itself, so that finding
+/// the next unplaced one skips every placed one at once. Placing the addresses of one
+/// range costs what it places plus a near-constant step, so a million overlapping ranges
+/// cost a million steps, not a million times the addresses.
+pub(crate) struct Unplaced {
+    /// `next[i]` leads to the first unplaced index at or after `i`; `next[n] == n`.
+    next: Vec<usize>,
+}
+
+impl Unplaced {
+    pub(crate) fn new(n: usize) -> Unplaced {
+        Unplaced {
+            next: (0..=n).collect(),
+        }
+    }
+
+    /// The first unplaced index at or after `i` (`i <= n`); `n` when none is left.
+    pub(crate) fn first_from(&mut self, mut i: usize) -> usize {
+        while self.next[i] != i {
+            // Path halving: each step also shortens the way for the next search.
+            self.next[i] = self.next[self.next[i]];
+            i = self.next[i];
+        }
+        i
+    }
+
+    /// Marks `i` placed.
+    pub(crate) fn place(&mut self, i: usize) {
+        self.next[i] = i + 1;
+    }
+
+    /// Calls `each` with every unplaced index of `range`, and places it.
+    pub(crate) fn place_in(&mut self, range: Range<usize>, mut each: impl FnMut(usize)) {
+        let mut i = self.first_from(range.start);
+        while i < range.end {
+            each(i);
+            self.place(i);
+            i = self.first_from(i + 1);
+        }
+    }
+
+    /// Whether every index is placed.
+    pub(crate) fn none_left(&mut self) -> bool {
+        self.first_from(0) == self.next.len() - 1
+    }
 }
