@@ -72,7 +72,7 @@
 //! sets), never a string. [`scope`] looks its set up in a small per-thread cache (a miss
 //! interns it in the process's table, under a lock); a labelled future swaps one word per
 //! poll. A set is freed once no thread holds it and every sample that may carry it has
-//! been drained. At most 16,384 sets are alive at once: past that, new sets are one
+//! been drained. At most 65,536 sets are alive at once: past that, new sets are one
 //! sentinel set (`labels = "[too many distinct label sets]"`), so values with a value per
 //! request (a request id) cost a bounded amount. Put those in a span's `span_id` instead.
 
