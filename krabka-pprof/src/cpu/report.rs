@@ -72,6 +72,9 @@ pub(super) fn log_report(report: &sampler::Report, capped: bool, shared_with: us
     }
 }
 
+/// A sample's identity once threads of one name are merged: name, id (when split), flags, frames, labels.
+type MergeKey<'a> = (Arc<str>, Option<u32>, u8, &'a [u64], &'a SampleLabels);
+
 /// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
 /// sample per distinct (thread, stack); and whether the kernel capped the rate (the
 /// samples stand for more periods than there were signals).
@@ -93,8 +96,7 @@ pub(super) fn report_profile(
     let mut signals = collected.lost.samples;
     let mut periods = collected.lost.periods;
     // Samples of threads of one name, with the same labels and stack, are one sample.
-    let mut merged: HashMap<(Arc<str>, Option<u32>, u8, &[u64], &SampleLabels), sampler::Tally> =
-        HashMap::new();
+    let mut merged: HashMap<MergeKey<'_>, sampler::Tally> = HashMap::new();
     for (stack, tally) in &collected.stacks {
         signals += tally.samples;
         periods += tally.periods;
