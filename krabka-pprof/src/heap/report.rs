@@ -6,12 +6,11 @@
 //! and what was left out. Stacks start at the allocation site (`dump.rs`'s
 //! `allocator_lines`), unless `symbolize=none` keeps every address.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::dump::{Parsed, allocator_lines};
 use super::request::HeapRoute;
-use crate::profile::{Frame, Meta, Profile, ProfileBuilder};
+use crate::profile::{Frame, FrameMap, Meta, Profile, ProfileBuilder};
 use crate::symbolize::Symbolize;
 
 const FOUR: &[(&str, &str)] = &[
@@ -83,7 +82,7 @@ pub(super) fn build(
             overflow,
             cumulative,
         } => {
-            let mut allocated: HashMap<Vec<u64>, (f64, f64)> = HashMap::with_capacity(stacks.len());
+            let mut allocated: FrameMap<Vec<u64>, (f64, f64)> = FrameMap::default();
             let mut order = Vec::with_capacity(stacks.len());
             for (addresses, objects, bytes) in stacks {
                 let entry = allocated.entry(addresses.clone()).or_default();

@@ -151,7 +151,9 @@ fn count_at(readings: &Readings, at: SystemTime) -> f64 {
 async fn heap_seconds_is_what_was_allocated_during_the_window_and_what_is_in_use_at_its_end() {
     for build in [Build::Lines, Build::NoLines] {
         let child = Child::start(build, "serve-sites", &[]);
-        child.churn_past(0, 8 << 20).await;
+        // As much churned before the window as during it: counts since the start would
+        // read twice the window's.
+        child.churn_past(0, 96 << 20).await;
         let polling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let readings = {
             let (url, polling) = (child.url("/churned"), polling.clone());
