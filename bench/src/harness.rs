@@ -47,12 +47,18 @@ impl Server {
 
     /// The jemalloc service of `src/bin/heap_server.rs`, with `_RJEM_MALLOC_CONF`.
     pub fn start_heap(conf: Option<&str>) -> Server {
+        Server::start_heap_with(conf, &[])
+    }
+
+    /// [`start_heap`](Self::start_heap) with more arguments (`--no-counts`).
+    pub fn start_heap_with(conf: Option<&str>, args: &[&str]) -> Server {
         let exe = std::env::current_exe()
             .unwrap()
             .with_file_name("krabka-pprof-bench-heap-server");
         let mut command = Command::new(exe);
         command
             .args(["--cpu", &SERVER_CPU.to_string()])
+            .args(args)
             .env_remove("MALLOC_CONF")
             .env_remove("_RJEM_MALLOC_CONF");
         if let Some(conf) = conf {

@@ -26,6 +26,7 @@ pub(crate) struct Args {
     pub(crate) heap: Option<Spanned<bool>>,
     pub(crate) heap_default: Option<Spanned<Duration>>,
     pub(crate) heap_max: Option<Spanned<Duration>>,
+    pub(crate) alloc_stacks: Option<Spanned<u32>>,
     pub(crate) threads: Option<Spanned<bool>>,
     pub(crate) prefix: Option<Spanned<String>>,
     pub(crate) guard: Option<Spanned<syn::Path>>,
@@ -127,6 +128,15 @@ impl Args {
                     &value,
                 )?);
             }
+            "alloc_stacks" => {
+                self.alloc_stacks = Some(values::integer_value(
+                    key,
+                    "",
+                    4096,
+                    rules::check_alloc_stacks,
+                    &value,
+                )?);
+            }
             "blocklist" => self.blocklist = Some(values::blocklist_value(&value)?),
             "heap" => self.heap = Some(values::bool_value(key, &value)?),
             "threads" => self.threads = Some(values::bool_value(key, &value)?),
@@ -148,13 +158,15 @@ impl Args {
         );
 
         let heap_on = self.heap.as_ref().is_some_and(|heap| heap.value);
-        for (key, value) in [
-            ("heap_default", self.heap_default.as_ref()),
-            ("heap_max", self.heap_max.as_ref()),
+        let alloc_stacks = self.alloc_stacks.as_ref().map(|stacks| stacks.span);
+        for (key, span) in [
+            ("heap_default", self.heap_default.as_ref().map(|d| d.span)),
+            ("heap_max", self.heap_max.as_ref().map(|d| d.span)),
+            ("alloc_stacks", alloc_stacks),
         ] {
-            if let (Some(value), false) = (value, heap_on) {
+            if let (Some(span), false) = (span, heap_on) {
                 errors.at(
-                    value.span,
+                    span,
                     format!("`{key}` only applies with `heap = true`; add `heap = true` or remove `{key}`"),
                 );
             }

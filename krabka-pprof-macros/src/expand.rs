@@ -258,6 +258,10 @@ fn config_expr(args: &Args, krate: &TokenStream) -> TokenStream {
         let d = duration(v.value);
         calls.extend(quote_spanned!(v.span=> .with_heap_max(#d)));
     }
+    if let Some(v) = &args.alloc_stacks {
+        let stacks = v.value;
+        calls.extend(quote_spanned!(v.span=> .with_alloc_stacks(#stacks)));
+    }
     if let Some(v) = &args.threads {
         let on = v.value;
         calls.extend(quote_spanned!(v.span=> .with_threads(#on)));

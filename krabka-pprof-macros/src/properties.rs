@@ -121,6 +121,7 @@ proptest! {
         heap_default in prop::option::of(millis()),
         frequency in prop::option::of(prop_oneof![0u32..1_100, any::<u32>()]),
         max_windows in prop::option::of(prop_oneof![0u32..70, any::<u32>()]),
+        alloc_stacks in prop::option::of(prop_oneof![0u32..70, 65_530u32..65_540, any::<u32>()]),
         threads in prop::option::of(any::<bool>()),
     ) {
         let mut attr = vec!["heap = true".to_owned()];
@@ -148,6 +149,10 @@ proptest! {
         if let Some(windows) = max_windows {
             attr.push(format!("max_windows = {windows}"));
             config = config.with_max_windows(windows);
+        }
+        if let Some(stacks) = alloc_stacks {
+            attr.push(format!("alloc_stacks = {stacks}"));
+            config = config.with_alloc_stacks(stacks);
         }
         if let Some(on) = threads {
             attr.push(format!("threads = {on}"));

@@ -14,6 +14,7 @@
 //! `fail/cpu_default_below_one_second`, `fail/heap_max_above_one_hour`,
 //! `fail/heap_default_above_heap_max`, `fail/prefix_with_empty_segment`,
 //! `fail/prefix_with_colon_segment`, `fail/max_windows_zero`, `fail/max_windows_above_64`,
+//! `fail/alloc_stacks_below_64`, `fail/alloc_stacks_without_heap`,
 //! `pass/every_key_at_its_bounds` and `pass/cpu_max_below_builtin_default`; and
 //! `src/properties.rs` checks, value by value, that these rules accept exactly what
 //! `validate` accepts.
@@ -39,6 +40,10 @@ pub(crate) const MAX_FREQUENCY: u32 = 1000;
 pub(crate) const MIN_WINDOWS: u32 = 1;
 /// `MAX_WINDOWS` in config.rs.
 pub(crate) const MAX_WINDOWS: u32 = 64;
+/// `MIN_ALLOC_STACKS` in config.rs.
+pub(crate) const MIN_ALLOC_STACKS: u32 = 64;
+/// `MAX_ALLOC_STACKS` in config.rs.
+pub(crate) const MAX_ALLOC_STACKS: u32 = 65_536;
 /// `cpu_max` in `ProfilingConfig::new()`.
 pub(crate) const DEFAULT_CPU_MAX: Duration = Duration::from_secs(60);
 /// `heap_max` in `ProfilingConfig::new()`.
@@ -103,6 +108,21 @@ pub(crate) fn check_max_windows(found: &str) -> Result<u32, String> {
         Ok(n) if (u64::from(MIN_WINDOWS)..=u64::from(MAX_WINDOWS)).contains(&n) => Ok(n as u32),
         _ => Err(format!(
             "`max_windows` must be between {MIN_WINDOWS} and {MAX_WINDOWS}, found {found}"
+        )),
+    }
+}
+
+/// `alloc_stacks` is 0 (no allocation counts) or lies within `MIN_ALLOC_STACKS ..=
+/// MAX_ALLOC_STACKS` (the `AllocStacksOutOfRange` check in `ProfilingConfig::validate`).
+/// `found` as in [`check_frequency`].
+pub(crate) fn check_alloc_stacks(found: &str) -> Result<u32, String> {
+    match found.parse::<u64>() {
+        Ok(0) => Ok(0),
+        Ok(n) if (u64::from(MIN_ALLOC_STACKS)..=u64::from(MAX_ALLOC_STACKS)).contains(&n) => {
+            Ok(n as u32)
+        }
+        _ => Err(format!(
+            "`alloc_stacks` must be 0 (no allocation counts) or between {MIN_ALLOC_STACKS} and {MAX_ALLOC_STACKS}, found {found}"
         )),
     }
 }
@@ -201,6 +221,17 @@ mod tests {
         );
         // A written maximum replaces the built-in one, above it as below it.
         assert_eq!(cpu(sixty_one, Some(Duration::from_secs(120))), Ok(()));
+    }
+
+    #[test]
+    fn alloc_stacks_rules() {
+        for ok in ["0", "64", "4096", "65536"] {
+            assert!(check_alloc_stacks(ok).is_ok(), "{ok}");
+        }
+        for bad in ["1", "63", "65537", "-1", "99999999999999999999"] {
+            let message = check_alloc_stacks(bad).unwrap_err();
+            assert!(message.ends_with(&format!("found {bad}")), "{message}");
+        }
     }
 
     #[test]

@@ -18,7 +18,8 @@ mod rules;
 mod tests;
 
 pub use bounds::{
-    MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION, MIN_FREQUENCY, MIN_WINDOWS,
+    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION,
+    MIN_FREQUENCY, MIN_WINDOWS,
 };
 pub use error::{ConfigError, DurationField};
 
@@ -55,6 +56,8 @@ pub struct ProfilingConfig {
     /// `None`: 10 s, or `heap_max` if that is shorter.
     heap_default: Option<Duration>,
     heap_max: Duration,
+    /// Distinct stacks the cumulative allocation counts keep; `0`: no counts.
+    alloc_stacks: u32,
     threads: bool,
     prefix: &'static str,
     guard: Option<Guard>,
@@ -70,7 +73,8 @@ impl Default for ProfilingConfig {
 impl ProfilingConfig {
     /// The defaults: CPU profiles of 30 s unless asked otherwise, at most 60 s, at 99 Hz,
     /// unwinding through every library (an empty blocklist); heap profiling off
-    /// (10 s default window, 30 s max when on); thread dumps on; routes under
+    /// (10 s default window, 30 s max, and allocation counts of up to 4096 stacks when
+    /// on); thread dumps on; routes under
     /// `/debug/pprof`; no guard and no token.
     pub const fn new() -> Self {
         Self {
@@ -82,6 +86,7 @@ impl ProfilingConfig {
             heap: false,
             heap_default: None,
             heap_max: Duration::from_secs(30),
+            alloc_stacks: 4096,
             threads: true,
             prefix: "/debug/pprof",
             guard: None,
@@ -145,6 +150,20 @@ impl ProfilingConfig {
     /// Longest heap sampling window.
     pub const fn with_heap_max(mut self, duration: Duration) -> Self {
         self.heap_max = duration;
+        self
+    }
+
+    /// How many distinct allocation stacks the cumulative allocation counts keep (4096
+    /// unless set); `0` turns them off. With them, `/allocs` and `/heap` carry Go's
+    /// `alloc_objects` and `alloc_space` (counted since the routes were built, never
+    /// decreasing) beside `inuse_*`, and `?seconds=N` is the allocations of those seconds.
+    /// jemalloc's sample hook feeds them, once per sampled allocation (about one per
+    /// 512 KiB allocated): a fixed table of about 560 bytes per stack at most, resident
+    /// as stacks arrive; stacks beyond it are counted together under one marker. The
+    /// first router built with heap profiling installs the hook, with its size, for the
+    /// life of the process. See the guide's heap page.
+    pub const fn with_alloc_stacks(mut self, stacks: u32) -> Self {
+        self.alloc_stacks = stacks;
         self
     }
 
@@ -212,6 +231,10 @@ impl ProfilingConfig {
     /// See [`with_heap_max`](Self::with_heap_max).
     pub const fn heap_max(&self) -> Duration {
         self.heap_max
+    }
+    /// See [`with_alloc_stacks`](Self::with_alloc_stacks).
+    pub const fn alloc_stacks(&self) -> u32 {
+        self.alloc_stacks
     }
     /// See [`with_threads`](Self::with_threads).
     pub const fn threads(&self) -> bool {

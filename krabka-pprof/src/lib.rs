@@ -57,8 +57,8 @@ mod threads;
 mod views;
 
 pub use config::{
-    ConfigError, DurationField, Guard, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION,
-    MIN_FREQUENCY, MIN_WINDOWS, ProfilingConfig,
+    ConfigError, DurationField, Guard, MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS,
+    MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_WINDOWS, ProfilingConfig,
 };
 #[cfg(jemalloc)]
 pub use heap::Jemalloc;

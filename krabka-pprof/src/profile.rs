@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub(crate) mod proto;
@@ -68,6 +69,45 @@ pub(crate) struct Meta {
     /// Free-form notes `go tool pprof -comments` shows.
     pub(crate) comments: Vec<String>,
 }
+
+/// The hasher of the builder's per-frame maps: FxHash's rotate-multiply, several times
+/// faster than std's SipHash on the `u64` addresses a profile is made of (tens of
+/// thousands of lookups for a heap profile of a thousand stacks). Its keys come from this
+/// process's own stacks, which no client chooses, so SipHash's resistance to chosen keys
+/// buys nothing here.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct FrameHasher(u64);
+
+impl FrameHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FrameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.add(word);
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.add(word as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by frames or addresses, with [`FrameHasher`].
+pub(crate) type FrameMap<K, V> = HashMap<K, V, BuildHasherDefault<FrameHasher>>;
 
 /// Interns strings; index 0 is the empty string, as pprof requires.
 #[derive(Default)]
@@ -140,10 +180,31 @@ impl<'o> ProfileBuilder<'o> {
         });
     }
 
-    /// Symbolizes every address and builds the profile. Leading frames (leaf side) for
-    /// which `hide_leaf` returns true are dropped, as long as one frame remains: the heap
-    /// profile uses this to start every stack at the allocation site, not in the allocator.
-    pub(crate) fn finish(mut self, meta: &Meta, hide_leaf: &dyn Fn(&str) -> bool) -> Profile {
+    /// Symbolizes every address and builds the profile. Leading functions (leaf side) for
+    /// which `hide_leaf` returns true are trimmed, as [`finish_trimmed`](Self::finish_trimmed)
+    /// trims them.
+    pub(crate) fn finish(self, meta: &Meta, hide_leaf: &dyn Fn(&str) -> bool) -> Profile {
+        self.finish_trimmed(meta, &|lines: &[FunctionLine]| {
+            lines
+                .iter()
+                .take_while(|line| hide_leaf(&line.name))
+                .count()
+        })
+    }
+
+    /// Symbolizes every address and builds the profile, each stack trimmed at its leaf:
+    /// `trim` says how many of a location's lines (innermost first) to drop from the leaf
+    /// end. Leading locations trimmed whole are dropped; the first location that is not
+    /// loses its first lines (a location of its own, at the same address, so that other
+    /// stacks through it keep all its lines); nothing further out is trimmed. If every
+    /// location would go, the last stays whole. The heap profile uses this to start every
+    /// stack at the allocation site, not in the allocator, whether the allocator's
+    /// functions are frames of their own or inlined into the program's.
+    pub(crate) fn finish_trimmed(
+        mut self,
+        meta: &Meta,
+        trim: &dyn Fn(&[FunctionLine]) -> usize,
+    ) -> Profile {
         let resolved = match self.symbolize {
             Symbolize::Full => {
                 let mut resolved = std::mem::take(&mut self.before);
@@ -209,8 +270,11 @@ impl<'o> ProfileBuilder<'o> {
                         id
                     })
             };
-        // Per distinct frame, once: its location, and whether it is hidden at the leaf.
-        let mut known: HashMap<Frame, (u64, bool)> = HashMap::new();
+        // Per distinct frame, once: its location, and how many of its lines are trimmed at
+        // the leaf (all of them: the location is dropped there).
+        let mut known: FrameMap<Frame, (u64, Trim)> = FrameMap::default();
+        // Locations with their leading lines trimmed, by the location they come from.
+        let mut trimmed: FrameMap<u64, u64> = FrameMap::default();
 
         let ProfileBuilder {
             objects,
@@ -222,7 +286,7 @@ impl<'o> ProfileBuilder<'o> {
             let mut location_id = Vec::with_capacity(sample.frames.len());
             let mut leaf_side = true;
             for (i, frame) in sample.frames.iter().enumerate() {
-                let (id, hidden) = *known.entry(frame.clone()).or_insert_with(|| {
+                let (id, trim_at_leaf) = *known.entry(frame.clone()).or_insert_with(|| {
                     let (functions, object) = describe(objects, frame, &resolved, symbolize);
                     let mapping_id = object.map_or(0, |index| {
                         *mapping_ids.entry(index).or_insert_with(|| {
@@ -249,9 +313,11 @@ impl<'o> ProfileBuilder<'o> {
                             id
                         })
                     });
-                    // The outermost function is the frame's own; the others were inlined
-                    // into it.
-                    let hidden = functions.last().is_some_and(|f| hide_leaf(&f.name));
+                    let trim_at_leaf = match trim(&functions).min(functions.len()) {
+                        0 => Trim::None,
+                        n if n == functions.len() => Trim::All,
+                        n => Trim::Lines(n),
+                    };
                     let line = functions
                         .into_iter()
                         .map(|named| Line {
@@ -271,13 +337,24 @@ impl<'o> ProfileBuilder<'o> {
                         line,
                         is_folded: false,
                     });
-                    (id, hidden)
+                    (id, trim_at_leaf)
                 });
-                // Hidden frames are dropped from the leaf end, keeping at least one.
+                // Trimmed frames are dropped from the leaf end, keeping at least one.
                 let last = i + 1 == sample.frames.len();
-                if leaf_side && hidden && !last {
-                    continue;
-                }
+                let id = match (leaf_side, trim_at_leaf) {
+                    (true, Trim::All) if !last => continue,
+                    (true, Trim::Lines(n)) => *trimmed.entry(id).or_insert_with(|| {
+                        let from = &profile.location[id as usize - 1];
+                        let location = Location {
+                            id: profile.location.len() as u64 + 1,
+                            line: from.line[n..].to_vec(),
+                            ..from.clone()
+                        };
+                        profile.location.push(location);
+                        profile.location.len() as u64
+                    }),
+                    _ => id,
+                };
                 leaf_side = false;
                 location_id.push(id);
             }
@@ -306,6 +383,16 @@ impl<'o> ProfileBuilder<'o> {
         profile.string_table = strings.table;
         profile
     }
+}
+
+/// How a location is trimmed where it is a stack's leaf.
+#[derive(Clone, Copy)]
+enum Trim {
+    None,
+    /// Its first lines (inlined into the rest).
+    Lines(usize),
+    /// The whole location.
+    All,
 }
 
 /// Returns the C allocator's freed memory to the system. Symbolizing and rendering a
@@ -354,255 +441,4 @@ fn nanos(duration: Duration) -> i64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{Frame, LabelValue, Meta, ProfileBuilder};
-    use crate::objects::Objects;
-    use crate::symbolize::FunctionLine;
-
-    fn named(name: &str, filename: &str, line: i64) -> FunctionLine {
-        FunctionLine {
-            name: name.to_owned(),
-            system_name: format!("_ZN{name}E"),
-            filename: filename.to_owned(),
-            line,
-            start_line: 0,
-        }
-    }
-
-    fn meta() -> Meta {
-        Meta {
-            sample_types: &[("samples", "count")],
-            period_type: ("cpu", "nanoseconds"),
-            period: 1,
-            time: std::time::UNIX_EPOCH,
-            duration: std::time::Duration::ZERO,
-            default_sample_type: None,
-            comments: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn a_symbolized_frame_is_one_location_with_a_line_per_inlined_function() {
-        let objects = Objects::current();
-        let mut builder = ProfileBuilder::new(&objects);
-        let leaf = Frame::Symbolized(vec![
-            named("inner", "src/a.rs", 7),
-            named("outer", "src/b.rs", 42),
-        ]);
-        let caller = Frame::Symbolized(vec![named("main", "src/main.rs", 3)]);
-        for _ in 0..2 {
-            builder.add(
-                vec![leaf.clone(), caller.clone()],
-                vec![5],
-                vec![("thread".into(), LabelValue::Str("worker".into()))],
-            );
-        }
-        let profile = builder.finish(&meta(), &|_| false);
-        let string = |i: i64| profile.string_table[i as usize].as_str();
-
-        assert_eq!(profile.location.len(), 2, "one location per distinct frame");
-        assert_eq!(profile.sample.len(), 2);
-        assert_eq!(profile.sample[0].location_id, profile.sample[1].location_id);
-        let location = &profile.location[0];
-        let lines: Vec<(&str, &str, &str, i64)> = location
-            .line
-            .iter()
-            .map(|line| {
-                let function = &profile.function[line.function_id as usize - 1];
-                (
-                    string(function.name),
-                    string(function.system_name),
-                    string(function.filename),
-                    line.line,
-                )
-            })
-            .collect();
-        assert_eq!(
-            lines,
-            [
-                ("inner", "_ZNinnerE", "src/a.rs", 7),
-                ("outer", "_ZNouterE", "src/b.rs", 42)
-            ],
-            "innermost first, the caller it was inlined into last"
-        );
-        assert_eq!(profile.function.len(), 3);
-    }
-
-    #[test]
-    fn hiding_a_leaf_looks_at_the_frames_own_function_not_what_was_inlined_into_it() {
-        let objects = Objects::current();
-        let mut builder = ProfileBuilder::new(&objects);
-        let allocator = Frame::Symbolized(vec![named("helper", "", 0), named("malloc", "", 0)]);
-        let site = Frame::Symbolized(vec![named("site", "", 0)]);
-        builder.add(vec![allocator, site.clone()], vec![1], Vec::new());
-        // malloc inlined into the program's own function: that frame is the program's.
-        let inlined = Frame::Symbolized(vec![named("malloc", "", 0), named("caller", "", 0)]);
-        builder.add(vec![inlined, site], vec![1], Vec::new());
-        let profile = builder.finish(&meta(), &|name| name == "malloc");
-        assert_eq!(
-            profile.sample[0].location_id.len(),
-            1,
-            "malloc's frame hidden"
-        );
-        let kept = &profile.location[profile.sample[0].location_id[0] as usize - 1];
-        let function = &profile.function[kept.line[0].function_id as usize - 1];
-        assert_eq!(profile.string_table[function.name as usize], "site");
-        assert_eq!(
-            profile.sample[1].location_id.len(),
-            2,
-            "a frame whose own function is not malloc is kept, whatever was inlined into it"
-        );
-    }
-
-    /// A profile of one stack: this function's code, as `objects` names it.
-    #[cfg(elf)]
-    fn profile_here(objects: &Objects, symbolize: crate::symbolize::Symbolize) -> super::Profile {
-        let here = a_function_named_by_its_symbol as *const () as u64;
-        let mut builder = ProfileBuilder::new(objects).symbolize(symbolize);
-        builder.add(vec![Frame::Code(here + 4)], vec![1], Vec::new());
-        builder.finish(&meta(), &|_| false)
-    }
-
-    #[inline(never)]
-    fn a_function_named_by_its_symbol() -> u64 {
-        std::hint::black_box(7u64).wrapping_mul(std::hint::black_box(6))
-    }
-
-    /// Each line of each location: function name, file, line.
-    fn lines_of(profile: &super::Profile) -> Vec<Vec<(String, String, i64)>> {
-        let string = |i: i64| profile.string_table[i as usize].clone();
-        profile
-            .location
-            .iter()
-            .map(|location| {
-                location
-                    .line
-                    .iter()
-                    .map(|line| {
-                        let function = &profile.function[line.function_id as usize - 1];
-                        (string(function.name), string(function.filename), line.line)
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-
-    #[cfg(elf)]
-    #[test]
-    fn without_dwarf_a_frame_has_the_symbol_tables_name_and_with_it_the_same_name_and_a_line() {
-        use crate::symbolize::dwarf::tests::{Scratch, as_if_loaded_from, split};
-
-        let objects = Objects::current();
-        let here = a_function_named_by_its_symbol as *const () as u64;
-        let (index, object) = objects.find(here).unwrap();
-        let symbol = crate::symbolize::symbol_of(object, &[here + 4 - object.bias])[0]
-            .clone()
-            .expect("the symbol table names it");
-
-        let scratch = Scratch::new("profile");
-        let (stripped, _debug) = split(&scratch.0);
-        let without = objects.with(index, as_if_loaded_from(object, &stripped));
-        let profile = profile_here(&without, crate::symbolize::Symbolize::Full);
-        assert_eq!(
-            lines_of(&profile),
-            [[(symbol.name.clone(), String::new(), 0)]],
-            "no DWARF: the symbol table's name, as before lines existed"
-        );
-        let mapping = &profile.mapping[0];
-        assert!(mapping.has_functions);
-        assert!(!mapping.has_line_numbers && !mapping.has_filenames && !mapping.has_inline_frames);
-
-        let profile = profile_here(&objects, crate::symbolize::Symbolize::Full);
-        let lines = lines_of(&profile);
-        let (name, file, line) = lines[0].last().unwrap().clone();
-        assert_eq!(name, symbol.name, "DWARF changes no name");
-        assert!(file.ends_with("krabka-pprof/src/profile.rs"), "{file}");
-        assert!(line > 0, "{lines:?}");
-        let function = profile.function.last().unwrap();
-        assert!(function.start_line > 0, "{function:?}");
-        assert_eq!(
-            profile.string_table[function.system_name as usize], symbol.raw,
-            "the system name stays the symbol's"
-        );
-        let mapping = &profile.mapping[0];
-        assert!(mapping.has_line_numbers && mapping.has_filenames && mapping.has_inline_frames);
-    }
-
-    #[cfg(elf)]
-    #[test]
-    fn symbolize_none_keeps_addresses_and_mappings_and_names_nothing() {
-        let objects = Objects::current();
-        let here = a_function_named_by_its_symbol as *const () as u64;
-        let (_, object) = objects.find(here).unwrap();
-        let mut builder =
-            ProfileBuilder::new(&objects).symbolize(crate::symbolize::Symbolize::None);
-        builder.add(
-            vec![Frame::Code(here + 4), Frame::Marker("[truncated]".into())],
-            vec![1],
-            Vec::new(),
-        );
-        let profile = builder.finish(&meta(), &|_| false);
-        let code = &profile.location[0];
-        assert_eq!(code.address, here + 4);
-        assert!(code.line.is_empty(), "{code:?}");
-        let mapping = &profile.mapping[code.mapping_id as usize - 1];
-        assert!(!mapping.has_functions);
-        assert!(!mapping.has_line_numbers);
-        assert_eq!(profile.string_table[mapping.filename as usize], object.name);
-        assert!(object.build_id.is_some() && mapping.build_id != 0);
-        // The profiler's own markers are not code: they keep their text.
-        assert_eq!(
-            lines_of(&profile)[1],
-            [("[truncated]".to_owned(), String::new(), 0)]
-        );
-        assert_eq!(profile.function.len(), 1, "only the marker is a function");
-    }
-
-    #[cfg(elf)]
-    #[test]
-    fn addresses_symbolized_early_give_the_profile_they_would_have_given_late() {
-        let objects = Objects::current();
-        let here = a_function_named_by_its_symbol as *const () as u64;
-        let getpid = libc::getpid as *const () as u64;
-        let stacks = [
-            vec![Frame::Code(here + 4), Frame::Code(getpid)],
-            vec![Frame::Code(here + 8), Frame::Marker("[truncated]".into())],
-        ];
-        let build = |before: Option<crate::symbolize::Resolved>| {
-            let mut builder = ProfileBuilder::new(&objects);
-            if let Some(before) = before {
-                builder = builder.resolved_before(before);
-            }
-            for stack in &stacks {
-                builder.add(stack.clone(), vec![1], Vec::new());
-            }
-            builder.finish(&meta(), &|_| false)
-        };
-        let late = build(None);
-        // Some addresses looked up before the profile is built (as a window does a fifth
-        // of the way before its end), the others when it is.
-        let early = build(Some(crate::symbolize::Resolved::of(
-            &objects,
-            vec![here + 4, getpid],
-        )));
-        assert_eq!(lines_of(&early), lines_of(&late));
-        let own = lines_of(&late)[0].last().cloned().unwrap();
-        assert!(own.1.ends_with("krabka-pprof/src/profile.rs"), "{own:?}");
-        let flags = |profile: &super::Profile| -> Vec<(u64, bool, bool, bool)> {
-            profile
-                .mapping
-                .iter()
-                .map(|m| {
-                    (
-                        m.memory_start,
-                        m.has_functions,
-                        m.has_line_numbers,
-                        m.has_inline_frames,
-                    )
-                })
-                .collect()
-        };
-        assert_eq!(flags(&early), flags(&late));
-        assert_eq!(late.location.len(), early.location.len());
-    }
-}
+mod tests;

@@ -26,7 +26,7 @@ use self::query::{CpuQuery, HeapQuery, ThreadsAnswer, ThreadsQuery};
 use self::response::{bad_request, redirect};
 use crate::config::{ConfigError, ProfilingConfig};
 use crate::cpu::{self, CpuError, CpuRequest};
-use crate::heap::{self, HeapError, HeapRequest};
+use crate::heap::{self, HeapError, HeapRequest, HeapRoute};
 use crate::threads::{self, DumpRequest};
 use crate::views::{self, View, ViewBody};
 
@@ -85,6 +85,8 @@ where
         .route(&format!("{prefix}/"), handler(Route::Index))
         .route(&format!("{prefix}/profile"), handler(Route::Profile));
     if config.heap() {
+        // Allocation counts start here, before the app serves anything.
+        heap::prepare(config.alloc_stacks());
         // `/allocs` is where Parca and Grafana Alloy look for memory by default.
         router = router
             .route(&format!("{prefix}/heap"), handler(Route::Heap))
@@ -161,7 +163,8 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
             Route::Redirect => redirect(&format!("{}/", shared.config.prefix())),
             Route::Index => index(&shared.config, &parts),
             Route::Profile => cpu_profile(&shared.config, &parts).await,
-            Route::Heap | Route::Allocs => heap_profile(&shared.config, &parts).await,
+            Route::Heap => heap_profile(&shared.config, &parts, HeapRoute::Heap).await,
+            Route::Allocs => heap_profile(&shared.config, &parts, HeapRoute::Allocs).await,
             Route::Threads => thread_dump(&shared.config, &parts, "threads").await,
             Route::Goroutine => thread_dump(&shared.config, &parts, "goroutine").await,
             Route::Tasks => match crate::tasks::dump().await {
@@ -219,7 +222,7 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     }
 }
 
-async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
+async fn heap_profile(config: &ProfilingConfig, parts: &Parts, route: HeapRoute) -> Response {
     let span = tracing::Span::current();
     let query = match HeapQuery::parse(parts.uri.query(), config) {
         Ok(query) => query,
@@ -232,22 +235,42 @@ async fn heap_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     }
     let format = query.format;
     let lines = query.naming.lines;
+    let sample_index = query.sample_index;
     let rendered = heap::profile(
         HeapRequest {
+            route,
             window: query.window,
+            seconds_given: query.seconds_requested.is_some(),
             symbolize: query.naming.symbolize,
+            alloc_stacks: config.alloc_stacks(),
+            sample_index,
         },
         move |profile| {
+            let shown = sample_index.unwrap_or_else(|| profile.string(profile.default_sample_type));
+            let (title, what) = if shown.starts_with("alloc_") {
+                ("Allocations", "memory allocated")
+            } else {
+                ("Heap in use", "live memory")
+            };
             let subtitle = if profile.duration_nanos > 0 {
                 format!(
-                    "live memory sampled over {} s",
-                    profile.duration_nanos / 1_000_000_000
+                    "{what}, sampled over {} s",
+                    (profile.duration_nanos + 500_000_000) / 1_000_000_000
                 )
+            } else if title == "Allocations" {
+                "memory allocated since the counts began".to_owned()
             } else {
                 "live memory, sampled since the process started".to_owned()
             };
-            views::render(&profile, format, (lines, None), "Heap in use", &subtitle)
-                .map_err(HeapError::Failed)
+            views::render_with(
+                &profile,
+                format,
+                (lines, None),
+                sample_index,
+                title,
+                &subtitle,
+            )
+            .map_err(HeapError::BadRequest)
         },
     );
     match rendered.await {

@@ -52,10 +52,28 @@ pub(crate) enum ViewBody {
 pub(crate) fn render(
     profile: &Profile,
     format: Format,
-    (lines, group): (bool, Option<&str>),
+    view: (bool, Option<&str>),
     title: &str,
     subtitle: &str,
 ) -> Result<View, String> {
+    render_with(profile, format, view, None, title, subtitle)
+}
+
+/// [`render`], the text view and the flamegraph showing the values of `sample_index` (a
+/// sample type of the profile, as `go tool pprof -sample_index` picks one) instead of the
+/// profile's default; the pprof format carries it as its `default_sample_type`.
+pub(crate) fn render_with(
+    profile: &Profile,
+    format: Format,
+    (lines, group): (bool, Option<&str>),
+    sample_index: Option<&str>,
+    title: &str,
+    subtitle: &str,
+) -> Result<View, String> {
+    let column = match sample_index {
+        Some(name) => Some(sample_column(profile, name)?),
+        None => None,
+    };
     let granularity = if lines {
         Granularity::Lines
     } else {
@@ -67,13 +85,24 @@ pub(crate) fn render(
         .map(|s| s.value.first().copied().unwrap_or(0))
         .sum();
     let body = match format {
-        Format::Pprof => ViewBody::Pprof(gzip_profile(profile)?),
-        Format::Text => ViewBody::Text(match group {
-            Some(key) => grouped_table(profile, key, granularity),
-            None => top_table_by(profile, TOP_ROWS, granularity),
-        }),
+        Format::Pprof => match (sample_index, column) {
+            (Some(name), Some(column)) if value_index(profile) != Some(column) => {
+                let mut chosen = profile.clone();
+                chosen.default_sample_type = profile.sample_type[column].ty;
+                debug_assert_eq!(profile.string(chosen.default_sample_type), name);
+                ViewBody::Pprof(gzip_profile(&chosen)?)
+            }
+            _ => ViewBody::Pprof(gzip_profile(profile)?),
+        },
+        Format::Text => {
+            let column = column.or_else(|| value_index(profile));
+            ViewBody::Text(match group {
+                Some(key) => grouped_table(profile, key, granularity, column),
+                None => top_table_in(profile, TOP_ROWS, granularity, column),
+            })
+        }
         #[cfg(feature = "flamegraph")]
-        Format::Svg => ViewBody::Svg(flamegraph(profile, title, subtitle)?),
+        Format::Svg => ViewBody::Svg(flamegraph_in(profile, column, title, subtitle)?),
         #[cfg(not(feature = "flamegraph"))]
         Format::Svg => {
             let _ = (title, subtitle);
@@ -81,6 +110,25 @@ pub(crate) fn render(
         }
     };
     Ok(View { body, samples })
+}
+
+/// The column of the sample type named `name`, or a sentence naming the profile's types.
+pub(crate) fn sample_column(profile: &Profile, name: &str) -> Result<usize, String> {
+    profile
+        .sample_type
+        .iter()
+        .position(|t| profile.string(t.ty) == name)
+        .ok_or_else(|| {
+            let types: Vec<&str> = profile
+                .sample_type
+                .iter()
+                .map(|t| profile.string(t.ty))
+                .collect();
+            format!(
+                "`sample_index` must be one of this profile's sample types, {}; found {name:?}",
+                types.join(", ")
+            )
+        })
 }
 
 /// Encodes and gzips a profile the way Go serves it (fastest level: the payload is small
@@ -184,17 +232,20 @@ pub(crate) fn sample_stacks_by(
 
 /// Flat and cumulative value per function or line, heaviest flat first (then cum, then
 /// name).
+#[cfg(test)]
 pub(crate) fn top_by(profile: &Profile, granularity: Granularity) -> (Vec<TopRow>, i64) {
-    top_where(profile, granularity, &|_| true)
+    top_where(profile, granularity, value_index(profile), &|_| true)
 }
 
-/// [`top_by`] over the samples `keep` accepts.
+/// Flat and cumulative value per function or line of the values in `column`, over the
+/// samples `keep` accepts, heaviest flat first (then cum, then name).
 fn top_where(
     profile: &Profile,
     granularity: Granularity,
+    column: Option<usize>,
     keep: &dyn Fn(&crate::profile::proto::Sample) -> bool,
 ) -> (Vec<TopRow>, i64) {
-    let Some(column) = value_index(profile) else {
+    let Some(column) = column else {
         return (Vec::new(), 0);
     };
     let mut rows: HashMap<Cow<'_, str>, (i64, i64)> = HashMap::new();
@@ -231,9 +282,9 @@ fn top_where(
     (rows, total)
 }
 
-/// The unit and the name of the column the views show.
-fn column_names(profile: &Profile) -> (String, String) {
-    value_index(profile)
+/// The unit and the name of `column`.
+fn column_names(profile: &Profile, column: Option<usize>) -> (String, String) {
+    column
         .map(|i| {
             let column = &profile.sample_type[i];
             (
@@ -258,10 +309,28 @@ fn header(out: &mut String, profile: &Profile, kind: &str, total: i64, unit: &st
 }
 
 /// The text view: a header like `go tool pprof -top`'s, then flat, flat%, sum%, cum, cum%
-/// and the name for the heaviest `limit` functions or lines.
+/// and the function name for the heaviest `limit` functions.
+#[cfg(test)]
+pub(crate) fn top_table(profile: &Profile, limit: usize) -> String {
+    top_table_by(profile, limit, Granularity::Functions)
+}
+
+/// [`top_table`], one row per function or per line.
+#[cfg(test)]
 pub(crate) fn top_table_by(profile: &Profile, limit: usize, granularity: Granularity) -> String {
-    let (rows, total) = top_by(profile, granularity);
-    let (unit, kind) = column_names(profile);
+    top_table_in(profile, limit, granularity, value_index(profile))
+}
+
+/// The text view of the values in `column`: a header like `go tool pprof -top`'s, then
+/// flat, flat%, sum%, cum, cum% and the name for the heaviest `limit` functions or lines.
+fn top_table_in(
+    profile: &Profile,
+    limit: usize,
+    granularity: Granularity,
+    column: Option<usize>,
+) -> String {
+    let (rows, total) = top_where(profile, granularity, column, &|_| true);
+    let (unit, kind) = column_names(profile, column);
     let mut out = String::new();
     header(&mut out, profile, &kind, total, &unit);
     rows_table(&mut out, &rows, total, &unit, limit);
@@ -271,11 +340,15 @@ pub(crate) fn top_table_by(profile: &Profile, limit: usize, granularity: Granula
 /// The text view grouped by the values of label `key` (`?group=`): a table of the value
 /// per group, heaviest first (samples without the label last, as `[no key]`), then the
 /// heaviest functions or lines of each group, with percentages of the whole profile.
-pub(crate) fn grouped_table(profile: &Profile, key: &str, granularity: Granularity) -> String {
+pub(crate) fn grouped_table(
+    profile: &Profile,
+    key: &str,
+    granularity: Granularity,
+    column: Option<usize>,
+) -> String {
     const GROUPS: usize = 20;
     const ROWS: usize = 10;
-    let (unit, kind) = column_names(profile);
-    let column = value_index(profile);
+    let (unit, kind) = column_names(profile, column);
     let key_index = profile.string_table.iter().position(|s| s == key);
     let value_of = |sample: &crate::profile::proto::Sample| -> Option<&str> {
         let key_index = key_index? as i64;
@@ -321,7 +394,9 @@ pub(crate) fn grouped_table(profile: &Profile, key: &str, granularity: Granulari
             format_value(value, &unit),
             percent(value, total)
         );
-        let (rows, _) = top_where(profile, granularity, &|sample| value_of(sample) == group);
+        let (rows, _) = top_where(profile, granularity, column, &|sample| {
+            value_of(sample) == group
+        });
         rows_table(&mut out, &rows, total, &unit, ROWS);
     }
     if groups.len() > GROUPS {
@@ -392,13 +467,27 @@ fn trim(text: String) -> String {
 
 /// The flamegraph of a profile: stacks root first, widths from the `samples` column if the
 /// profile has one (CPU), else from its default column (heap: `inuse_space`).
-#[cfg(feature = "flamegraph")]
+#[cfg(all(test, feature = "flamegraph"))]
 pub(crate) fn flamegraph(profile: &Profile, title: &str, subtitle: &str) -> Result<String, String> {
-    let column = profile
-        .sample_type
-        .iter()
-        .position(|t| profile.string(t.ty) == "samples")
-        .or_else(|| value_index(profile));
+    flamegraph_in(profile, None, title, subtitle)
+}
+
+/// The flamegraph of a profile, its widths from `column` if given, else from the
+/// `samples` column if the profile has one (CPU), else from its default column.
+#[cfg(feature = "flamegraph")]
+fn flamegraph_in(
+    profile: &Profile,
+    column: Option<usize>,
+    title: &str,
+    subtitle: &str,
+) -> Result<String, String> {
+    let column = column.or_else(|| {
+        profile
+            .sample_type
+            .iter()
+            .position(|t| profile.string(t.ty) == "samples")
+            .or_else(|| value_index(profile))
+    });
     let Some(column) = column else {
         return Err("the profile has no values to draw".to_owned());
     };
@@ -488,207 +577,4 @@ pub(crate) fn format_value(value: i64, unit: &str) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::profile::proto::{Function, Line, Location, Sample, ValueType};
-
-    /// A CPU-like profile: `stacks` are leaf-first function names with a sample count.
-    pub(crate) fn profile_of(stacks: &[(&[&str], i64)]) -> Profile {
-        let mut strings = vec![String::new()];
-        let mut intern = |s: &str| -> i64 {
-            if let Some(i) = strings.iter().position(|x| x == s) {
-                return i as i64;
-            }
-            strings.push(s.to_owned());
-            (strings.len() - 1) as i64
-        };
-        let mut profile = Profile {
-            sample_type: vec![
-                ValueType {
-                    ty: intern("samples"),
-                    unit: intern("count"),
-                },
-                ValueType {
-                    ty: intern("cpu"),
-                    unit: intern("nanoseconds"),
-                },
-            ],
-            ..Profile::default()
-        };
-        let mut ids: HashMap<String, u64> = HashMap::new();
-        for (stack, count) in stacks {
-            let mut location_id = Vec::new();
-            for name in *stack {
-                let next = ids.len() as u64 + 1;
-                let id = *ids.entry((*name).to_owned()).or_insert_with(|| {
-                    profile.function.push(Function {
-                        id: next,
-                        name: intern(name),
-                        ..Default::default()
-                    });
-                    profile.location.push(Location {
-                        id: next,
-                        line: vec![Line {
-                            function_id: next,
-                            line: 0,
-                            column: 0,
-                        }],
-                        ..Default::default()
-                    });
-                    next
-                });
-                location_id.push(id);
-            }
-            profile.sample.push(Sample {
-                location_id,
-                value: vec![*count, count * 10_000_000],
-                label: vec![],
-            });
-        }
-        profile.string_table = strings;
-        profile
-    }
-
-    #[test]
-    fn flat_and_cum_follow_pprof() {
-        let profile = profile_of(&[
-            (&["hot", "work", "main"], 50),
-            (&["warm", "work", "main"], 30),
-            (&["main"], 20),
-            (&["rec", "rec", "main"], 10),
-        ]);
-        let (rows, total) = top_by(&profile, Granularity::Functions);
-        assert_eq!(total, 110 * 10_000_000);
-        let get = |n: &str| rows.iter().find(|r| r.name == n).unwrap().clone();
-        assert_eq!(get("hot").flat, 500_000_000);
-        assert_eq!(get("work").flat, 0);
-        assert_eq!(get("work").cum, 800_000_000);
-        assert_eq!(get("main").cum, total);
-        assert_eq!(
-            get("rec").cum,
-            100_000_000,
-            "recursion counts once per sample"
-        );
-        assert_eq!(rows[0].name, "hot");
-    }
-
-    #[test]
-    fn inlined_frames_are_frames_and_the_lines_view_lists_each_line() {
-        use crate::objects::Objects;
-        use crate::profile::{Frame, Meta, ProfileBuilder};
-        use crate::symbolize::FunctionLine;
-        let named = |name: &str, line: i64| FunctionLine {
-            name: name.to_owned(),
-            system_name: name.to_owned(),
-            filename: format!("/src/{name}.rs"),
-            line,
-            start_line: 1,
-        };
-        let objects = Objects::default();
-        let mut builder = ProfileBuilder::new(&objects);
-        // `step` inlined into `hot` at line 12, twice at two lines of `step`; then `hot`
-        // alone at line 14.
-        for (step_line, hot_line, count) in [(3, 12, 5), (4, 12, 3)] {
-            builder.add(
-                vec![
-                    Frame::Symbolized(vec![named("step", step_line), named("hot", hot_line)]),
-                    Frame::Symbolized(vec![named("main", 40)]),
-                ],
-                vec![count],
-                Vec::new(),
-            );
-        }
-        builder.add(
-            vec![
-                Frame::Symbolized(vec![named("hot", 14)]),
-                Frame::Symbolized(vec![named("main", 41)]),
-            ],
-            vec![2],
-            Vec::new(),
-        );
-        let meta = Meta {
-            sample_types: &[("samples", "count")],
-            period_type: ("cpu", "nanoseconds"),
-            period: 1,
-            time: std::time::UNIX_EPOCH,
-            duration: std::time::Duration::ZERO,
-            default_sample_type: None,
-            comments: Vec::new(),
-        };
-        let profile = builder.finish(&meta, &|_| false);
-
-        let (rows, total) = top_by(&profile, Granularity::Functions);
-        assert_eq!(total, 10);
-        let get = |rows: &[TopRow], n: &str| {
-            let row = rows
-                .iter()
-                .find(|r| r.name == n)
-                .unwrap_or_else(|| panic!("{n}: {rows:?}"));
-            (row.flat, row.cum)
-        };
-        assert_eq!(
-            get(&rows, "step"),
-            (8, 8),
-            "an inlined function is a frame of its own"
-        );
-        assert_eq!(get(&rows, "hot"), (2, 10));
-        assert_eq!(get(&rows, "main"), (0, 10));
-
-        let (rows, _) = top_by(&profile, Granularity::Lines);
-        assert_eq!(get(&rows, "step /src/step.rs:3"), (5, 5));
-        assert_eq!(get(&rows, "step /src/step.rs:4"), (3, 3));
-        assert_eq!(get(&rows, "hot /src/hot.rs:12"), (0, 8));
-        assert_eq!(get(&rows, "hot /src/hot.rs:14"), (2, 2));
-        assert_eq!(get(&rows, "main /src/main.rs:40"), (0, 8));
-        let table = top_table_by(&profile, 30, Granularity::Lines);
-        assert!(table.contains("  step /src/step.rs:3\n"), "{table}");
-        let view = render(&profile, Format::Text, (true, None), "CPU", "").unwrap();
-        let ViewBody::Text(text) = view.body else {
-            panic!("a text view")
-        };
-        assert_eq!(text, table);
-    }
-
-    #[test]
-    fn table_has_go_columns() {
-        let profile = profile_of(&[(&["hot", "main"], 75), (&["main"], 25)]);
-        let table = top_table_by(&profile, 30, Granularity::Functions);
-        assert!(table.contains("Type: cpu"), "{table}");
-        assert!(
-            table.contains("      flat   flat%    sum%        cum    cum%\n"),
-            "{table}"
-        );
-        assert!(
-            table.contains("     750ms     75%     75%      750ms     75%  hot\n"),
-            "{table}"
-        );
-        assert!(
-            table.contains("     250ms     25%    100%         1s    100%  main\n"),
-            "{table}"
-        );
-    }
-
-    #[cfg(feature = "flamegraph")]
-    #[test]
-    fn flamegraph_is_svg_with_every_function() {
-        let profile = profile_of(&[(&["hot", "main"], 75), (&["cold;odd", "main"], 25)]);
-        let svg = flamegraph(&profile, "CPU", "5 s").unwrap();
-        assert!(svg.contains("<svg"), "{svg}");
-        assert!(svg.contains(">hot") && svg.contains("main") && svg.contains("cold:odd"));
-        let empty = profile_of(&[]);
-        assert!(
-            flamegraph(&empty, "CPU", "5 s")
-                .unwrap()
-                .contains("no samples")
-        );
-    }
-
-    #[test]
-    fn values_scale_like_pprof() {
-        assert_eq!(format_value(1_500_000_000, "nanoseconds"), "1.5s");
-        assert_eq!(format_value(20_000_000, "nanoseconds"), "20ms");
-        assert_eq!(format_value(64 * 1024 * 1024, "bytes"), "64MB");
-        assert_eq!(format_value(512, "bytes"), "512B");
-        assert_eq!(format_value(1234, "count"), "1234");
-    }
-}
+mod tests;

@@ -83,6 +83,43 @@ pub fn stacks(profile: &Profile) -> Vec<(Vec<String>, Vec<i64>)> {
         .collect()
 }
 
+/// The column of the sample type named `name`, failing the test if there is none.
+pub fn column(profile: &Profile, name: &str) -> usize {
+    sample_types(profile)
+        .iter()
+        .position(|(ty, _)| ty == name)
+        .unwrap_or_else(|| panic!("no {name} in {:?}", sample_types(profile)))
+}
+
+/// The profile's `default_sample_type`, or `""`.
+pub fn default_sample_type(profile: &Profile) -> &str {
+    string(profile, profile.default_sample_type)
+}
+
+/// Each sample's location addresses, leaf first, with its values: how Alloy's client-side
+/// delta (fastdelta) tells one stack from another.
+pub fn stacks_by_address(profile: &Profile) -> Vec<(Vec<u64>, Vec<i64>)> {
+    profile
+        .sample
+        .iter()
+        .map(|sample| {
+            let addresses = sample
+                .location_id
+                .iter()
+                .map(|id| {
+                    profile
+                        .location
+                        .iter()
+                        .find(|l| l.id == *id)
+                        .expect("every sample location exists")
+                        .address
+                })
+                .collect();
+            (addresses, sample.value.clone())
+        })
+        .collect()
+}
+
 /// The sum of one value column over all samples.
 pub fn total(profile: &Profile, column: usize) -> i64 {
     profile.sample.iter().map(|s| s.value[column]).sum()

@@ -15,6 +15,7 @@ const KEYS: &[&str] = &[
     "force",
     "symbolize",
     "lines",
+    "sample_index",
     "debug",
     "gc",
 ];
@@ -51,6 +52,9 @@ const VALUES: &[&str] = &[
     "none",
     "full",
     "None",
+    "alloc_space",
+    "inuse_objects",
+    "cpu",
     "\u{663}",
     "١٢",
     "18446744073709551615",
@@ -117,7 +121,8 @@ pub fn decoded(query: &str) -> Vec<(String, String)> {
 pub enum Route {
     /// `/profile`: `seconds`, `frequency`, `format`, `force`, `symbolize`, `lines`.
     Cpu,
-    /// `/heap`, `/allocs`: the same, but `frequency` and `force` are not checked.
+    /// `/heap`, `/allocs`: the same, but `frequency` and `force` are not checked, and
+    /// `sample_index` is.
     Heap,
 }
 
@@ -125,16 +130,28 @@ pub enum Route {
 /// given at most once; `seconds` a whole number of digits that fits 64 bits; `frequency`
 /// 1 to 1000; `format` one of the views this build has; `force` and `lines` true, false,
 /// 1 or 0; `symbolize` full or none; `symbolize=none` only with the pprof format, and
-/// `lines` true only with the text format. Others are ignored.
+/// `lines` true only with the text format; on the heap routes, `sample_index` one of Go's
+/// four heap types. Others are ignored.
 pub fn contract_accepts(query: &str, route: Route) -> bool {
-    let read: &[&str] = &[
-        "seconds",
-        "frequency",
-        "format",
-        "force",
-        "symbolize",
-        "lines",
-    ];
+    let read: &[&str] = match route {
+        Route::Cpu => &[
+            "seconds",
+            "frequency",
+            "format",
+            "force",
+            "symbolize",
+            "lines",
+        ],
+        Route::Heap => &[
+            "seconds",
+            "frequency",
+            "format",
+            "force",
+            "symbolize",
+            "lines",
+            "sample_index",
+        ],
+    };
     let pairs = decoded(query);
     let value_of = |key: &str| {
         pairs
@@ -178,6 +195,10 @@ pub fn contract_accepts(query: &str, route: Route) -> bool {
             "force" => route == Route::Heap || matches!(value, "true" | "false" | "1" | "0"),
             "lines" => matches!(value, "true" | "false" | "1" | "0"),
             "symbolize" => matches!(value, "full" | "none"),
+            "sample_index" => matches!(
+                value,
+                "alloc_objects" | "alloc_space" | "inuse_objects" | "inuse_space"
+            ),
             _ => unreachable!(),
         };
         if !ok {

@@ -187,6 +187,7 @@ fn key_without_value() {
         ("blocklist", "[\"libc\", \"libgcc\", \"pthread\", \"vdso\"]"),
         ("heap_default", "\"10s\""),
         ("heap_max", "\"30s\""),
+        ("alloc_stacks", "4096"),
         ("threads", "true"),
         ("prefix", "\"/debug/pprof\""),
         ("guard", "crate::auth::is_admin"),
@@ -199,7 +200,7 @@ fn key_without_value() {
             [format!("`{key}` needs a value: write `{key} = {value}`")]
         );
     }
-    assert_eq!(KEYS.len(), 13, "a new key needs its example above");
+    assert_eq!(KEYS.len(), 14, "a new key needs its example above");
     // An unknown key without a value is unknown first.
     assert!(
         messages(quote!(cpu_maxx))[0]
@@ -305,6 +306,36 @@ fn heap_keys_need_heap() {
     assert!(found[0].contains("only applies with `heap = true`"));
     let off = messages(quote!(heap = false, heap_default = "5s"));
     assert!(off[0].contains("only applies with `heap = true`"));
+    assert_eq!(
+        messages(quote!(alloc_stacks = 0)),
+        [
+            "`alloc_stacks` only applies with `heap = true`; add `heap = true` or remove `alloc_stacks`"
+        ]
+    );
+}
+
+#[test]
+fn alloc_stacks_bounds_and_types() {
+    let stacks = |attr| parse_ok(attr).alloc_stacks.unwrap().value;
+    assert_eq!(stacks(quote!(heap = true, alloc_stacks = 0)), 0);
+    assert_eq!(stacks(quote!(heap = true, alloc_stacks = 64)), 64);
+    assert_eq!(stacks(quote!(heap = true, alloc_stacks = 65536)), 65_536);
+    for (attr, found) in [
+        (quote!(heap = true, alloc_stacks = 63), "63"),
+        (quote!(heap = true, alloc_stacks = 65537), "65537"),
+        (quote!(heap = true, alloc_stacks = -1), "-1"),
+    ] {
+        assert_eq!(
+            messages(attr),
+            [format!(
+                "`alloc_stacks` must be 0 (no allocation counts) or between 64 and 65536, found {found}"
+            )]
+        );
+    }
+    assert_eq!(
+        messages(quote!(heap = true, alloc_stacks = "4096")),
+        ["`alloc_stacks` takes an integer, found a string; write `alloc_stacks = 4096`"]
+    );
 }
 
 #[test]

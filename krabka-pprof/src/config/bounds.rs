@@ -18,3 +18,10 @@ pub const MIN_WINDOWS: u32 = 1;
 /// The most CPU profile windows that may share one sampler. Each holds its own stack
 /// counts while it is open.
 pub const MAX_WINDOWS: u32 = 64;
+/// The fewest allocation stacks the cumulative counts may keep, unless `0` turns them
+/// off: fewer could not hold the allocation sites of the runtime and the HTTP stack alone.
+pub const MIN_ALLOC_STACKS: u32 = 64;
+/// The most allocation stacks the cumulative counts may keep: about 560 bytes each at
+/// most (its counters and 64 frames), so at most about 36 MB, resident only as stacks
+/// arrive.
+pub const MAX_ALLOC_STACKS: u32 = 65_536;

@@ -6,7 +6,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::bounds::{
-    MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION, MIN_FREQUENCY, MIN_WINDOWS,
+    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION,
+    MIN_FREQUENCY, MIN_WINDOWS,
 };
 
 /// A `ProfilingConfig` duration setting, as it is spelled in `#[pprof_routes(...)]`.
@@ -35,7 +36,7 @@ impl DurationField {
     }
 }
 
-/// A broken [`ProfilingConfig`] rule. The `Display` names the setting, the value found and
+/// A broken [`ProfilingConfig`](super::ProfilingConfig) rule. The `Display` names the setting, the value found and
 /// what is allowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -65,6 +66,11 @@ pub enum ConfigError {
     },
     /// A `max_windows` outside 1 ..= 64.
     WindowsOutOfRange {
+        /// The value.
+        found: u32,
+    },
+    /// An `alloc_stacks` other than 0 outside 64 ..= 65536.
+    AllocStacksOutOfRange {
         /// The value.
         found: u32,
     },
@@ -115,6 +121,9 @@ impl ConfigError {
             ConfigError::WindowsOutOfRange { .. } => {
                 "krabka-pprof: `max_windows` must be between 1 and 64"
             }
+            ConfigError::AllocStacksOutOfRange { .. } => {
+                "krabka-pprof: `alloc_stacks` must be 0 (no allocation counts) or between 64 and 65536"
+            }
             ConfigError::BlankBlocklistEntry { .. } => {
                 "krabka-pprof: `blocklist` entries must be non-empty library names"
             }
@@ -160,6 +169,10 @@ impl fmt::Display for ConfigError {
             ConfigError::WindowsOutOfRange { found } => write!(
                 f,
                 "`max_windows` must be between {MIN_WINDOWS} and {MAX_WINDOWS}, found {found}"
+            ),
+            ConfigError::AllocStacksOutOfRange { found } => write!(
+                f,
+                "`alloc_stacks` must be 0 (no allocation counts) or between {MIN_ALLOC_STACKS} and {MAX_ALLOC_STACKS}, found {found}"
             ),
             ConfigError::BlankBlocklistEntry { index } => write!(
                 f,

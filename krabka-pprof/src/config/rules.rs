@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::ProfilingConfig;
 use super::bounds::{
-    MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION, MIN_FREQUENCY, MIN_WINDOWS,
+    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION,
+    MIN_FREQUENCY, MIN_WINDOWS,
 };
 use super::chars::{char_at, is_control, is_whitespace};
 use super::error::{ConfigError, DurationField};
@@ -57,6 +58,13 @@ impl ProfilingConfig {
                 default: self.heap_default(),
                 max_field: DurationField::HeapMax,
                 max: self.heap_max,
+            });
+        }
+        if self.alloc_stacks != 0
+            && (self.alloc_stacks < MIN_ALLOC_STACKS || self.alloc_stacks > MAX_ALLOC_STACKS)
+        {
+            return Err(ConfigError::AllocStacksOutOfRange {
+                found: self.alloc_stacks,
             });
         }
         if let Some(reason) = prefix_problem(self.prefix) {

@@ -19,6 +19,7 @@ fn every_setting_reads_back_what_was_set() {
         .with_heap(true)
         .with_heap_default(S(2))
         .with_heap_max(S(4))
+        .with_alloc_stacks(100)
         .with_threads(false)
         .with_prefix("/pp")
         .with_guard(admit)
@@ -29,6 +30,7 @@ fn every_setting_reads_back_what_was_set() {
     assert_eq!(c.blocklist(), ["libc"]);
     assert!(c.heap());
     assert_eq!((c.heap_default(), c.heap_max()), (S(2), S(4)));
+    assert_eq!(c.alloc_stacks(), 100);
     assert!(!c.threads());
     assert_eq!(c.prefix(), "/pp");
     let guard = c.guard().expect("the guard set");
@@ -54,6 +56,7 @@ fn defaults_are_valid_and_documented() {
     assert!(c.blocklist().is_empty(), "unwind through every library");
     assert!(!c.heap());
     assert_eq!((c.heap_default(), c.heap_max()), (S(10), S(30)));
+    assert_eq!(c.alloc_stacks(), 4096, "allocation counts on");
     assert!(c.threads(), "thread dumps on");
     assert_eq!(c.prefix(), "/debug/pprof");
     assert!(c.guard().is_none() && c.token_env().is_none());
@@ -220,4 +223,24 @@ fn checked_is_usable_in_const() {
 #[should_panic(expected = "`frequency` must be between 1 and 1000 Hz")]
 fn checked_panics_with_the_rule() {
     let _ = std::hint::black_box(ProfilingConfig::new().with_frequency(0)).checked();
+}
+
+#[test]
+fn alloc_stacks_bounds() {
+    let c = ProfilingConfig::new().with_heap(true);
+    for ok in [0, 64, 4096, 65_536] {
+        assert_eq!(c.with_alloc_stacks(ok).validate(), Ok(()), "{ok}");
+    }
+    assert_eq!(
+        c.with_alloc_stacks(63).validate().unwrap_err().to_string(),
+        "`alloc_stacks` must be 0 (no allocation counts) or between 64 and 65536, found 63"
+    );
+    assert_eq!(
+        c.with_alloc_stacks(1).validate().unwrap_err().to_string(),
+        "`alloc_stacks` must be 0 (no allocation counts) or between 64 and 65536, found 1"
+    );
+    assert_eq!(
+        c.with_alloc_stacks(65_537).validate().unwrap_err().rule(),
+        "krabka-pprof: `alloc_stacks` must be 0 (no allocation counts) or between 64 and 65536"
+    );
 }

@@ -1,15 +1,21 @@
 //! The pure half of heap profiles: jemalloc's `heap_v2` dump parsed into unbiased stacks,
-//! and the allocator frames hidden from their leaf end. No jemalloc and no `cfg` here, so
+//! and the allocator frames trimmed from their leaf end. No jemalloc and no `cfg` here, so
 //! both are compiled and unit-tested on every target and without features; `heap.rs`
 //! calls them where dumps exist.
+
+use crate::symbolize::FunctionLine;
 
 /// One stack of a jemalloc `heap_v2` dump, its sampled counts unbiased.
 #[derive(Debug, PartialEq)]
 pub(super) struct HeapStack {
     /// Return addresses, allocator first.
     pub(super) addresses: Vec<u64>,
+    /// In use.
     pub(super) objects: f64,
     pub(super) bytes: f64,
+    /// Allocated since start: the brackets, which jemalloc fills only with `prof_accum`.
+    pub(super) alloc_objects: f64,
+    pub(super) alloc_bytes: f64,
 }
 
 #[derive(Debug, PartialEq)]
@@ -21,7 +27,9 @@ pub(super) struct Parsed {
 /// Parses a `heap_v2/<period>` dump. jemalloc samples an allocation of `size` bytes
 /// with probability `1 - exp(-size / period)`; like jeprof, each stack's counts are
 /// divided by that probability (with its average object size), which estimates what is
-/// really live: both `inuse_space` and `inuse_objects` are derived this way.
+/// really live: both `inuse_space` and `inuse_objects` are derived this way, and the
+/// bracketed allocated counts (`[objects: bytes]`, non-zero only with `prof_accum`) the
+/// same way. A stack is kept if either pair is non-zero.
 pub(super) fn parse(reader: impl std::io::BufRead) -> Result<Parsed, String> {
     let mut lines = reader.lines();
     let first = lines
@@ -52,37 +60,101 @@ pub(super) fn parse(reader: impl std::io::BufRead) -> Result<Parsed, String> {
             let Some(addresses) = pending.take() else {
                 continue; // the process-wide total before the first stack
             };
-            // `t*: <objects>: <bytes> [<allocated objects>: <allocated bytes>]`: only the
-            // first two are read, so the brackets need no separating.
+            // `t*: <objects>: <bytes> [<allocated objects>: <allocated bytes>]`.
             let mut numbers = rest
-                .split(|c: char| c == ':' || c.is_whitespace())
+                .split(|c: char| matches!(c, ':' | '[' | ']') || c.is_whitespace())
                 .filter(|s| !s.is_empty());
             let objects: f64 = numbers
                 .next()
                 .and_then(|n| n.parse().ok())
                 .ok_or("objects")?;
             let bytes: f64 = numbers.next().and_then(|n| n.parse().ok()).ok_or("bytes")?;
-            if !objects.is_finite() || !bytes.is_finite() {
-                return Err(format!("counts that are not numbers in {line:?}"));
+            // Absent brackets (an older dump) are nothing allocated.
+            let mut bracket = || numbers.next().and_then(|n| n.parse::<f64>().ok());
+            let (alloc_objects, alloc_bytes) = (bracket().unwrap_or(0.0), bracket().unwrap_or(0.0));
+            for n in [objects, bytes, alloc_objects, alloc_bytes] {
+                if !n.is_finite() {
+                    return Err(format!("counts that are not numbers in {line:?}"));
+                }
             }
-            if objects <= 0.0 || bytes <= 0.0 {
+            let (objects, bytes) = unbias(objects, bytes, period, line)?;
+            let (alloc_objects, alloc_bytes) = unbias(alloc_objects, alloc_bytes, period, line)?;
+            if bytes == 0.0 && alloc_bytes == 0.0 {
                 continue;
-            }
-            let ratio = (bytes / objects) / period as f64;
-            // 1 - e^-ratio, exact for tiny ratios too (where 1 - exp() rounds to 0).
-            let probability = -(-ratio).exp_m1();
-            let (objects, bytes) = (objects / probability, bytes / probability);
-            if !objects.is_finite() || !bytes.is_finite() {
-                return Err(format!("counts out of range in {line:?}"));
             }
             stacks.push(HeapStack {
                 addresses,
                 objects,
                 bytes,
+                alloc_objects,
+                alloc_bytes,
             });
         }
     }
     Ok(Parsed { period, stacks })
+}
+
+/// jeprof's estimate of what sampled counts stand for: divided by the chance that an
+/// object of their average size was sampled. Counts that are not both positive are
+/// nothing.
+fn unbias(objects: f64, bytes: f64, period: u64, line: &str) -> Result<(f64, f64), String> {
+    if objects <= 0.0 || bytes <= 0.0 {
+        return Ok((0.0, 0.0));
+    }
+    let ratio = (bytes / objects) / period as f64;
+    // 1 - e^-ratio, exact for tiny ratios too (where 1 - exp() rounds to 0).
+    let probability = -(-ratio).exp_m1();
+    let (objects, bytes) = (objects / probability, bytes / probability);
+    if !objects.is_finite() || !bytes.is_finite() {
+        return Err(format!("counts out of range in {line:?}"));
+    }
+    Ok((objects, bytes))
+}
+
+/// How many of a location's lines (innermost first) are the allocator's, from the leaf:
+/// all of them if the location is the allocator's own code, else the leading lines
+/// inlined into the program's function (`alloc::alloc::alloc`, `RawVec…`, the allocator's
+/// `alloc`, inlined into the function that made the `Vec`), which the profile trims so
+/// that the stack starts at the allocation site. A location jemalloc's C code owns (its
+/// outermost function the allocator's) is the allocator's whole, whatever C helpers were
+/// inlined into it: jemalloc never inlines the program's code. A location with no
+/// functions (`symbolize=none`) is kept whole.
+pub(super) fn allocator_lines(lines: &[FunctionLine]) -> usize {
+    let leading = lines
+        .iter()
+        .take_while(|line| is_allocator_line(line))
+        .count();
+    let Some((outer, inner)) = lines.split_last() else {
+        return 0;
+    };
+    if leading < lines.len()
+        && is_allocator_line(outer)
+        && inner
+            .iter()
+            .all(|line| is_allocator_line(line) || is_c_source(&line.filename))
+    {
+        return lines.len();
+    }
+    leading
+}
+
+/// One line of a location is the allocator's or Rust's allocation plumbing: by its name
+/// ([`is_allocator_frame`]), or, for the plain names that DWARF of `line-tables-only`
+/// builds gives inlined functions (`with_capacity<u8>`, `alloc`, `try_allocate_in`, no
+/// path), by the source file its code is in: Rust's `alloc` and `core` libraries, the
+/// jemalloc allocator crates, this crate's `Jemalloc`.
+fn is_allocator_line(line: &FunctionLine) -> bool {
+    let file = line.filename.as_str();
+    is_allocator_frame(&line.name)
+        || file.contains("library/alloc/src/")
+        || file.contains("library/core/src/")
+        || file.contains("tikv-jemallocator")
+        || file.contains("tikv-jemalloc-sys")
+        || (file.contains("krabka-pprof") && file.ends_with("src/heap/jemalloc.rs"))
+}
+
+fn is_c_source(filename: &str) -> bool {
+    filename.ends_with(".c") || filename.ends_with(".h")
 }
 
 /// Frames of the allocator and of Rust's allocation plumbing, hidden from the leaf end
@@ -230,7 +302,8 @@ MAPPED_LIBRARIES:
                 let hex: Vec<String> = addresses.iter().map(|a| format!("0x{a:x}")).collect();
                 format!("@ {}", hex.join(" "))
             }),
-            (number.clone(), number).prop_map(|(o, b)| format!("  t*: {o}: {b} [0: 0]")),
+            (number.clone(), number.clone(), number.clone(), number)
+                .prop_map(|(o, b, ao, ab)| format!("  t*: {o}: {b} [{ao}: {ab}]")),
             Just("MAPPED_LIBRARIES:".to_owned()),
             any::<String>(),
         ];
@@ -254,14 +327,14 @@ MAPPED_LIBRARIES:
         ) {
             if let Ok(parsed) = parse(text.as_bytes()) {
                 for stack in &parsed.stacks {
+                    for n in [stack.objects, stack.bytes, stack.alloc_objects, stack.alloc_bytes] {
+                        prop_assert!(n.is_finite() && n >= 0.0, "{stack:?} from {text:?}");
+                    }
                     prop_assert!(
-                        stack.objects.is_finite() && stack.objects > 0.0,
+                        stack.bytes > 0.0 || stack.alloc_bytes > 0.0,
                         "{stack:?} from {text:?}"
                     );
-                    prop_assert!(
-                        stack.bytes.is_finite() && stack.bytes > 0.0,
-                        "{stack:?} from {text:?}"
-                    );
+                    prop_assert_eq!(stack.objects > 0.0, stack.bytes > 0.0);
                 }
             }
         }
@@ -286,6 +359,135 @@ MAPPED_LIBRARIES:
         // So tiny that the weight overflows all the same: an error, not infinity.
         let tinier = "heap_v2/524288\n@ 0x10\nt*: 1: 1e-310 [0: 0]\n";
         assert!(parse(tinier.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn the_brackets_are_what_prof_accum_counted_unbiased_the_same_way() {
+        let dump = "heap_v2/524288\n@ 0x10\n  t*: 0: 0 [367: 7351620]\n@ 0x11\n  t*: 2: 131072 [8: 524288]\n";
+        let parsed = parse(dump.as_bytes()).unwrap();
+        assert_eq!(
+            parsed.stacks.len(),
+            2,
+            "a stack with nothing live is kept for what it allocated"
+        );
+        let freed = &parsed.stacks[0];
+        assert_eq!((freed.objects, freed.bytes), (0.0, 0.0));
+        let p = -(-(7_351_620.0f64 / 367.0) / 524_288.0).exp_m1();
+        assert!((freed.alloc_bytes - 7_351_620.0 / p).abs() < 1.0);
+        assert!((freed.alloc_objects - 367.0 / p).abs() < 1e-6);
+        let live = &parsed.stacks[1];
+        let p = -(-(65_536.0f64) / 524_288.0).exp_m1();
+        assert!((live.bytes - 131_072.0 / p).abs() < 1.0);
+        assert!((live.alloc_bytes - 524_288.0 / p).abs() < 1.0);
+        // Without brackets (or with jemalloc's `[0: 0]`), nothing allocated.
+        let bare = parse("heap_v2/524288\n@ 0x10\n  t*: 1: 4096\n".as_bytes()).unwrap();
+        assert_eq!(bare.stacks[0].alloc_bytes, 0.0);
+    }
+
+    fn line(name: &str, filename: &str) -> FunctionLine {
+        FunctionLine {
+            name: name.to_owned(),
+            system_name: name.to_owned(),
+            filename: filename.to_owned(),
+            line: 1,
+            start_line: 1,
+        }
+    }
+
+    #[test]
+    fn allocator_lines_trims_what_was_inlined_into_the_allocation_site() {
+        // A release build with line tables: the allocator inlined into the site.
+        let site = [
+            line(
+                "<tikv_jemallocator::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
+                "lib.rs",
+            ),
+            line("__rust_alloc", "lib.rs"),
+            line("alloc::alloc::alloc", "alloc.rs"),
+            line("alloc::raw_vec::RawVecInner<A>::try_allocate_in", "mod.rs"),
+            line("alloc::vec::Vec<T>::with_capacity", "mod.rs"),
+            line("my_app::leaf", "src/leaf.rs"),
+            line("my_app::caller", "src/leaf.rs"),
+        ];
+        assert_eq!(
+            allocator_lines(&site),
+            5,
+            "the site and what it was inlined into stay"
+        );
+        // jemalloc's own code, with its C helpers inlined, whatever their names.
+        let c = [
+            line(
+                "te_event_advance",
+                "include/jemalloc/internal/thread_event.h",
+            ),
+            line("imalloc_body", "src/jemalloc.c"),
+            line("_rjem_je_malloc_default", "src/jemalloc.c"),
+        ];
+        assert_eq!(allocator_lines(&c), 3);
+        assert_eq!(allocator_lines(&[line("prof_backtrace_impl", "")]), 1);
+        // The program's closure inlined into an allocator function: the real path.
+        let closure = [
+            line("my_app::fill::{{closure}}", "src/fill.rs"),
+            line("core::iter::adapters::map::map_fold::{{closure}}", "map.rs"),
+            line(
+                "<alloc::vec::Vec<T> as alloc::vec::spec_extend::SpecExtend<T,I>>::spec_extend",
+                "spec.rs",
+            ),
+        ];
+        assert_eq!(allocator_lines(&closure), 0);
+        // No functions (symbolize=none), or the program's own: kept whole.
+        assert_eq!(allocator_lines(&[]), 0);
+        assert_eq!(allocator_lines(&[line("my_app::leaf", "src/leaf.rs")]), 0);
+        // A C library's own allocation site is not jemalloc's.
+        assert_eq!(allocator_lines(&[line("sqlite3Malloc", "sqlite3.c")]), 0);
+    }
+
+    #[test]
+    fn allocator_lines_knows_the_plain_names_of_line_tables_only_builds_by_their_files() {
+        // `debug = "line-tables-only"`: inlined functions have DWARF's plain names; the
+        // outermost is the symbol table's.
+        let std = "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library";
+        let site = [
+            line(
+                "alloc",
+                "/home/u/.cargo/registry/src/index/tikv-jemallocator-0.7.0/src/lib.rs",
+            ),
+            line("alloc", "/src/krabka-pprof/src/heap/jemalloc.rs"),
+            line("__rust_alloc", "src/main.rs"),
+            line("alloc", &format!("{std}/alloc/src/alloc.rs")),
+            line(
+                "try_allocate_in",
+                &format!("{std}/alloc/src/raw_vec/mod.rs"),
+            ),
+            line("with_capacity<u8>", &format!("{std}/alloc/src/vec/mod.rs")),
+            line("leaf", "src/main.rs"),
+            line("my_app::caller", "src/main.rs"),
+        ];
+        assert_eq!(allocator_lines(&site), 6);
+        // std's own precompiled code, its outermost function named by the symbol table.
+        let from_elem = [
+            line(
+                "with_capacity_zeroed_in<alloc::alloc::Global>",
+                &format!("{std}/alloc/src/raw_vec/mod.rs"),
+            ),
+            line(
+                "with_capacity_zeroed_in<u8, alloc::alloc::Global>",
+                &format!("{std}/alloc/src/raw_vec/mod.rs"),
+            ),
+            line(
+                "<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
+                &format!("{std}/alloc/src/vec/spec_from_elem.rs"),
+            ),
+        ];
+        assert_eq!(allocator_lines(&from_elem), 3);
+        // The program's own function called `alloc` is the program's.
+        assert_eq!(
+            allocator_lines(&[
+                line("alloc", "src/pool.rs"),
+                line("my_app::pool", "src/pool.rs")
+            ]),
+            0
+        );
     }
 
     #[test]

@@ -30,8 +30,10 @@ pub(crate) static IN_USE: AtomicBool = AtomicBool::new(false);
 ///
 /// It is `tikv_jemallocator::Jemalloc` with the `profiling` feature; this crate also
 /// links a `malloc_conf` of `prof:true,prof_active:true,lg_prof_sample:19`, so the
-/// heap routes work with no environment variable. `MALLOC_CONF` (or
-/// `_RJEM_MALLOC_CONF`) still overrides it at start-up.
+/// heap routes work with no environment variable. `_RJEM_MALLOC_CONF` still overrides it
+/// at start-up; plain `MALLOC_CONF` is read only by a build whose jemalloc symbols are
+/// unprefixed (another crate turning on tikv-jemalloc-sys's
+/// `unprefixed_malloc_on_supported_platforms`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Jemalloc;
 
@@ -114,6 +116,43 @@ pub(super) fn state() -> Result<bool, HeapError> {
         // SAFETY: "prof.active" is a documented read-write bool.
         Ok(true) => unsafe { raw::read::<bool>(b"prof.active\0") }
             .map_err(|e| HeapError::Failed(format!("reading prof.active failed: {e}"))),
+    }
+}
+
+#[cfg(heap_dumps)]
+/// Whether jemalloc keeps the allocated counts of every sampled stack (`prof_accum:true`,
+/// which only a user's `_RJEM_MALLOC_CONF` turns on): its dumps' brackets then hold them.
+/// Read only where `opt.prof` is on (it reads back as configured even when it is off).
+pub(super) fn prof_accum() -> bool {
+    // SAFETY: documented read-only bools.
+    unsafe {
+        raw::read::<bool>(b"opt.prof\0").unwrap_or(false)
+            && raw::read::<bool>(b"opt.prof_accum\0").unwrap_or(false)
+    }
+}
+
+#[cfg(heap_dumps)]
+/// Switches sampling on for a window.
+pub(super) fn switch_sampling_on() -> Result<(), HeapError> {
+    let ctl = jemalloc_pprof::PROF_CTL
+        .as_ref()
+        .ok_or(HeapError::ProfilingOff)?;
+    ctl.blocking_lock()
+        .activate()
+        .map_err(|e| HeapError::Failed(format!("activating heap sampling failed: {e}")))
+}
+
+#[cfg(heap_dumps)]
+/// Switches sampling off after a window, and resets jemalloc's samples so that the next
+/// window starts empty, unless jemalloc keeps allocated counts (`prof_accum`): a reset
+/// would then leak every stack it keeps and make the counts go down, so sampling is only
+/// switched off.
+pub(super) fn switch_sampling_off() {
+    if prof_accum() {
+        // SAFETY: "prof.active" is a documented read-write bool.
+        let _ = unsafe { raw::write(b"prof.active\0", false) };
+    } else if let Some(ctl) = jemalloc_pprof::PROF_CTL.as_ref() {
+        let _ = ctl.blocking_lock().deactivate();
     }
 }
 

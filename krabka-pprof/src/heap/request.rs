@@ -27,11 +27,38 @@ pub(crate) const UNAVAILABLE: Option<&str> = if !cfg!(target_os = "linux") {
 /// What a heap request asks for, after defaults and clamping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct HeapRequest {
-    /// How long to sample if sampling is not already active.
+    /// `/heap` or `/allocs`.
+    pub(crate) route: HeapRoute,
+    /// The window: `seconds` as asked and clamped, else `heap_default`.
     pub(crate) window: Duration,
+    /// Whether `seconds` was given: with sampling active, the profile is then what was
+    /// allocated during the window; without it, the profile is of now.
+    pub(crate) seconds_given: bool,
     /// What the profile names (`?symbolize=`).
     pub(crate) symbolize: Symbolize,
+    /// The router's `alloc_stacks`: 0 means no allocation counts.
+    pub(crate) alloc_stacks: u32,
+    /// The `sample_index` asked for, if any: one of [`SAMPLE_TYPES`].
+    pub(crate) sample_index: Option<&'static str>,
 }
+
+/// Which heap route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HeapRoute {
+    /// `/heap`: shown as `inuse_space` by default.
+    Heap,
+    /// `/allocs`: shown as `alloc_space` by default, where allocation counts exist.
+    Allocs,
+}
+
+/// Go's sample types of a heap profile, in Go's order; the `alloc_*` pair exists only
+/// where allocation counts do.
+pub(crate) const SAMPLE_TYPES: [&str; 4] = [
+    "alloc_objects",
+    "alloc_space",
+    "inuse_objects",
+    "inuse_space",
+];
 
 /// Why a heap profile could not be produced.
 #[derive(Debug)]
@@ -46,10 +73,14 @@ pub(crate) enum HeapError {
     NotJemalloc,
     /// jemalloc was built without profiling support.
     NoProfilingSupport,
-    /// jemalloc profiling is off (`prof:false` in `MALLOC_CONF`/`_RJEM_MALLOC_CONF`).
+    /// jemalloc profiling is off (`prof:false` in `_RJEM_MALLOC_CONF`).
     ProfilingOff,
     /// A timed window is running; it ends in `retry_after`.
     Busy { retry_after: Duration },
+    /// `max` windows of allocations are open; the first ends in `retry_after`.
+    WindowsFull { max: usize, retry_after: Duration },
+    /// The request asks for what this process cannot give (the sentence says why).
+    BadRequest(String),
     /// The dump or its parsing failed.
     Failed(String),
 }

@@ -1,12 +1,13 @@
 //! The timed heap window, for processes where jemalloc's sampling is off
 //! (`prof_active:false`): one request at a time switches sampling on, waits its
-//! `seconds`, dumps, and switches it off again (which resets jemalloc's samples); a second
-//! window meanwhile gets 409. A client that hangs up switches sampling off as well.
+//! `seconds`, dumps, and switches it off again (which resets jemalloc's samples, unless
+//! `prof_accum` keeps them); a second window meanwhile gets 409. A client that hangs up
+//! switches sampling off as well. Where sampling is on, windows are `heap/delta.rs`'s.
 
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use super::jemalloc::state;
+use super::jemalloc::{state, switch_sampling_off};
 use super::request::HeapError;
 
 /// The end of the running timed window, if one runs.
@@ -17,16 +18,13 @@ static WINDOW: Mutex<Option<Instant>> = Mutex::new(None);
 /// (the client hung up) does the same on the blocking pool.
 pub(super) struct WindowLease {
     finished: bool,
-    /// When sampling was switched on: the profile's `time_nanos`, and its
-    /// `duration_nanos` measured from here to the dump.
-    pub(super) started: Option<(Instant, SystemTime)>,
 }
 
 /// What a request gets to do, decided under the window lock so that no request can
 /// see sampling active because another request's window just switched it on.
 pub(super) enum Plan {
-    /// Sampling is active on its own: dump at once.
-    DumpNow,
+    /// Sampling is active on its own: dump at once, or take a window's difference.
+    Active,
     /// Sampling is off: this request runs a window.
     Window(WindowLease),
 }
@@ -39,20 +37,15 @@ pub(super) fn plan(window: Duration) -> Result<Plan, HeapError> {
         });
     }
     if state()? {
-        return Ok(Plan::DumpNow);
+        return Ok(Plan::Active);
     }
     *running = Some(Instant::now() + window);
-    Ok(Plan::Window(WindowLease {
-        finished: false,
-        started: None,
-    }))
+    Ok(Plan::Window(WindowLease { finished: false }))
 }
 
 /// Switches sampling off (which also resets jemalloc's samples) and frees the window.
 fn end_window() {
-    if let Some(ctl) = jemalloc_pprof::PROF_CTL.as_ref() {
-        let _ = ctl.blocking_lock().deactivate();
-    }
+    switch_sampling_off();
     *WINDOW.lock().unwrap_or_else(PoisonError::into_inner) = None;
 }
 

@@ -5,7 +5,7 @@
 
 use axum::response::Response;
 
-use super::response::{busy, failed, unavailable};
+use super::response::{bad_request, busy, failed, unavailable};
 use crate::cpu::CpuError;
 use crate::heap::HeapError;
 use crate::tasks::TaskError;
@@ -87,6 +87,19 @@ pub(super) fn heap(error: HeapError) -> Response {
                  retry after that",
             )
         }
+        HeapError::WindowsFull { max, retry_after } => {
+            span.record("outcome", "busy");
+            tracing::debug!("refused: {max} heap windows are open");
+            busy(
+                retry_after,
+                &format!(
+                    "{max} windows of allocations are open, the most at once; the first ends in \
+                     about {{}}s, retry after that, or leave out `seconds` for the counts since \
+                     the start"
+                ),
+            )
+        }
+        HeapError::BadRequest(reason) => bad_request(&reason),
         HeapError::Unsupported(reason) => unavailable(reason),
         HeapError::NotJemalloc => unavailable(
             "heap profiling needs jemalloc as the global allocator: add \
@@ -98,8 +111,8 @@ pub(super) fn heap(error: HeapError) -> Response {
              `heap-profiling` feature, which builds it with profiling, and rebuild",
         ),
         HeapError::ProfilingOff => unavailable(
-            "jemalloc heap sampling is off in this process (MALLOC_CONF or _RJEM_MALLOC_CONF \
-             sets prof:false): remove that setting and restart the process",
+            "jemalloc heap sampling is off in this process (_RJEM_MALLOC_CONF sets prof:false): \
+             remove that setting and restart the process",
         ),
         HeapError::Failed(reason) => failed(&format!(
             "heap profiling failed: {reason}; retry the request"

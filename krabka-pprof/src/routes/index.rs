@@ -60,21 +60,26 @@ pub(super) fn index_html(
             + " · <a href=\"profile?seconds=5&amp;format=text&amp;group=thread\">top by thread</a>",
     );
     if config.heap() {
+        let counts = if config.alloc_stacks() > 0 {
+            "memory in use and memory allocated since the start (<code>alloc_space</code>), "
+        } else {
+            "memory in use (allocation counts off: <code>alloc_stacks = 0</code>), "
+        };
         for (route, what) in [
-            (
-                "heap",
-                "Heap profile: memory in use, by allocation site, from jemalloc's sampling.",
-            ),
+            ("heap", "Heap profile, shown as memory in use:"),
             (
                 "allocs",
-                "The same heap profile, at the path Parca and Grafana Alloy scrape.",
+                "The same profile, shown as memory allocated, at the path Parca and Grafana \
+                 Alloy scrape:",
             ),
         ] {
             rows.push_str(&format!(
-                "<tr><td><code>{route}</code></td><td>{what} If sampling is off, it samples for \
-                 <code>seconds</code> (default {}, at most {}) first.{}</td><td>{}</td></tr>\n",
-                secs(config.heap_default()),
+                "<tr><td><code>{route}</code></td><td>{what} {counts}by allocation site, from \
+                 jemalloc's sampling. <code>seconds</code>: what was allocated during those \
+                 seconds (at most {}); if sampling is off, it samples for <code>seconds</code> \
+                 (default {}) first.{}</td><td>{}</td></tr>\n",
                 secs(config.heap_max()),
+                secs(config.heap_default()),
                 note(crate::heap::UNAVAILABLE),
                 views(route, ""),
             ));

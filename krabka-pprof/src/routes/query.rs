@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::config::{MAX_FREQUENCY, MIN_FREQUENCY, ProfilingConfig};
+use crate::heap::SAMPLE_TYPES;
 use crate::symbolize::Symbolize;
 use crate::views::Format;
 
@@ -157,27 +158,42 @@ fn parse_frequency(text: &str) -> Result<u32, String> {
 /// A `/heap` or `/allocs` request after defaults and clamping.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct HeapQuery {
-    /// The sampling window, used only if sampling is not already active.
+    /// The window: of allocations where sampling is on (only if `seconds` is given), of
+    /// sampling where it is off.
     pub(crate) window: Duration,
     pub(crate) seconds_requested: Option<u64>,
     pub(crate) format: Format,
     pub(crate) naming: Naming,
+    /// The sample type the views show, one of Go's four heap types.
+    pub(crate) sample_index: Option<&'static str>,
 }
 
 impl HeapQuery {
-    /// `seconds` (used only when sampling is not already active): missing →
-    /// `heap_default`, `0` → 1 s, above `heap_max` → `heap_max`.
+    /// `seconds`: missing → `heap_default` (used only where sampling is off; where it is
+    /// on, the profile is of now), `0` → 1 s, above `heap_max` → `heap_max`.
+    /// `sample_index`: `alloc_objects`, `alloc_space`, `inuse_objects` or `inuse_space`.
     pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
-        let params = Params::parse(query)?;
+        let params = Params::parse_known(query, Params::HEAP)?;
         let format = parse_format(&params)?;
         let naming = Naming::parse(&params, format)?;
         let (window, seconds_requested) =
             window(&params, config.heap_default(), config.heap_max())?;
+        let sample_index = match params.get("sample_index") {
+            None => None,
+            Some(name) => Some(*SAMPLE_TYPES.iter().find(|t| **t == name).ok_or_else(|| {
+                format!(
+                    "`sample_index` must be one of {}, as `go tool pprof -sample_index` \
+                         takes them, found {name:?}",
+                    SAMPLE_TYPES.join(", ")
+                )
+            })?),
+        };
         Ok(HeapQuery {
             window,
             seconds_requested,
             format,
             naming,
+            sample_index,
         })
     }
 }
@@ -295,6 +311,16 @@ impl Params {
         "lines",
         "thread_ids",
         "group",
+    ];
+    /// The parameters of the heap routes.
+    const HEAP: &'static [&'static str] = &[
+        "seconds",
+        "format",
+        "frequency",
+        "force",
+        "symbolize",
+        "lines",
+        "sample_index",
     ];
     /// The parameters of the thread dump routes.
     const THREADS: &'static [&'static str] = &["debug", "format", "deadline", "symbolize", "lines"];
@@ -522,6 +548,29 @@ mod tests {
         let heap = HeapQuery::parse(Some("symbolize=none"), &config).unwrap();
         assert_eq!(heap.naming.symbolize, Symbolize::None);
         let threads = ThreadsQuery::parse(Some("format=text&lines=true")).unwrap();
+        // The heap's views show any of Go's four types; nothing else.
+        for name in SAMPLE_TYPES {
+            let query =
+                HeapQuery::parse(Some(&format!("sample_index={name}&format=text")), &config);
+            assert_eq!(query.unwrap().sample_index, Some(name));
+        }
+        assert_eq!(HeapQuery::parse(None, &config).unwrap().sample_index, None);
+        let err = HeapQuery::parse(Some("sample_index=cpu"), &config).unwrap_err();
+        assert_eq!(
+            err,
+            "`sample_index` must be one of alloc_objects, alloc_space, inuse_objects, \
+             inuse_space, as `go tool pprof -sample_index` takes them, found \"cpu\""
+        );
+        assert!(
+            HeapQuery::parse(
+                Some("sample_index=inuse_space&sample_index=alloc_space"),
+                &config
+            )
+            .unwrap_err()
+            .contains("more than once")
+        );
+        // Not a parameter of the CPU route: ignored there, as Go ignores what it does not read.
+        assert!(parse("sample_index=whatever&sample_index=twice").is_ok());
         assert!(threads.naming.lines);
         let err = ThreadsQuery::parse(Some("debug=2&symbolize=none")).unwrap_err();
         assert!(

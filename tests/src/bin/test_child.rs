@@ -1,7 +1,11 @@
 //! A separate process for tests that need a fresh environment at startup, or that change
 //! what a process can do: it reports jemalloc's configuration (`test_child config`), or
 //! serves on 127.0.0.1 until its stdin closes an app with heap profiling (`serve`; `GET
-//! /keep` allocates and keeps 16 MiB more), one
+//! /keep` allocates and keeps 16 MiB more; `serve-sites` also keeps 64 MiB at one site and
+//! allocates and frees 64 KiB about 500 times a second at another, `GET /churned` saying
+//! how many bytes so far; `serve-no-counts` the same with `alloc_stacks = 0`;
+//! `serve-full-table` with `alloc_stacks = 64`, after allocating along 100 distinct
+//! stacks), one
 //! whose routes need the bearer token in `KRABKA_PPROF_TEST_TOKEN` (`serve-token`; with a
 //! guard admitting `X-Internal: yes` too, `serve-token-guard`), or a
 //! CPU-profiling app with a busy thread, logging to stderr (`serve-cpu`; with
@@ -43,10 +47,71 @@ static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;
 )]
 #[cfg_attr(not(feature = "heap-profiling"), pprof_routes)]
 fn app() -> Router {
-    Router::new().route("/", get(|| async { "child" })).route(
-        "/keep",
-        get(|| async { format!("{} MiB kept", keep_16_mib_in_child()) }),
-    )
+    sites_routes()
+}
+
+/// The routes of the heap apps: `/`, `/keep` and `/churned`.
+fn sites_routes() -> Router {
+    Router::new()
+        .route("/", get(|| async { "child" }))
+        .route(
+            "/keep",
+            get(|| async { format!("{} MiB kept", keep_16_mib_in_child()) }),
+        )
+        .route(
+            "/churned",
+            get(|| async { CHURNED.load(Ordering::Relaxed).to_string() }),
+        )
+}
+
+#[cfg(feature = "heap-profiling")]
+#[pprof_routes(heap = true, heap_max = "5s", alloc_stacks = 0)]
+fn no_counts_app() -> Router {
+    sites_routes()
+}
+
+#[cfg(feature = "heap-profiling")]
+#[pprof_routes(heap = true, alloc_stacks = 64)]
+fn small_table_app() -> Router {
+    sites_routes()
+}
+
+/// Bytes the churning site has allocated (and freed) so far: the test's own count.
+static CHURNED: AtomicU64 = AtomicU64::new(0);
+/// What the retaining site keeps.
+#[cfg(feature = "heap-profiling")]
+static RETAINED: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+
+/// Keeps 64 MiB at one site, and starts a thread that allocates and frees 64 KiB at
+/// another about 500 times a second (for at most two minutes), counting the bytes.
+#[cfg(feature = "heap-profiling")]
+fn start_sites() {
+    RETAINED.get_or_init(krabka_pprof_heap_sites::retain_64_mib);
+    std::thread::Builder::new()
+        .name("churn".into())
+        .spawn(|| {
+            let until = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < until {
+                let bytes = krabka_pprof_heap_sites::churn_64_kib();
+                CHURNED.fetch_add(bytes as u64, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+        .expect("spawn the churning thread");
+}
+
+/// Allocates and frees 4 MiB at the bottom of `depth` frames of itself: one distinct
+/// stack per depth, each sampled for certain (4 MiB is eight of jemalloc's 512 KiB
+/// periods). Not optimised (this binary is a dev build), so the recursion stays.
+#[cfg(feature = "heap-profiling")]
+#[inline(never)]
+fn allocate_deep(depth: u32) -> usize {
+    if depth == 0 {
+        let mut block = Vec::<u8>::with_capacity(4 << 20);
+        block.push(1);
+        return std::hint::black_box(block).capacity();
+    }
+    std::hint::black_box(allocate_deep(depth - 1)) + depth as usize
 }
 
 /// Memory the heap tests find in a profile, or not, depending on when it was allocated.
@@ -624,6 +689,27 @@ fn main() {
             );
         }
         Some("serve") => serve(app()),
+        #[cfg(feature = "heap-profiling")]
+        Some("serve-sites") => {
+            // The routes first: building them starts the allocation counts.
+            let router = app();
+            start_sites();
+            serve(router);
+        }
+        #[cfg(feature = "heap-profiling")]
+        Some("serve-no-counts") => {
+            let router = no_counts_app();
+            start_sites();
+            serve(router);
+        }
+        #[cfg(feature = "heap-profiling")]
+        Some("serve-full-table") => {
+            let router = small_table_app();
+            for depth in 0..100 {
+                std::hint::black_box(allocate_deep(depth));
+            }
+            serve(router);
+        }
         Some("serve-token") => serve(token_app()),
         Some("serve-token-guard") => serve(token_guard_app()),
         Some("serve-cpu") => {
@@ -756,7 +842,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: test_child config|serve|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
+                "usage: test_child config|serve|serve-sites|serve-no-counts|serve-full-table|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
                  fork-profile|spin|sigq-sessions|serve-vforked|serve-filtered|exec-during-dumps [N]"
             );
             std::process::exit(2);

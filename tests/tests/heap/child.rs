@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use krabka_pprof_tests::{ChildServer, client, decode, total_in};
+use krabka_pprof_tests::{ChildServer, client, column, comments, decode, total_in};
 use reqwest::StatusCode;
 
 const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
@@ -138,10 +138,28 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
         "measured, not echoed"
     );
     assert!(started.elapsed() >= Duration::from_secs(2));
-    let kept = total_in(&profile, 1, "keep_16_mib_in_child");
+    let kept = total_in(
+        &profile,
+        column(&profile, "inuse_space"),
+        "keep_16_mib_in_child",
+    );
     assert!(
         kept >= 8 << 20,
         "the 16 MiB kept during the window: {kept} bytes in its profile"
+    );
+    // Allocated during the window too, and said so.
+    let allocated = total_in(
+        &profile,
+        column(&profile, "alloc_space"),
+        "keep_16_mib_in_child",
+    );
+    assert!(allocated >= 8 << 20, "{allocated} bytes allocated");
+    assert!(
+        comments(&profile)
+            .iter()
+            .any(|c| c.contains("sampled during this 2 s window only")),
+        "{:?}",
+        comments(&profile)
     );
 
     // The window is free again, and sampling off: the next request gets a window of its
@@ -159,11 +177,13 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
         "a window, not a dump of sampling left on: {} ns",
         again.duration_nanos
     );
-    assert_eq!(
-        total_in(&again, 1, "keep_16_mib_in_child"),
-        0,
-        "the first window's samples outlived it"
-    );
+    for ty in ["inuse_space", "alloc_space"] {
+        assert_eq!(
+            total_in(&again, column(&again, ty), "keep_16_mib_in_child"),
+            0,
+            "the first window's samples outlived it ({ty})"
+        );
+    }
 }
 
 #[tokio::test]

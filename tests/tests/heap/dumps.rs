@@ -1,5 +1,7 @@
 //! `/heap` and `/allocs`: a function that keeps 64 MiB alive is found, with that much
-//! memory, as the first frame of its stacks; `go tool pprof` reads the same bytes.
+//! memory, as the first frame of its stacks; `go tool pprof` reads the same bytes; what
+//! the heap routes' queries accept; a client that hangs up closes its window of
+//! allocations.
 
 use std::hint::black_box;
 
@@ -7,8 +9,8 @@ use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::queries::{self, Route};
 use krabka_pprof_tests::{
-    TestServer, assert_head_like_get, assert_valid_xml, client, decode, go_pprof_top, sample_types,
-    serial, stacks, string,
+    TestServer, assert_head_like_get, assert_valid_xml, client, column, decode, go_pprof_top,
+    sample_types, serial, stacks, string,
 };
 use reqwest::StatusCode;
 
@@ -30,14 +32,16 @@ fn keep_64_mib() -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Bytes attributed to stacks whose first frame is `name`, and all first frames seen.
+/// Bytes in use attributed to stacks whose first frame is `name`, and all first frames
+/// seen.
 fn attributed(profile: &krabka_pprof_tests::Profile, name: &str) -> (f64, Vec<String>) {
+    let inuse = column(profile, "inuse_space");
     let mut leaves = Vec::new();
     let mut bytes = 0.0;
     for (frames, values) in stacks(profile) {
         let leaf = frames.first().cloned().unwrap_or_default();
         if leaf.contains(name) {
-            bytes += values[1] as f64;
+            bytes += values[inuse] as f64;
         }
         leaves.push(leaf);
     }
@@ -66,10 +70,13 @@ async fn heap_shows_the_function_keeping_64_mib_as_its_first_frame() {
     assert_eq!(
         sample_types(&profile),
         [
+            ("alloc_objects".into(), "count".into()),
+            ("alloc_space".into(), "bytes".into()),
             ("inuse_objects".into(), "count".into()),
             ("inuse_space".into(), "bytes".into())
         ]
     );
+    assert_eq!(string(&profile, profile.default_sample_type), "inuse_space");
     let period = profile.period_type.as_ref().unwrap();
     assert_eq!(
         (string(&profile, period.ty), string(&profile, period.unit)),
@@ -83,6 +90,7 @@ async fn heap_shows_the_function_keeping_64_mib_as_its_first_frame() {
         "keep_64_mib holds 64 MiB; the profile says {:.1} MiB",
         bytes / MIB
     );
+
     for leaf in &leaves {
         for allocator in [
             "prof_backtrace",
@@ -215,9 +223,10 @@ async fn head_answers_the_heap_routes_like_get_without_a_body() {
     );
 }
 
-/// Any query string on `/heap` (sampling active, so `seconds` is read but not waited on):
-/// what the contract accepts gets a profile, everything else a 400 with a sentence, never
-/// a 5xx.
+/// Any query string on `/heap`: what the contract accepts gets a profile, everything else
+/// a 400 with a sentence, never a 5xx. Sampling is active, so an accepted `seconds` would
+/// wait out a window of allocations (`windows_of_allocations…` below): those queries are
+/// left out, and `seconds` is still drawn in the ones refused for another reason.
 #[test]
 fn any_query_on_the_heap_route_gets_the_contracts_answer() {
     use proptest::prelude::*;
@@ -228,7 +237,10 @@ fn any_query_on_the_heap_route_gets_the_contracts_answer() {
         &runtime,
         server.addr,
         "/debug/pprof/heap",
-        queries::query(),
+        queries::query().prop_filter("an accepted seconds waits out a window", |query| {
+            !(queries::contract_accepts(query, Route::Heap)
+                && queries::decoded(query).iter().any(|(k, _)| k == "seconds"))
+        }),
         |query, answer| {
             let accepted = queries::contract_accepts(query, Route::Heap);
             if !accepted {
@@ -251,4 +263,95 @@ fn any_query_on_the_heap_route_gets_the_contracts_answer() {
             Ok(true)
         },
     );
+}
+
+#[pprof_routes(heap = true, heap_max = "30s")]
+fn long_windows() -> Router {
+    Router::new()
+}
+
+/// Eight windows of allocations at once, then 409 with `Retry-After` for a ninth; the
+/// eight clients hang up, and their windows close at once (a window left open would hold
+/// its place for its 30 s).
+#[tokio::test]
+async fn windows_of_allocations_are_eight_at_once_and_close_when_their_clients_hang_up() {
+    use tokio::io::AsyncWriteExt as _;
+    let _serial = serial().await;
+    let server = TestServer::start(long_windows);
+    let http = krabka_pprof_tests::unpooled_client();
+    let open_raw = || async {
+        let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let request = format!(
+            "GET /debug/pprof/allocs?seconds=30 HTTP/1.1\r\nHost: {}\r\n\r\n",
+            server.addr
+        );
+        raw.write_all(request.as_bytes()).await.unwrap();
+        raw
+    };
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(open_raw().await);
+    }
+    // A probe of 1 s is refused once the eight hold their windows. One that comes first
+    // gets a window of its own (over a second later), and a held request may then have
+    // been refused: that one is sent again.
+    let mut refused = None;
+    for _ in 0..20 {
+        let probe = http
+            .get(server.url("/debug/pprof/allocs?seconds=1"))
+            .send()
+            .await
+            .unwrap();
+        if probe.status() == StatusCode::CONFLICT {
+            refused = Some(probe);
+            break;
+        }
+        assert_eq!(probe.status(), StatusCode::OK);
+        for raw in &mut held {
+            let mut answer = [0u8; 12];
+            let read = tokio::time::timeout(
+                std::time::Duration::from_millis(10),
+                tokio::io::AsyncReadExt::read(raw, &mut answer),
+            )
+            .await;
+            if let Ok(read) = read {
+                assert!(answer.starts_with(b"HTTP/1.1 409"), "{read:?} {answer:?}");
+                *raw = open_raw().await;
+            }
+        }
+    }
+    let refused = refused.expect("a ninth window is refused");
+    assert_eq!(held.len(), 8);
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&retry_after), "Retry-After {retry_after}");
+    let text = refused.text().await.unwrap();
+    assert!(text.contains("8 windows of allocations are open"), "{text}");
+    drop(held);
+    // Every window is let go as its client hangs up, long before their 30 s end.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let answer = http
+            .get(server.url("/debug/pprof/allocs?seconds=1"))
+            .send()
+            .await
+            .unwrap();
+        if answer.status() == StatusCode::OK {
+            let profile = decode(&answer.bytes().await.unwrap());
+            assert!(
+                profile.duration_nanos >= 1_000_000_000,
+                "a window of its own"
+            );
+            break;
+        }
+        assert_eq!(answer.status(), StatusCode::CONFLICT);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the windows of clients that hung up are still open"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

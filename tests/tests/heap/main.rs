@@ -4,6 +4,9 @@
 #[global_allocator]
 static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;
 
+mod allocs;
 mod child;
+mod counts;
 mod dumps;
+mod sites;
 mod together;

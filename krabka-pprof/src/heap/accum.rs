@@ -1,0 +1,83 @@
+//! jemalloc's own allocated counts, for a process whose `_RJEM_MALLOC_CONF` turns on
+//! `prof_accum:true` and that has no table of this crate's (`alloc_stacks = 0`, or the
+//! sample hook unavailable): the dump's brackets, unbiased like the in-use counts. Their
+//! bytes never decrease, but jemalloc rounds the object counts it writes, so a stack's
+//! `alloc_objects` can dip between two dumps, which Pyroscope reads as a reset (and drops
+//! the profile). So each stack's counts are held at their highest yet, for up to
+//! [`MAX_HELD`] stacks: jemalloc itself keeps every stack for the life of the process in
+//! this mode, at about 50 times what is held here per stack.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use super::dump::HeapStack;
+
+/// Stacks whose highest counts are held (16 bytes each, plus the map's own).
+pub(super) const MAX_HELD: usize = 65_536;
+
+/// Highest counts yet, by a hash of the stack's addresses.
+static HIGHEST: Mutex<Option<HashMap<u64, (f64, f64)>>> = Mutex::new(None);
+
+/// Each stack's allocated counts, never lower than an earlier answer gave, and how many
+/// stacks were beyond [`MAX_HELD`] and given as the dump says.
+pub(super) fn cumulative(stacks: &[HeapStack]) -> (Vec<(Vec<u64>, f64, f64)>, usize) {
+    let mut highest = HIGHEST.lock().unwrap_or_else(PoisonError::into_inner);
+    let highest = highest.get_or_insert_with(HashMap::new);
+    let mut beyond = 0;
+    let counted = stacks
+        .iter()
+        .filter(|s| s.alloc_bytes > 0.0)
+        .map(|s| {
+            let key = hash(&s.addresses);
+            let now = (s.alloc_objects, s.alloc_bytes);
+            let full = highest.len() >= MAX_HELD;
+            let (objects, bytes) = match highest.get_mut(&key) {
+                Some(held) => {
+                    *held = (held.0.max(now.0), held.1.max(now.1));
+                    *held
+                }
+                None if !full => {
+                    highest.insert(key, now);
+                    now
+                }
+                None => {
+                    beyond += 1;
+                    now
+                }
+            };
+            (s.addresses.clone(), objects, bytes)
+        })
+        .collect();
+    (counted, beyond)
+}
+
+fn hash(addresses: &[u64]) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    addresses.hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stacks_counts_never_go_down() {
+        let stack = |objects: f64, bytes: f64| HeapStack {
+            addresses: vec![0xdead, 0xbeef],
+            objects: 0.0,
+            bytes: 0.0,
+            alloc_objects: objects,
+            alloc_bytes: bytes,
+        };
+        let (first, _) = cumulative(&[stack(100.0, 6400.0)]);
+        assert_eq!(first[0].1, 100.0);
+        // jemalloc rounded the objects down while the bytes grew.
+        let (second, beyond) = cumulative(&[stack(99.0, 6500.0)]);
+        assert_eq!((second[0].1, second[0].2), (100.0, 6500.0));
+        assert_eq!(beyond, 0);
+        let (third, _) = cumulative(&[stack(120.0, 7000.0)]);
+        assert_eq!((third[0].1, third[0].2), (120.0, 7000.0));
+    }
+}

@@ -1,0 +1,153 @@
+//! A heap profile from its parts: the dump's in-use stacks and, where they exist, the
+//! allocated counts of each stack (this crate's table, or `prof_accum`'s brackets),
+//! matched by their exact addresses (both come from jemalloc's one copy of each stack);
+//! Go's four sample types in Go's order where the counts exist, only the two in-use ones
+//! where they do not, never zeros in their place; comments that say which, since when,
+//! and what was left out. Stacks start at the allocation site (`dump.rs`'s
+//! `allocator_lines`), unless `symbolize=none` keeps every address.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use super::dump::{Parsed, allocator_lines};
+use super::request::HeapRoute;
+use crate::profile::{Frame, FrameMap, Meta, Profile, ProfileBuilder};
+use crate::symbolize::Symbolize;
+
+const FOUR: &[(&str, &str)] = &[
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+];
+const INUSE: &[(&str, &str)] = &[("inuse_objects", "count"), ("inuse_space", "bytes")];
+
+/// The stack that stands for the samples whose stacks the table had no room for.
+pub(super) const FULL_MARKER: &str = "[alloc_stacks full]";
+
+/// What the `alloc_*` columns hold.
+pub(super) enum Alloc {
+    /// Nothing: the profile has only `inuse_*` (its comments say why).
+    None,
+    /// Per stack (its addresses), unbiased objects and bytes; and what was counted
+    /// without a stack (samples, objects, bytes), shown under [`FULL_MARKER`].
+    Counted {
+        stacks: Vec<(Vec<u64>, f64, f64)>,
+        overflow: (u64, f64, f64),
+        /// Whether a stack in use with no count of its own deserves a comment: in a
+        /// profile since the counts began, it was sampled before them (or overflowed);
+        /// in a window, it simply allocated nothing then.
+        cumulative: bool,
+    },
+}
+
+/// How the profile's time is stated.
+pub(super) enum Span {
+    /// The heap as it is now: `time_nanos` now, no duration.
+    Now,
+    /// A window from `started` (and its wall-clock time) to now.
+    Window(Instant, SystemTime),
+}
+
+/// Builds the profile.
+pub(super) fn build(
+    dump: &Parsed,
+    alloc: Alloc,
+    route: HeapRoute,
+    span: Span,
+    symbolize: Symbolize,
+    sample_index: Option<&'static str>,
+    mut comments: Vec<String>,
+) -> Profile {
+    let objects = crate::objects::Objects::current();
+    let mut builder = ProfileBuilder::new(&objects).symbolize(symbolize);
+    let frames = |addresses: &[u64]| -> Vec<Frame> {
+        // Every address is a return address: minus one lands inside the call.
+        addresses
+            .iter()
+            .map(|a| Frame::Code(a.saturating_sub(1)))
+            .collect()
+    };
+    let counted = !matches!(alloc, Alloc::None);
+    match alloc {
+        Alloc::None => {
+            for stack in &dump.stacks {
+                let values = [stack.objects, stack.bytes].map(|v| v.round() as i64);
+                if values.iter().any(|v| *v != 0) {
+                    builder.add(frames(&stack.addresses), values.to_vec(), Vec::new());
+                }
+            }
+        }
+        Alloc::Counted {
+            stacks,
+            overflow,
+            cumulative,
+        } => {
+            let mut allocated: FrameMap<Vec<u64>, (f64, f64)> = FrameMap::default();
+            let mut order = Vec::with_capacity(stacks.len());
+            for (addresses, objects, bytes) in stacks {
+                let entry = allocated.entry(addresses.clone()).or_default();
+                if *entry == (0.0, 0.0) {
+                    order.push(addresses);
+                }
+                *entry = (entry.0 + objects, entry.1 + bytes);
+            }
+            let mut without = 0usize;
+            for stack in &dump.stacks {
+                let (objects, bytes) = allocated.remove(&stack.addresses).unwrap_or_else(|| {
+                    without += usize::from(stack.bytes > 0.0);
+                    (0.0, 0.0)
+                });
+                let values = [objects, bytes, stack.objects, stack.bytes].map(|v| v.round() as i64);
+                if values.iter().any(|v| *v != 0) {
+                    builder.add(frames(&stack.addresses), values.to_vec(), Vec::new());
+                }
+            }
+            // Stacks that allocated and hold nothing now, in the order they were counted.
+            for addresses in order {
+                if let Some((objects, bytes)) = allocated.remove(&addresses) {
+                    let values = [objects.round() as i64, bytes.round() as i64, 0, 0];
+                    if values.iter().any(|v| *v != 0) {
+                        builder.add(frames(&addresses), values.to_vec(), Vec::new());
+                    }
+                }
+            }
+            let (samples, objects, bytes) = overflow;
+            if samples > 0 {
+                builder.add(
+                    vec![Frame::Marker(FULL_MARKER.to_owned())],
+                    vec![objects.round() as i64, bytes.round() as i64, 0, 0],
+                    Vec::new(),
+                );
+            }
+            if cumulative && without > 0 {
+                comments.push(format!(
+                    "{without} stacks in use have no allocation counts of their own: they were \
+                     sampled before the counts began, or counted under {FULL_MARKER}"
+                ));
+            }
+        }
+    }
+    let default_sample_type = sample_index.unwrap_or(match (route, counted) {
+        (HeapRoute::Allocs, true) => "alloc_space",
+        _ => "inuse_space",
+    });
+    let (time, duration) = match span {
+        Span::Now => (SystemTime::now(), Duration::ZERO),
+        Span::Window(started, at) => (at, started.elapsed()),
+    };
+    builder.finish_trimmed(
+        &Meta {
+            sample_types: if counted { FOUR } else { INUSE },
+            period_type: ("space", "bytes"),
+            period: dump.period as i64,
+            time,
+            duration,
+            default_sample_type: Some(default_sample_type),
+            comments,
+        },
+        &|lines| match symbolize {
+            Symbolize::Full => allocator_lines(lines),
+            Symbolize::None => 0,
+        },
+    )
+}

@@ -1,0 +1,307 @@
+//! The views, value by value: the top table's columns, lines, flamegraphs, `sample_index`.
+
+use super::*;
+use crate::profile::proto::{Function, Line, Location, Sample, ValueType};
+
+/// A CPU-like profile: `stacks` are leaf-first function names with a sample count.
+pub(crate) fn profile_of(stacks: &[(&[&str], i64)]) -> Profile {
+    let mut strings = vec![String::new()];
+    let mut intern = |s: &str| -> i64 {
+        if let Some(i) = strings.iter().position(|x| x == s) {
+            return i as i64;
+        }
+        strings.push(s.to_owned());
+        (strings.len() - 1) as i64
+    };
+    let mut profile = Profile {
+        sample_type: vec![
+            ValueType {
+                ty: intern("samples"),
+                unit: intern("count"),
+            },
+            ValueType {
+                ty: intern("cpu"),
+                unit: intern("nanoseconds"),
+            },
+        ],
+        ..Profile::default()
+    };
+    let mut ids: HashMap<String, u64> = HashMap::new();
+    for (stack, count) in stacks {
+        let mut location_id = Vec::new();
+        for name in *stack {
+            let next = ids.len() as u64 + 1;
+            let id = *ids.entry((*name).to_owned()).or_insert_with(|| {
+                profile.function.push(Function {
+                    id: next,
+                    name: intern(name),
+                    ..Default::default()
+                });
+                profile.location.push(Location {
+                    id: next,
+                    line: vec![Line {
+                        function_id: next,
+                        line: 0,
+                        column: 0,
+                    }],
+                    ..Default::default()
+                });
+                next
+            });
+            location_id.push(id);
+        }
+        profile.sample.push(Sample {
+            location_id,
+            value: vec![*count, count * 10_000_000],
+            label: vec![],
+        });
+    }
+    profile.string_table = strings;
+    profile
+}
+
+#[test]
+fn flat_and_cum_follow_pprof() {
+    let profile = profile_of(&[
+        (&["hot", "work", "main"], 50),
+        (&["warm", "work", "main"], 30),
+        (&["main"], 20),
+        (&["rec", "rec", "main"], 10),
+    ]);
+    let (rows, total) = top_by(&profile, Granularity::Functions);
+    assert_eq!(total, 110 * 10_000_000);
+    let get = |n: &str| rows.iter().find(|r| r.name == n).unwrap().clone();
+    assert_eq!(get("hot").flat, 500_000_000);
+    assert_eq!(get("work").flat, 0);
+    assert_eq!(get("work").cum, 800_000_000);
+    assert_eq!(get("main").cum, total);
+    assert_eq!(
+        get("rec").cum,
+        100_000_000,
+        "recursion counts once per sample"
+    );
+    assert_eq!(rows[0].name, "hot");
+}
+
+#[test]
+fn inlined_frames_are_frames_and_the_lines_view_lists_each_line() {
+    use crate::objects::Objects;
+    use crate::profile::{Frame, Meta, ProfileBuilder};
+    use crate::symbolize::FunctionLine;
+    let named = |name: &str, line: i64| FunctionLine {
+        name: name.to_owned(),
+        system_name: name.to_owned(),
+        filename: format!("/src/{name}.rs"),
+        line,
+        start_line: 1,
+    };
+    let objects = Objects::default();
+    let mut builder = ProfileBuilder::new(&objects);
+    // `step` inlined into `hot` at line 12, twice at two lines of `step`; then `hot`
+    // alone at line 14.
+    for (step_line, hot_line, count) in [(3, 12, 5), (4, 12, 3)] {
+        builder.add(
+            vec![
+                Frame::Symbolized(vec![named("step", step_line), named("hot", hot_line)]),
+                Frame::Symbolized(vec![named("main", 40)]),
+            ],
+            vec![count],
+            Vec::new(),
+        );
+    }
+    builder.add(
+        vec![
+            Frame::Symbolized(vec![named("hot", 14)]),
+            Frame::Symbolized(vec![named("main", 41)]),
+        ],
+        vec![2],
+        Vec::new(),
+    );
+    let meta = Meta {
+        sample_types: &[("samples", "count")],
+        period_type: ("cpu", "nanoseconds"),
+        period: 1,
+        time: std::time::UNIX_EPOCH,
+        duration: std::time::Duration::ZERO,
+        default_sample_type: None,
+        comments: Vec::new(),
+    };
+    let profile = builder.finish(&meta, &|_| false);
+
+    let (rows, total) = top_by(&profile, Granularity::Functions);
+    assert_eq!(total, 10);
+    let get = |rows: &[TopRow], n: &str| {
+        let row = rows
+            .iter()
+            .find(|r| r.name == n)
+            .unwrap_or_else(|| panic!("{n}: {rows:?}"));
+        (row.flat, row.cum)
+    };
+    assert_eq!(
+        get(&rows, "step"),
+        (8, 8),
+        "an inlined function is a frame of its own"
+    );
+    assert_eq!(get(&rows, "hot"), (2, 10));
+    assert_eq!(get(&rows, "main"), (0, 10));
+
+    let (rows, _) = top_by(&profile, Granularity::Lines);
+    assert_eq!(get(&rows, "step /src/step.rs:3"), (5, 5));
+    assert_eq!(get(&rows, "step /src/step.rs:4"), (3, 3));
+    assert_eq!(get(&rows, "hot /src/hot.rs:12"), (0, 8));
+    assert_eq!(get(&rows, "hot /src/hot.rs:14"), (2, 2));
+    assert_eq!(get(&rows, "main /src/main.rs:40"), (0, 8));
+    let table = top_table_by(&profile, 30, Granularity::Lines);
+    assert!(table.contains("  step /src/step.rs:3\n"), "{table}");
+    let view = render(&profile, Format::Text, (true, None), "CPU", "").unwrap();
+    let ViewBody::Text(text) = view.body else {
+        panic!("a text view")
+    };
+    assert_eq!(text, table);
+}
+
+#[test]
+fn table_has_go_columns() {
+    let profile = profile_of(&[(&["hot", "main"], 75), (&["main"], 25)]);
+    let table = top_table(&profile, 30);
+    assert!(table.contains("Type: cpu"), "{table}");
+    assert!(
+        table.contains("      flat   flat%    sum%        cum    cum%\n"),
+        "{table}"
+    );
+    assert!(
+        table.contains("     750ms     75%     75%      750ms     75%  hot\n"),
+        "{table}"
+    );
+    assert!(
+        table.contains("     250ms     25%    100%         1s    100%  main\n"),
+        "{table}"
+    );
+}
+
+#[cfg(feature = "flamegraph")]
+#[test]
+fn flamegraph_is_svg_with_every_function() {
+    let profile = profile_of(&[(&["hot", "main"], 75), (&["cold;odd", "main"], 25)]);
+    let svg = flamegraph(&profile, "CPU", "5 s").unwrap();
+    assert!(svg.contains("<svg"), "{svg}");
+    assert!(svg.contains(">hot") && svg.contains("main") && svg.contains("cold:odd"));
+    let empty = profile_of(&[]);
+    assert!(
+        flamegraph(&empty, "CPU", "5 s")
+            .unwrap()
+            .contains("no samples")
+    );
+}
+
+/// A heap-like profile: Go's four types, `/allocs`' default.
+fn allocations() -> Profile {
+    let mut profile = profile_of(&[(&["churn", "main"], 1), (&["keep", "main"], 1)]);
+    let mut intern = |s: &str| {
+        profile.string_table.push(s.to_owned());
+        (profile.string_table.len() - 1) as i64
+    };
+    let (count, bytes) = (intern("count"), intern("bytes"));
+    let types: Vec<ValueType> = [
+        "alloc_objects",
+        "alloc_space",
+        "inuse_objects",
+        "inuse_space",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, ty)| ValueType {
+        ty: intern(ty),
+        unit: if i % 2 == 0 { count } else { bytes },
+    })
+    .collect();
+    profile.default_sample_type = types[1].ty;
+    profile.sample_type = types;
+    // churn allocated much and holds nothing; keep allocated little and holds it all.
+    profile.sample[0].value = vec![500, 32 << 20, 0, 0];
+    profile.sample[1].value = vec![256, 64 << 20, 256, 64 << 20];
+    profile
+}
+
+#[test]
+fn sample_index_picks_the_column_the_text_view_and_the_flamegraph_show() {
+    let profile = allocations();
+    let text = |index: Option<&str>| {
+        let view = render_with(&profile, Format::Text, (false, None), index, "t", "s").unwrap();
+        let ViewBody::Text(text) = view.body else {
+            panic!("text")
+        };
+        text
+    };
+    let default = text(None);
+    assert!(default.starts_with("Type: alloc_space\n"), "{default}");
+    assert!(
+        default.contains("32MB") && default.contains("churn"),
+        "{default}"
+    );
+    let inuse = text(Some("inuse_space"));
+    assert!(inuse.starts_with("Type: inuse_space\n"), "{inuse}");
+    let churn = inuse.lines().find(|l| l.ends_with("  churn")).unwrap();
+    assert!(churn.trim_start().starts_with("0B"), "{inuse}");
+    assert!(text(Some("alloc_objects")).contains("Type: alloc_objects\n"));
+    let err = render_with(
+        &profile,
+        Format::Text,
+        (false, None),
+        Some("samples"),
+        "t",
+        "s",
+    )
+    .err()
+    .unwrap();
+    assert_eq!(
+        err,
+        "`sample_index` must be one of this profile's sample types, alloc_objects, \
+         alloc_space, inuse_objects, inuse_space; found \"samples\""
+    );
+    #[cfg(feature = "flamegraph")]
+    {
+        let svg = flamegraph_in(&profile, Some(3), "t", "s").unwrap();
+        assert!(
+            svg.contains("keep") && !svg.contains("churn"),
+            "inuse: churn holds 0"
+        );
+        let svg = flamegraph_in(&profile, Some(1), "t", "s").unwrap();
+        assert!(svg.contains("churn"));
+    }
+}
+
+#[test]
+fn sample_index_becomes_the_pprof_formats_default() {
+    use crate::profile::proto::Message as _;
+    use std::io::Read as _;
+    let profile = allocations();
+    let view = render_with(
+        &profile,
+        Format::Pprof,
+        (false, None),
+        Some("inuse_space"),
+        "",
+        "",
+    )
+    .unwrap();
+    let ViewBody::Pprof(gz) = view.body else {
+        panic!("pprof")
+    };
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice())
+        .read_to_end(&mut raw)
+        .unwrap();
+    let decoded = Profile::decode(raw.as_slice()).unwrap();
+    assert_eq!(decoded.string(decoded.default_sample_type), "inuse_space");
+    assert_eq!(decoded.sample, profile.sample, "nothing else changes");
+}
+
+#[test]
+fn values_scale_like_pprof() {
+    assert_eq!(format_value(1_500_000_000, "nanoseconds"), "1.5s");
+    assert_eq!(format_value(20_000_000, "nanoseconds"), "20ms");
+    assert_eq!(format_value(64 * 1024 * 1024, "bytes"), "64MB");
+    assert_eq!(format_value(512, "bytes"), "512B");
+    assert_eq!(format_value(1234, "count"), "1234");
+}
