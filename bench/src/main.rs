@@ -64,6 +64,9 @@ mod keys;
 #[path = "../../krabka-pprof-macros/src/rules.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod rules;
+#[path = "../../krabka-pprof-macros/src/size.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod size;
 #[path = "../../krabka-pprof-macros/src/values.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod values;

@@ -18,8 +18,10 @@ mod rules;
 mod tests;
 
 pub use bounds::{
-    MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION, MIN_FREQUENCY, MIN_WINDOWS,
+    DEFAULT_RECENT_MEMORY, MAX_DURATION, MAX_FREQUENCY, MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS,
+    MIN_DURATION, MIN_FREQUENCY, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
 };
+pub(crate) use error::Bytes;
 pub use error::{ConfigError, DurationField};
 
 /// Decides whether a request may reach the profiling routes: `true` admits it, `false`
@@ -56,6 +58,9 @@ pub struct ProfilingConfig {
     heap_default: Option<Duration>,
     heap_max: Duration,
     threads: bool,
+    /// `None`: no recorder.
+    recent: Option<Duration>,
+    recent_memory: usize,
     prefix: &'static str,
     guard: Option<Guard>,
     token_env: Option<&'static str>,
@@ -70,8 +75,8 @@ impl Default for ProfilingConfig {
 impl ProfilingConfig {
     /// The defaults: CPU profiles of 30 s unless asked otherwise, at most 60 s, at 99 Hz,
     /// unwinding through every library (an empty blocklist); heap profiling off
-    /// (10 s default window, 30 s max when on); thread dumps on; routes under
-    /// `/debug/pprof`; no guard and no token.
+    /// (10 s default window, 30 s max when on); thread dumps on; no recorder (`recent`
+    /// off, 8 MiB when on); routes under `/debug/pprof`; no guard and no token.
     pub const fn new() -> Self {
         Self {
             cpu_default: None,
@@ -83,6 +88,8 @@ impl ProfilingConfig {
             heap_default: None,
             heap_max: Duration::from_secs(30),
             threads: true,
+            recent: None,
+            recent_memory: DEFAULT_RECENT_MEMORY,
             prefix: "/debug/pprof",
             guard: None,
             token_env: None,
@@ -155,6 +162,23 @@ impl ProfilingConfig {
         self
     }
 
+    /// Keep this much CPU history, at the configured `frequency`, in an always-on
+    /// recorder that `/recent?seconds=N` answers from at once. The recorder starts when
+    /// the router is built and runs for the life of the process (see the guide's
+    /// `recent` page); off unless set.
+    pub const fn with_recent(mut self, keep: Duration) -> Self {
+        self.recent = Some(keep);
+        self
+    }
+
+    /// The most memory the recorder's history may take, in bytes (8 MiB unless set):
+    /// past it, the oldest slices are dropped first. Used only with
+    /// [`with_recent`](Self::with_recent).
+    pub const fn with_recent_memory(mut self, bytes: usize) -> Self {
+        self.recent_memory = bytes;
+        self
+    }
+
     /// Path under which the routes are mounted, such as `/debug/pprof`.
     pub const fn with_prefix(mut self, prefix: &'static str) -> Self {
         self.prefix = prefix;
@@ -216,6 +240,14 @@ impl ProfilingConfig {
     /// See [`with_threads`](Self::with_threads).
     pub const fn threads(&self) -> bool {
         self.threads
+    }
+    /// See [`with_recent`](Self::with_recent): `None` when the recorder is off.
+    pub const fn recent(&self) -> Option<Duration> {
+        self.recent
+    }
+    /// See [`with_recent_memory`](Self::with_recent_memory).
+    pub const fn recent_memory(&self) -> usize {
+        self.recent_memory
     }
     /// See [`with_prefix`](Self::with_prefix).
     pub const fn prefix(&self) -> &'static str {

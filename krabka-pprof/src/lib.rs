@@ -55,8 +55,9 @@ mod threads;
 mod views;
 
 pub use config::{
-    ConfigError, DurationField, Guard, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_DURATION,
-    MIN_FREQUENCY, MIN_WINDOWS, ProfilingConfig,
+    ConfigError, DEFAULT_RECENT_MEMORY, DurationField, Guard, MAX_DURATION, MAX_FREQUENCY,
+    MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_DURATION, MIN_FREQUENCY, MIN_RECENT,
+    MIN_RECENT_MEMORY, MIN_WINDOWS, ProfilingConfig,
 };
 #[cfg(jemalloc)]
 pub use heap::Jemalloc;

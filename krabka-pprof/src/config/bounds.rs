@@ -18,3 +18,13 @@ pub const MIN_WINDOWS: u32 = 1;
 /// The most CPU profile windows that may share one sampler. Each holds its own stack
 /// counts while it is open.
 pub const MAX_WINDOWS: u32 = 64;
+/// The shortest history the recorder may keep (`recent`): ten one-second slices.
+pub const MIN_RECENT: Duration = Duration::from_secs(10);
+/// The longest history the recorder may keep (`recent`).
+pub const MAX_RECENT: Duration = Duration::from_secs(3600);
+/// The least memory the recorder may keep its history in (`recent_memory`), in bytes.
+pub const MIN_RECENT_MEMORY: usize = 256 * 1024;
+/// The most memory the recorder may keep its history in (`recent_memory`), in bytes.
+pub const MAX_RECENT_MEMORY: usize = 1024 * 1024 * 1024;
+/// The recorder's memory bound unless `recent_memory` sets one: 8 MiB.
+pub const DEFAULT_RECENT_MEMORY: usize = 8 * 1024 * 1024;
