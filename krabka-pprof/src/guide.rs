@@ -9,6 +9,9 @@ pub mod cpu {}
 #[doc = include_str!("../docs/heap.md")]
 pub mod heap {}
 
+#[doc = include_str!("../docs/recent.md")]
+pub mod recent {}
+
 #[doc = include_str!("../docs/threads.md")]
 pub mod threads {}
 

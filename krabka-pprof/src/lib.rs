@@ -19,7 +19,8 @@
 //! build the same routes, for example to serve them on an internal listener.
 //!
 //! The HTTP contract follows; the [`guide`] has a page for each of the rest:
-//! [how the CPU sampler works](guide::cpu), [heap profiling](guide::heap),
+//! [how the CPU sampler works](guide::cpu), [profiles of the past](guide::recent) (the
+//! `recent` recorder), [heap profiling](guide::heap),
 //! [thread and task dumps](guide::threads), [good stacks in release
 //! builds](guide::release_builds), [platforms](guide::platforms) and
 //! [limits](guide::limits).

@@ -36,8 +36,8 @@ impl DurationField {
     }
 }
 
-/// A broken [`ProfilingConfig`] rule. The `Display` names the setting, the value found and
-/// what is allowed.
+/// A broken [`ProfilingConfig`](super::ProfilingConfig) rule. The `Display` names the
+/// setting, the value found and what is allowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
