@@ -40,6 +40,7 @@ pub(super) fn status() -> Option<RecorderStatus> {
         span: kept.span,
         sampled: kept.sampled,
         bytes: kept.bytes,
+        stacks: kept.stacks,
         paused: ring.paused().map(str::to_owned),
     })
 }

@@ -103,8 +103,9 @@ pub(crate) struct RecorderStatus {
     /// From the oldest slice's start to the newest's end, and of that what was sampled.
     pub(crate) span: Duration,
     pub(crate) sampled: Duration,
-    /// What the history takes, as counted against `budget`.
+    /// What the history takes, as counted against `budget`, and its distinct stacks.
     pub(crate) bytes: usize,
+    pub(crate) stacks: usize,
     /// Why it does not sample now, if it does not.
     pub(crate) paused: Option<String>,
 }

@@ -241,11 +241,13 @@ fn recent_row(
         Some(status) => {
             let whole = |d: std::time::Duration| secs(std::time::Duration::from_secs(d.as_secs()));
             let mut kept = format!(
-                " Kept now: {} of history ({} sampled), {} of the {} allowed.",
+                " Kept now: {} of history ({} sampled), {} of the {} allowed, {} distinct \
+                 stacks.",
                 whole(status.span),
                 whole(status.sampled),
                 Bytes(status.bytes),
-                Bytes(status.settings.budget)
+                Bytes(status.settings.budget),
+                status.stacks
             );
             if let Some(why) = &status.paused {
                 kept.push_str(&format!(" Paused: {}.", escape(why)));
@@ -405,11 +407,15 @@ mod tests {
             span: std::time::Duration::from_millis(125_700),
             sampled: std::time::Duration::from_millis(122_300),
             bytes: 512 * 1024,
+            stacks: 2034,
             paused: None,
         };
         let on = index_html(&config, "host", None, Some(status.clone()));
         assert!(
-            on.contains("Kept now: 2m 5s of history (2m 2s sampled), 512KiB of the 4MiB allowed."),
+            on.contains(
+                "Kept now: 2m 5s of history (2m 2s sampled), 512KiB of the 4MiB allowed, 2034 \
+                 distinct stacks."
+            ),
             "{on}"
         );
         assert!(
