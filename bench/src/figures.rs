@@ -15,7 +15,9 @@
 //! - `lines.rs`: L, a CPU profile read with line tables;
 //! - `labels_cost.rs`: labels, what setting labels and sampling them cost;
 //! - `soak.rs`: K, the soak;
-//! - `long_session.rs`: LS, one session held ten minutes on a churning service.
+//! - `long_session.rs`: LS, one session held ten minutes on a churning service;
+//! - `recorder.rs`: R, what the recorder (`recent`) costs, and RM, its memory over ten
+//!   minutes and `/recent?seconds=600`.
 
 pub mod build_time;
 pub mod cpu_profile_cost;
@@ -25,6 +27,7 @@ pub mod heap;
 pub mod labels_cost;
 pub mod lines;
 pub mod long_session;
+pub mod recorder;
 pub mod soak;
 pub mod thread_dump;
 pub mod throughput_idle_attribute;

@@ -45,6 +45,20 @@ impl Server {
         Server::spawn(command)
     }
 
+    /// The service with the recorder on (`recent = "10m"`), and a thread cycling through
+    /// `varied` distinct stacks if given, for figure R.
+    pub fn start_recording(varied: Option<u64>) -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .arg("--recent");
+        if let Some(stacks) = varied {
+            command.args(["--varied", &stacks.to_string()]);
+        }
+        Server::spawn(command)
+    }
+
     /// The jemalloc service of `src/bin/heap_server.rs`, with `_RJEM_MALLOC_CONF`.
     pub fn start_heap(conf: Option<&str>) -> Server {
         Server::start_heap_with(conf, &[])

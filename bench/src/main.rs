@@ -30,7 +30,12 @@
 //! - LS one session held ten minutes by two alternating scrapers on a service whose
 //!   threads, libraries and children come and go: every window's CPU total, queued
 //!   signals, resident memory and the handler's cost from the first minute to the last
-//!   (10 minutes; only with `--soak` or `--only LS`).
+//!   (10 minutes; only with `--soak` or `--only LS`);
+//! - R the recorder (`recent = "10m"`): throughput with it on ÷ off, the signal handler's
+//!   and the recorder thread's share of a core, a service with 2,000 distinct stacks
+//!   against the memory bound; RM resident memory after ten minutes under load and two
+//!   more, and `/recent?seconds=600` request → last byte (12 minutes; only with `--soak`
+//!   or `--only RM`).
 //!
 //! Each row says whether it met its target; the benchmark exits with status 1 if any
 //! missed. A ratio's miss must be larger than the median's own noise, and a row whose
@@ -67,6 +72,9 @@ mod keys;
 #[path = "../../krabka-pprof-macros/src/rules.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod rules;
+#[path = "../../krabka-pprof-macros/src/size.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod size;
 #[path = "../../krabka-pprof-macros/src/values.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod values;
@@ -82,7 +90,13 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("server") => {
-            let attribute = !args.iter().any(|a| a == "--plain");
+            let mounted = if args.iter().any(|a| a == "--plain") {
+                server::Mounted::Plain
+            } else if args.iter().any(|a| a == "--recent") {
+                server::Mounted::Recorder
+            } else {
+                server::Mounted::Attribute
+            };
             let current_thread = args.iter().any(|a| a == "--current-thread");
             let cpu = flag_value(&args, "--cpu").map(|v| v.parse().expect("--cpu N"));
             let spin =
@@ -91,20 +105,22 @@ fn main() {
             let parked =
                 flag_value(&args, "--parked").map_or(0, |v| v.parse().expect("--parked N"));
             let churn = args.iter().any(|a| a == "--churn");
-            server::serve(
-                attribute,
+            let varied = flag_value(&args, "--varied").map(|v| v.parse().expect("--varied N"));
+            server::serve(server::Serve {
+                mounted,
                 current_thread,
                 cpu,
-                spin,
+                spin_depth: spin,
                 spin_in_scope,
                 parked,
                 churn,
-            );
+                varied,
+            });
         }
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
             println!(
-                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,T,L,labels,K,LS] [--clean-build] [--soak]"
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,T,L,labels,K,LS,R,RM] [--clean-build] [--soak]"
             );
         }
         _ => {
@@ -273,6 +289,9 @@ fn run(options: &Options) {
     if options.wants("L") {
         rows.extend(figures::lines::lines(options));
     }
+    if options.wants("R") {
+        rows.extend(figures::recorder::recorder(options));
+    }
     if options.wants("M6") {
         rows.extend(figures::build_time::build_cost(options));
     }
@@ -286,6 +305,14 @@ fn run(options: &Options) {
             .is_some_and(|o| o.iter().any(|f| f == "LS"))
     {
         rows.extend(figures::long_session::long_session(options));
+    }
+    if options.soak
+        || options
+            .only
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|f| f == "RM"))
+    {
+        rows.extend(figures::recorder::recorder_residency(options));
     }
 
     let width = rows.iter().map(|r| r.figure.len()).max().unwrap_or(10);

@@ -28,6 +28,9 @@ pub(crate) struct Args {
     pub(crate) heap_max: Option<Spanned<Duration>>,
     pub(crate) alloc_stacks: Option<Spanned<u32>>,
     pub(crate) threads: Option<Spanned<bool>>,
+    pub(crate) recent: Option<Spanned<Duration>>,
+    /// Bytes.
+    pub(crate) recent_memory: Option<Spanned<u64>>,
     pub(crate) prefix: Option<Spanned<String>>,
     pub(crate) guard: Option<Spanned<syn::Path>>,
     pub(crate) token_env: Option<Spanned<String>>,
@@ -140,6 +143,8 @@ impl Args {
             "blocklist" => self.blocklist = Some(values::blocklist_value(&value)?),
             "heap" => self.heap = Some(values::bool_value(key, &value)?),
             "threads" => self.threads = Some(values::bool_value(key, &value)?),
+            "recent" => self.recent = Some(values::recent_value(&value)?),
+            "recent_memory" => self.recent_memory = Some(values::recent_memory_value(&value)?),
             "prefix" => self.prefix = Some(values::prefix_value(&value)?),
             "guard" => self.guard = Some(values::guard_value(&value)?),
             "token_env" => self.token_env = Some(values::token_env_value(&value)?),
@@ -149,7 +154,8 @@ impl Args {
         Ok(())
     }
 
-    /// Rules between keys: defaults within their maximum, heap settings only with `heap`.
+    /// Rules between keys: defaults within their maximum, heap settings only with `heap`,
+    /// the recorder's memory only with the recorder.
     fn check_relations(&self, errors: &mut Errors) {
         default_within_max(
             errors,
@@ -176,6 +182,13 @@ impl Args {
                 errors,
                 ("heap_default", self.heap_default.as_ref()),
                 ("heap_max", self.heap_max.as_ref(), rules::DEFAULT_HEAP_MAX),
+            );
+        }
+        if let (Some(memory), None) = (&self.recent_memory, &self.recent) {
+            errors.at(
+                memory.span,
+                "`recent_memory` bounds the recorder, which only runs with `recent`; add \
+                 `recent = \"10m\"` or remove `recent_memory`",
             );
         }
     }

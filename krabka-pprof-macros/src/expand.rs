@@ -266,6 +266,15 @@ fn config_expr(args: &Args, krate: &TokenStream) -> TokenStream {
         let on = v.value;
         calls.extend(quote_spanned!(v.span=> .with_threads(#on)));
     }
+    if let Some(v) = &args.recent {
+        let d = duration(v.value);
+        calls.extend(quote_spanned!(v.span=> .with_recent(#d)));
+    }
+    if let Some(v) = &args.recent_memory {
+        // Checked against 1 GiB already, so it fits a `usize` on every target.
+        let bytes = proc_macro2::Literal::u64_unsuffixed(v.value);
+        calls.extend(quote_spanned!(v.span=> .with_recent_memory(#bytes)));
+    }
     if let Some(v) = &args.prefix {
         let prefix = &v.value;
         calls.extend(quote_spanned!(v.span=> .with_prefix(#prefix)));
@@ -327,6 +336,24 @@ mod tests {
         assert!(off.contains(". with_threads (false)"), "{off}");
         let unset = expand_str(quote!(), item);
         assert!(!unset.contains("with_threads"), "{unset}");
+    }
+
+    #[test]
+    fn recent_reaches_the_config_in_bytes_and_duration() {
+        let out = expand_str(
+            quote!(recent = "10m", recent_memory = "2MiB"),
+            quote!(
+                fn app() -> Router {
+                    Router::new()
+                }
+            ),
+        );
+        assert!(
+            out.contains(". with_recent (:: core :: time :: Duration :: new (600u64 , 0u32))"),
+            "{out}"
+        );
+        assert!(out.contains(". with_recent_memory (2097152)"), "{out}");
+        assert!(!out.contains("compile_error"), "{out}");
     }
 
     #[test]

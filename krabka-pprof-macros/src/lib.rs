@@ -6,13 +6,14 @@
 //! can include only its own files.
 
 // Imports point one way, no circle: expand -> args; args -> values, keys, rules;
-// values -> keys, rules, duration; rules -> duration. `rules.rs` knows no spans, so it
+// values -> keys, rules, duration, size; rules -> duration, size. `rules.rs` knows no spans, so it
 // reads like its runtime twin in krabka-pprof's config.rs.
 mod args;
 mod duration;
 mod expand;
 mod keys;
 mod rules;
+mod size;
 mod values;
 
 #[cfg(test)]

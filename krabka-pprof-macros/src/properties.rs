@@ -85,6 +85,35 @@ fn millis() -> impl Strategy<Value = u64> {
     ]
 }
 
+/// A `recent` around the recorder's bounds (10 s, 1 h), or anywhere, in milliseconds.
+fn recent_millis() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0u64..20_000,
+        3_598_000u64..3_602_000,
+        any::<u32>().prop_map(u64::from),
+    ]
+}
+
+/// A `recent_memory` around its bounds (256 KiB, 1 GiB), or anywhere, in bytes; written
+/// in bytes, or in the largest unit that divides it.
+fn recent_memory() -> impl Strategy<Value = (u64, String)> {
+    let bytes = prop_oneof![
+        0u64..300_000,
+        (250u64..260).prop_map(|k| k * 1024),
+        (1_073_741_824u64 - 2_048..1_073_741_824 + 2_048),
+        (1020u64..1030).prop_map(|m| m << 20),
+        any::<u32>().prop_map(u64::from),
+    ];
+    (bytes, any::<bool>()).prop_map(|(bytes, in_bytes)| {
+        let text = if in_bytes {
+            format!("{bytes}B")
+        } else {
+            crate::size::format(bytes)
+        };
+        (bytes, text)
+    })
+}
+
 /// Text with what the string rules look at: slashes, captures, spaces of every kind,
 /// control characters, letters and digits.
 fn text() -> impl Strategy<Value = String> {
@@ -114,7 +143,7 @@ proptest! {
     }
 
     #[test]
-    fn durations_frequency_windows_and_threads_are_judged_as_the_runtime_judges_them(
+    fn durations_frequency_windows_threads_and_the_recorder_are_judged_as_the_runtime_judges_them(
         cpu_max in prop::option::of(millis()),
         cpu_default in prop::option::of(millis()),
         heap_max in prop::option::of(millis()),
@@ -123,6 +152,10 @@ proptest! {
         max_windows in prop::option::of(prop_oneof![0u32..70, any::<u32>()]),
         alloc_stacks in prop::option::of(prop_oneof![0u32..70, 65_530u32..65_540, any::<u32>()]),
         threads in prop::option::of(any::<bool>()),
+        recent in prop::option::of(recent_millis()),
+        // Only with `recent`: alone, the attribute refuses it (a rule between keys the
+        // runtime has no twin for, as the heap keys without `heap = true`).
+        memory in prop::option::of(recent_memory()),
     ) {
         let mut attr = vec!["heap = true".to_owned()];
         let mut config = ProfilingConfig::new().with_heap(true);
@@ -157,6 +190,14 @@ proptest! {
         if let Some(on) = threads {
             attr.push(format!("threads = {on}"));
             config = config.with_threads(on);
+        }
+        if let Some(ms) = recent {
+            attr.push(format!("recent = \"{ms}ms\""));
+            config = config.with_recent(Duration::from_millis(ms));
+            if let Some((bytes, text)) = memory {
+                attr.push(format!("recent_memory = {text:?}"));
+                config = config.with_recent_memory(usize::try_from(bytes).unwrap());
+            }
         }
         agree(&attr.join(", "), &config)?;
     }

@@ -15,18 +15,20 @@
 //! `fail/heap_default_above_heap_max`, `fail/prefix_with_empty_segment`,
 //! `fail/prefix_with_colon_segment`, `fail/max_windows_zero`, `fail/max_windows_above_64`,
 //! `fail/alloc_stacks_below_64`, `fail/alloc_stacks_without_heap`,
+//! `fail/recent_below_ten_seconds`, `fail/recent_above_one_hour`,
+//! `fail/recent_memory_below_256_kib`, `fail/recent_memory_above_1_gib`,
 //! `pass/every_key_at_its_bounds` and `pass/cpu_max_below_builtin_default`; and
 //! `src/properties.rs` checks, value by value, that these rules accept exactly what
 //! `validate` accepts.
 //!
 //! Rules the runtime has no twin for stay with the syntax: value types in `values.rs`,
-//! keys in `keys.rs`, heap keys only with `heap = true` in `args.rs`. Like config.rs, this
-//! file knows no spans and imports nothing but `duration.rs`: callers put its messages on
-//! the user's tokens.
+//! keys in `keys.rs`, heap keys only with `heap = true` and `recent_memory` only with
+//! `recent` in `args.rs`. Like config.rs, this file knows no spans and imports nothing but
+//! `duration.rs` and `size.rs`: callers put its messages on the user's tokens.
 
 use std::time::Duration;
 
-use crate::duration;
+use crate::{duration, size};
 
 /// `MIN_DURATION` in config.rs.
 pub(crate) const MIN_DURATION: Duration = Duration::from_secs(1);
@@ -44,6 +46,14 @@ pub(crate) const MAX_WINDOWS: u32 = 64;
 pub(crate) const MIN_ALLOC_STACKS: u32 = 64;
 /// `MAX_ALLOC_STACKS` in config.rs.
 pub(crate) const MAX_ALLOC_STACKS: u32 = 65_536;
+/// `MIN_RECENT` in config.rs.
+pub(crate) const MIN_RECENT: Duration = Duration::from_secs(10);
+/// `MAX_RECENT` in config.rs.
+pub(crate) const MAX_RECENT: Duration = Duration::from_secs(3600);
+/// `MIN_RECENT_MEMORY` in config.rs, bytes.
+pub(crate) const MIN_RECENT_MEMORY: u64 = 256 * 1024;
+/// `MAX_RECENT_MEMORY` in config.rs, bytes.
+pub(crate) const MAX_RECENT_MEMORY: u64 = 1024 * 1024 * 1024;
 /// `cpu_max` in `ProfilingConfig::new()`.
 pub(crate) const DEFAULT_CPU_MAX: Duration = Duration::from_secs(60);
 /// `heap_max` in `ProfilingConfig::new()`.
@@ -84,6 +94,35 @@ pub(crate) fn check_default_within_max(
         )),
         _ => Ok(()),
     }
+}
+
+/// `recent` lies within `MIN_RECENT ..= MAX_RECENT` (the `RecentOutOfRange` check in
+/// `ProfilingConfig::validate`). The error is the whole message.
+pub(crate) fn check_recent(value: Duration) -> Result<(), String> {
+    if value < MIN_RECENT || value > MAX_RECENT {
+        return Err(format!(
+            "`recent` must be between {} and {}, found {}",
+            duration::format(MIN_RECENT),
+            duration::format(MAX_RECENT),
+            duration::format(value),
+        ));
+    }
+    Ok(())
+}
+
+/// `recent_memory` lies within `MIN_RECENT_MEMORY ..= MAX_RECENT_MEMORY` bytes (the
+/// `RecentMemoryOutOfRange` check in `ProfilingConfig::validate`). The error is the whole
+/// message.
+pub(crate) fn check_recent_memory(bytes: u64) -> Result<(), String> {
+    if !(MIN_RECENT_MEMORY..=MAX_RECENT_MEMORY).contains(&bytes) {
+        return Err(format!(
+            "`recent_memory` must be between {} and {}, found {}",
+            size::format(MIN_RECENT_MEMORY),
+            size::format(MAX_RECENT_MEMORY),
+            size::format(bytes),
+        ));
+    }
+    Ok(())
 }
 
 /// The frequency lies within `MIN_FREQUENCY ..= MAX_FREQUENCY` Hz (the
@@ -232,6 +271,24 @@ mod tests {
             let message = check_alloc_stacks(bad).unwrap_err();
             assert!(message.ends_with(&format!("found {bad}")), "{message}");
         }
+    }
+
+    #[test]
+    fn recent_rules() {
+        assert_eq!(check_recent(Duration::from_secs(10)), Ok(()));
+        assert_eq!(check_recent(Duration::from_secs(3600)), Ok(()));
+        assert_eq!(
+            check_recent(Duration::from_secs(5)),
+            Err("`recent` must be between 10s and 1h, found 5s".to_owned())
+        );
+        assert!(check_recent(Duration::from_secs(3601)).is_err());
+        assert_eq!(check_recent_memory(256 * 1024), Ok(()));
+        assert_eq!(check_recent_memory(1 << 30), Ok(()));
+        assert_eq!(
+            check_recent_memory(100 * 1024),
+            Err("`recent_memory` must be between 256KiB and 1GiB, found 100KiB".to_owned())
+        );
+        assert!(check_recent_memory((1 << 30) + 1).is_err());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Reading each kind of value the attribute takes: duration strings, integers, bools,
+//! Reading each kind of value the attribute takes: duration strings, size strings, integers, bools,
 //! the blocklist array, the prefix, the guard path, `token_env` and the `crate` path. Each
 //! reader names the token it found when it is of the wrong kind, and puts the span of the
 //! literal on the message of the rule it breaks (`rules.rs`, which knows no spans).
@@ -15,6 +15,7 @@ use syn::{Expr, ExprLit, Lit, LitStr};
 use crate::duration;
 use crate::keys;
 use crate::rules;
+use crate::size;
 
 /// A value together with the span of the tokens it came from, so that the expansion and
 /// the rules between keys can point at what the user wrote.
@@ -65,11 +66,52 @@ fn string_lit<'a>(key: &str, expr: &'a Expr, what: &str) -> syn::Result<&'a LitS
     }
 }
 
+/// A `*_default`/`*_max` duration, within the bounds all of them share.
 pub(crate) fn duration_value(key: &str, expr: &Expr) -> syn::Result<Spanned<Duration>> {
+    checked_duration(key, expr, |value| rules::check_duration(key, value))
+}
+
+/// `recent`: a duration within the recorder's own bounds.
+pub(crate) fn recent_value(expr: &Expr) -> syn::Result<Spanned<Duration>> {
+    checked_duration("recent", expr, rules::check_recent)
+}
+
+/// A duration string, parsed, then judged by `check`; every message on the literal.
+fn checked_duration(
+    key: &str,
+    expr: &Expr,
+    check: impl FnOnce(Duration) -> Result<(), String>,
+) -> syn::Result<Spanned<Duration>> {
     let lit = string_lit(key, expr, "duration")?;
     let value = duration::parse(&lit.value())
         .map_err(|reason| syn::Error::new(lit.span(), format!("`{key}` {reason}")))?;
-    rules::check_duration(key, value).map_err(|message| syn::Error::new(lit.span(), message))?;
+    check(value).map_err(|message| syn::Error::new(lit.span(), message))?;
+    Ok(Spanned {
+        value,
+        span: lit.span(),
+    })
+}
+
+/// `recent_memory`: a size string such as `"8MiB"`, within the recorder's bounds.
+pub(crate) fn recent_memory_value(expr: &Expr) -> syn::Result<Spanned<u64>> {
+    const KEY: &str = "recent_memory";
+    if let Expr::Lit(ExprLit {
+        lit: Lit::Int(int), ..
+    }) = expr
+    {
+        return Err(syn::Error::new(
+            int.span(),
+            format!(
+                "`{KEY}` takes a size string, found an integer; write `{KEY} = \"{}B\"` \
+                 (or in KiB, MiB, GiB)",
+                int.base10_digits()
+            ),
+        ));
+    }
+    let lit = string_lit(KEY, expr, "size")?;
+    let value = size::parse(&lit.value())
+        .map_err(|reason| syn::Error::new(lit.span(), format!("`{KEY}` {reason}")))?;
+    rules::check_recent_memory(value).map_err(|message| syn::Error::new(lit.span(), message))?;
     Ok(Spanned {
         value,
         span: lit.span(),

@@ -1,6 +1,6 @@
 //! Serves a small app with profiling routes on 127.0.0.1:6060, profiles itself over HTTP,
-//! prints the busiest functions and the `go tool pprof` commands to try, then keeps
-//! serving until Ctrl-C.
+//! prints the busiest functions and the `go tool pprof` commands to try, asks the
+//! recorder for the last seconds (answered at once), then keeps serving until Ctrl-C.
 //!
 //! ```text
 //! cargo run --example quickstart
@@ -16,7 +16,7 @@ use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 use pprof::protos::Message as _;
 
-#[pprof_routes(cpu_default = "10s", cpu_max = "60s")]
+#[pprof_routes(cpu_default = "10s", cpu_max = "60s", recent = "10m")]
 fn app() -> Router {
     Router::new()
         .route(
@@ -117,6 +117,19 @@ async fn main() {
             println!("  curl '{url}&format=text&group=tenant'");
         }
     }
+    // The recorder has sampled since the app started: the past needs no waiting.
+    let recent = format!("http://{addr}/debug/pprof/recent?seconds=10");
+    let sent = Instant::now();
+    let response = client.get(&recent).send().await.expect("recent request");
+    let status = response.status();
+    let body = response.bytes().await.expect("recent body");
+    println!(
+        "\nthe last 10 s from the recorder (recent = \"10m\"): {status}, {} bytes in {:.1} ms",
+        body.len(),
+        sent.elapsed().as_secs_f64() * 1e3
+    );
+    println!("  go tool pprof -top {recent}");
+    println!("  http://{addr}/debug/pprof/recent?seconds=60&format=svg");
     println!("\nstill serving on http://{addr}/ (Ctrl-C to stop)");
     tokio::select! {
         result = server => {

@@ -18,9 +18,11 @@ mod rules;
 mod tests;
 
 pub use bounds::{
-    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION,
-    MIN_FREQUENCY, MIN_WINDOWS,
+    DEFAULT_RECENT_MEMORY, MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_RECENT,
+    MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_RECENT,
+    MIN_RECENT_MEMORY, MIN_WINDOWS,
 };
+pub(crate) use error::Bytes;
 pub use error::{ConfigError, DurationField};
 
 /// Decides whether a request may reach the profiling routes: `true` admits it, `false`
@@ -59,6 +61,9 @@ pub struct ProfilingConfig {
     /// Distinct stacks the cumulative allocation counts keep; `0`: no counts.
     alloc_stacks: u32,
     threads: bool,
+    /// `None`: no recorder.
+    recent: Option<Duration>,
+    recent_memory: usize,
     prefix: &'static str,
     guard: Option<Guard>,
     token_env: Option<&'static str>,
@@ -74,7 +79,7 @@ impl ProfilingConfig {
     /// The defaults: CPU profiles of 30 s unless asked otherwise, at most 60 s, at 99 Hz,
     /// unwinding through every library (an empty blocklist); heap profiling off
     /// (10 s default window, 30 s max, and allocation counts of up to 4096 stacks when
-    /// on); thread dumps on; routes under
+    /// on); thread dumps on; no recorder (`recent` off, 8 MiB when on); routes under
     /// `/debug/pprof`; no guard and no token.
     pub const fn new() -> Self {
         Self {
@@ -88,6 +93,8 @@ impl ProfilingConfig {
             heap_max: Duration::from_secs(30),
             alloc_stacks: 4096,
             threads: true,
+            recent: None,
+            recent_memory: DEFAULT_RECENT_MEMORY,
             prefix: "/debug/pprof",
             guard: None,
             token_env: None,
@@ -174,6 +181,23 @@ impl ProfilingConfig {
         self
     }
 
+    /// Keep this much CPU history, at the configured `frequency`, in an always-on
+    /// recorder that `/recent?seconds=N` answers from at once. The recorder starts when
+    /// the router is built and runs for the life of the process (see the guide's
+    /// `recent` page); off unless set.
+    pub const fn with_recent(mut self, keep: Duration) -> Self {
+        self.recent = Some(keep);
+        self
+    }
+
+    /// The most memory the recorder's history may take, in bytes (8 MiB unless set):
+    /// past it, the oldest slices are dropped first. Used only with
+    /// [`with_recent`](Self::with_recent).
+    pub const fn with_recent_memory(mut self, bytes: usize) -> Self {
+        self.recent_memory = bytes;
+        self
+    }
+
     /// Path under which the routes are mounted, such as `/debug/pprof`.
     pub const fn with_prefix(mut self, prefix: &'static str) -> Self {
         self.prefix = prefix;
@@ -239,6 +263,14 @@ impl ProfilingConfig {
     /// See [`with_threads`](Self::with_threads).
     pub const fn threads(&self) -> bool {
         self.threads
+    }
+    /// See [`with_recent`](Self::with_recent): `None` when the recorder is off.
+    pub const fn recent(&self) -> Option<Duration> {
+        self.recent
+    }
+    /// See [`with_recent_memory`](Self::with_recent_memory).
+    pub const fn recent_memory(&self) -> usize {
+        self.recent_memory
     }
     /// See [`with_prefix`](Self::with_prefix).
     pub const fn prefix(&self) -> &'static str {

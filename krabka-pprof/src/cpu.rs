@@ -7,6 +7,9 @@
 //! request per session. Everything that can take more than microseconds runs on the
 //! blocking pool.
 //!
+//! The recorder (`cpu/recent.rs`) is one more, always-on window of the same sessions, for
+//! `/recent`'s profiles of the past.
+//!
 //! Names: a *lease* is a session's hold on the profiler; a *slot* is the sampler's
 //! scratch memory for one signal handler; a *session* is one start-to-stop run of the
 //! sampler; a *window* is one request's part of a session, from its arrival for its
@@ -19,6 +22,8 @@ mod lease;
 #[cfg(pprof_rs)]
 pub(crate) mod pprof_rs;
 #[cfg(sampler)]
+mod recent;
+#[cfg(sampler)]
 mod report;
 mod request;
 #[cfg(sampler)]
@@ -26,7 +31,10 @@ mod sessions;
 
 use std::time::Instant;
 
-pub(crate) use request::{CpuError, CpuRequest, Split, Status, UNAVAILABLE};
+pub(crate) use request::{
+    CpuError, CpuRequest, RecentError, RecentRequest, RecorderSettings, RecorderStatus, Split,
+    Status, UNAVAILABLE,
+};
 
 // The `pprof` crate's profile() names it itself where it is the only sampler.
 #[cfg(any(sampler, not(pprof_rs)))]
@@ -91,6 +99,63 @@ where
     Err(CpuError::Unavailable(UNAVAILABLE.unwrap_or(
         "CPU profiling is not available on this platform",
     )))
+}
+
+/// Why the recorder cannot run in this process, if it cannot: it needs this crate's own
+/// sampler, whose sessions it shares.
+pub(crate) fn recorder_unavailable() -> Option<&'static str> {
+    if shares_windows() {
+        None
+    } else if cfg!(any(sampler, pprof_rs)) {
+        Some(
+            "the recorder needs krabka-pprof's own CPU sampler (Linux on x86_64 and aarch64);              this process takes CPU profiles with the pprof crate's, one at a time: take              /profile?seconds=N instead",
+        )
+    } else {
+        Some(
+            "the recorder needs krabka-pprof's own CPU sampler, which runs on Linux on x86_64              and aarch64 only",
+        )
+    }
+}
+
+/// Starts this process's recorder with `settings`, where it can run and none runs yet.
+pub(crate) fn start_recorder(settings: RecorderSettings) {
+    #[cfg(sampler)]
+    if recorder_unavailable().is_none() {
+        recent::start(settings);
+    }
+    #[cfg(not(sampler))]
+    let _ = settings;
+}
+
+/// The recorder, if one runs in this process.
+pub(crate) fn recorder_status() -> Option<RecorderStatus> {
+    #[cfg(sampler)]
+    return recent::status();
+    #[cfg(not(sampler))]
+    None
+}
+
+/// The CPU profile of a window of the past, from the recorder (started with `settings`
+/// if it does not run yet), handed to `render` on the blocking pool.
+pub(crate) async fn recent_profile<R, F>(
+    settings: RecorderSettings,
+    request: RecentRequest,
+    render: F,
+) -> Result<R, RecentError>
+where
+    F: FnOnce(Profile) -> Result<R, RecentError> + Send + 'static,
+    R: Send + 'static,
+{
+    if let Some(why) = recorder_unavailable() {
+        return Err(RecentError::Unavailable(why));
+    }
+    #[cfg(sampler)]
+    return recent::profile(settings, request, render).await;
+    #[cfg(not(sampler))]
+    {
+        let _ = (settings, request, render);
+        unreachable!("no sampler shares windows here")
+    }
 }
 
 #[cfg(all(test, sampler))]

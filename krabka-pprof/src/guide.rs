@@ -11,6 +11,8 @@ pub mod heap {}
 
 #[doc = include_str!("../docs/labels.md")]
 pub mod labels {}
+#[doc = include_str!("../docs/recent.md")]
+pub mod recent {}
 
 #[doc = include_str!("../docs/threads.md")]
 pub mod threads {}

@@ -20,7 +20,7 @@
 //!
 //! The HTTP contract follows; the [`guide`] has a page for each of the rest:
 //! [how the CPU sampler works](guide::cpu), [labels on samples](guide::labels),
-//! [heap profiling](guide::heap),
+//! [profiles of the past](guide::recent) (the `recent` recorder), [heap profiling](guide::heap),
 //! [thread and task dumps](guide::threads), [good stacks in release
 //! builds](guide::release_builds), [platforms](guide::platforms) and
 //! [limits](guide::limits).
@@ -57,8 +57,9 @@ mod threads;
 mod views;
 
 pub use config::{
-    ConfigError, DurationField, Guard, MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS,
-    MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_WINDOWS, ProfilingConfig,
+    ConfigError, DEFAULT_RECENT_MEMORY, DurationField, Guard, MAX_ALLOC_STACKS, MAX_DURATION,
+    MAX_FREQUENCY, MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION,
+    MIN_FREQUENCY, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS, ProfilingConfig,
 };
 #[cfg(jemalloc)]
 pub use heap::Jemalloc;

@@ -22,10 +22,10 @@ use axum::routing::get;
 use tracing::{Instrument as _, field};
 
 use self::access::Access;
-use self::query::{CpuQuery, HeapQuery, ThreadsAnswer, ThreadsQuery};
+use self::query::{CpuQuery, HeapQuery, RecentQuery, ThreadsAnswer, ThreadsQuery};
 use self::response::{bad_request, redirect};
 use crate::config::{ConfigError, ProfilingConfig};
-use crate::cpu::{self, CpuError, CpuRequest};
+use crate::cpu::{self, CpuError, CpuRequest, RecentError, RecentRequest, RecorderSettings};
 use crate::heap::{self, HeapError, HeapRequest, HeapRoute};
 use crate::threads::{self, DumpRequest};
 use crate::views::{self, View, ViewBody};
@@ -75,6 +75,11 @@ where
         config,
         access: Access::from_config(&config),
     });
+    // From now on, for the life of the process (on a thread of its own: no runtime needs
+    // to exist yet).
+    if let Some(settings) = recorder_settings(&config) {
+        cpu::start_recorder(settings);
+    }
     let prefix = config.prefix();
     let handler = |route: Route| {
         let shared = shared.clone();
@@ -83,7 +88,9 @@ where
     let mut router = Router::new()
         .route(prefix, handler(Route::Redirect))
         .route(&format!("{prefix}/"), handler(Route::Index))
-        .route(&format!("{prefix}/profile"), handler(Route::Profile));
+        .route(&format!("{prefix}/profile"), handler(Route::Profile))
+        // Always mounted: without `recent` it says which key turns it on.
+        .route(&format!("{prefix}/recent"), handler(Route::Recent));
     if config.heap() {
         // Allocation counts start here, before the app serves anything.
         heap::prepare(config.alloc_stacks());
@@ -107,6 +114,7 @@ enum Route {
     Redirect,
     Index,
     Profile,
+    Recent,
     Heap,
     Allocs,
     Threads,
@@ -121,6 +129,7 @@ impl Route {
             Route::Redirect => "",
             Route::Index => "/",
             Route::Profile => "/profile",
+            Route::Recent => "/recent",
             Route::Heap => "/heap",
             Route::Allocs => "/allocs",
             Route::Threads => "/threads",
@@ -163,6 +172,7 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
             Route::Redirect => redirect(&format!("{}/", shared.config.prefix())),
             Route::Index => index(&shared.config, &parts),
             Route::Profile => cpu_profile(&shared.config, &parts).await,
+            Route::Recent => recent_profile(&shared.config, &parts).await,
             Route::Heap => heap_profile(&shared.config, &parts, HeapRoute::Heap).await,
             Route::Allocs => heap_profile(&shared.config, &parts, HeapRoute::Allocs).await,
             Route::Threads => thread_dump(&shared.config, &parts, "threads").await,
@@ -219,6 +229,58 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     match rendered.await {
         Ok(view) => response::view(view, "profile"),
         Err(error) => answers::cpu(error),
+    }
+}
+
+/// What the recorder runs with, if `config` turns it on.
+fn recorder_settings(config: &ProfilingConfig) -> Option<RecorderSettings> {
+    Some(RecorderSettings {
+        keep: config.recent()?,
+        budget: config.recent_memory(),
+        frequency: config.frequency(),
+        blocklist: config.blocklist(),
+    })
+}
+
+/// `/recent`: the CPU profile of a window of the past, at once, from the recorder.
+async fn recent_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
+    let Some(settings) = recorder_settings(config) else {
+        return answers::recorder_off();
+    };
+    let span = tracing::Span::current();
+    let query = match RecentQuery::parse(
+        parts.uri.query(),
+        settings.keep,
+        std::time::SystemTime::now(),
+    ) {
+        Ok(query) => query,
+        Err(message) => return bad_request(&message),
+    };
+    span.record("seconds", query.duration.as_secs_f64());
+    span.record("frequency", settings.frequency);
+    span.record("format", query.format.name());
+    span.record("symbolize", query.naming.symbolize.name());
+    if let Some(requested) = query.seconds_requested {
+        span.record("seconds_requested", requested);
+    }
+    let request = RecentRequest {
+        seconds: query.duration,
+        end: query.end,
+        symbolize: query.naming.symbolize,
+    };
+    let (format, lines) = (query.format, query.naming.lines);
+    let rendered = cpu::recent_profile(settings, request, move |profile| {
+        let subtitle = format!(
+            "{:.0} s recorded at {} Hz",
+            profile.duration_nanos as f64 / 1e9,
+            settings.frequency
+        );
+        views::render(&profile, format, (lines, None), "CPU, recorded", &subtitle)
+            .map_err(RecentError::Failed)
+    });
+    match rendered.await {
+        Ok(view) => response::view(view, "profile"),
+        Err(error) => answers::recent(error),
     }
 }
 
@@ -330,5 +392,10 @@ fn index(config: &ProfilingConfig, parts: &Parts) -> Response {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("HOST");
-    response::index(index::index_html(config, host, cpu::status()))
+    response::index(index::index_html(
+        config,
+        host,
+        cpu::status(),
+        cpu::recorder_status(),
+    ))
 }

@@ -20,6 +20,8 @@ macro_rules! split {
     )*};
 }
 split!(split_fifty, split_thirty, split_twenty);
+// The two phases of the recorder's tests: a process's first seconds, and after.
+split!(krabka_early_phase, krabka_late_phase);
 
 /// CPU time spent in each of the three split functions, for the tests' ground truth.
 pub static SPLIT_CPU_NANOS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
@@ -211,4 +213,19 @@ pub fn krabka_calls_into_zlib(crc32: Crc32) -> u64 {
         crc = crc32(crc, data.as_ptr(), data.len() as u32);
     }
     black_box(crc)
+}
+
+/// Recurses `depth` frames deep through one of two call sites per frame, chosen by the
+/// bits of `pattern`, then spins a little: each pattern is a stack of its own (2^depth of
+/// them), for the recorder's memory bound.
+#[inline(never)]
+pub fn krabka_varied_stack(pattern: u64, depth: u32) -> u64 {
+    if depth == 0 {
+        return krabka_hot_spin(black_box(3_000));
+    }
+    if pattern & 1 == 0 {
+        black_box(krabka_varied_stack(black_box(pattern >> 1), depth - 1)) + 1
+    } else {
+        black_box(krabka_varied_stack(black_box(pattern >> 1), depth - 1)) + 2
+    }
 }

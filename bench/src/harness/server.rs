@@ -11,8 +11,45 @@ fn with_profiling() -> Router {
     plain()
 }
 
+/// The same, with the recorder on (figure R).
+#[pprof_routes(cpu_max = "60s", frequency = 99, recent = "10m")]
+fn with_recorder() -> Router {
+    plain()
+}
+
 fn plain() -> Router {
     Router::new().route("/hello", get(|| async { "hello\n" }))
+}
+
+/// What the service mounts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mounted {
+    /// The trivial route alone.
+    Plain,
+    /// With the attribute.
+    Attribute,
+    /// With the attribute and `recent = "10m"`.
+    Recorder,
+}
+
+/// What `krabka-pprof-bench server` serves, from its flags.
+pub struct Serve {
+    /// The routes: the attribute's, plain axum, or the attribute's with the recorder.
+    pub mounted: Mounted,
+    /// A current-thread runtime (`--current-thread`).
+    pub current_thread: bool,
+    /// The CPU to pin the service to (`--cpu N`).
+    pub cpu: Option<usize>,
+    /// A thread spinning this many frames deep (`--spin-depth N`).
+    pub spin_depth: Option<u32>,
+    /// That thread spins inside `labels::scope` (`--spin-in-scope`).
+    pub spin_in_scope: bool,
+    /// Threads asleep at different depths (`--parked N`).
+    pub parked: usize,
+    /// A thread that starts and ends threads without pause (`--churn`).
+    pub churn: bool,
+    /// A thread sampling a new stack nearly every time among this many (`--varied N`).
+    pub varied: Option<u64>,
 }
 
 /// Serves until killed; prints `addr=...` once listening. With `spin_depth`, a thread also
@@ -20,16 +57,19 @@ fn plain() -> Router {
 /// per sample at a known stack depth, inside `labels::scope` if `spin_in_scope` (the
 /// handler's cost with a label set active). With `churn`, the process lives the way a service
 /// does for hours (figure LS): threads come and go, a library is loaded and unloaded,
-/// children are forked and exec'd.
-pub fn serve(
-    attribute: bool,
-    current_thread: bool,
-    cpu: Option<usize>,
-    spin_depth: Option<u32>,
-    spin_in_scope: bool,
-    parked: usize,
-    churn: bool,
-) {
+/// children are forked and exec'd. With `varied`, a thread cycles through that many
+/// distinct stacks (figure R).
+pub fn serve(settings: Serve) {
+    let Serve {
+        mounted,
+        current_thread,
+        cpu,
+        spin_depth,
+        spin_in_scope,
+        parked,
+        churn,
+        varied,
+    } = settings;
     if let Some(cpu) = cpu {
         crate::system::pin_to_cpu(cpu);
     }
@@ -65,6 +105,18 @@ pub fn serve(
             })
             .expect("spawn the spinning thread");
     }
+    if let Some(stacks) = varied {
+        std::thread::Builder::new()
+            .name("varied".into())
+            .spawn(move || {
+                let mut pattern = 0u64;
+                loop {
+                    pattern = (pattern + 1) % stacks;
+                    std::hint::black_box(varied_stack(pattern, 11));
+                }
+            })
+            .expect("spawn the varied thread");
+    }
     let mut builder = if current_thread {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -76,7 +128,11 @@ pub fn serve(
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         println!("addr={}", listener.local_addr().unwrap());
-        let app = if attribute { with_profiling() } else { plain() };
+        let app = match mounted {
+            Mounted::Plain => plain(),
+            Mounted::Attribute => with_profiling(),
+            Mounted::Recorder => with_recorder(),
+        };
         axum::serve(listener, app).await.unwrap();
     });
 }
@@ -96,6 +152,20 @@ fn recurse(depth: u32, rounds: u64) -> u64 {
         return spin(rounds);
     }
     std::hint::black_box(recurse(std::hint::black_box(depth - 1), rounds)) + u64::from(depth)
+}
+
+/// Recurses `depth` frames deep through one of two call sites per frame, chosen by the
+/// bits of `pattern`, then spins: each pattern below 2^depth is a stack of its own.
+#[inline(never)]
+fn varied_stack(pattern: u64, depth: u32) -> u64 {
+    if depth == 0 {
+        return spin(20_000);
+    }
+    if pattern & 1 == 0 {
+        std::hint::black_box(varied_stack(std::hint::black_box(pattern >> 1), depth - 1)) + 1
+    } else {
+        std::hint::black_box(varied_stack(std::hint::black_box(pattern >> 1), depth - 1)) + 2
+    }
 }
 
 /// Sleeps forever `depth` frames deep.

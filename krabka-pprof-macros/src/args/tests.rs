@@ -189,6 +189,8 @@ fn key_without_value() {
         ("heap_max", "\"30s\""),
         ("alloc_stacks", "4096"),
         ("threads", "true"),
+        ("recent", "\"10m\""),
+        ("recent_memory", "\"8MiB\""),
         ("prefix", "\"/debug/pprof\""),
         ("guard", "crate::auth::is_admin"),
         ("token_env", "\"PPROF_TOKEN\""),
@@ -200,7 +202,7 @@ fn key_without_value() {
             [format!("`{key}` needs a value: write `{key} = {value}`")]
         );
     }
-    assert_eq!(KEYS.len(), 14, "a new key needs its example above");
+    assert_eq!(KEYS.len(), 16, "a new key needs its example above");
     // An unknown key without a value is unknown first.
     assert!(
         messages(quote!(cpu_maxx))[0]
@@ -352,4 +354,65 @@ fn wrong_types_say_what_to_write() {
     assert!(messages(quote!(heap = "true"))[0].contains("without quotes"));
     assert!(messages(quote!(guard = "auth::check"))[0].contains("not a string"));
     assert!(messages(quote!(crate = "not a path"))[0].contains("must be a path"));
+}
+
+#[test]
+fn recent_keys_parse_and_keep_their_bounds() {
+    let args = parse_ok(quote!(recent = "10m", recent_memory = "2MiB"));
+    assert_eq!(args.recent.unwrap().value, Duration::from_secs(600));
+    assert_eq!(args.recent_memory.unwrap().value, 2 << 20);
+    let unset = parse_ok(quote!(recent = "1m"));
+    assert!(unset.recent_memory.is_none(), "unset: the runtime's 8 MiB");
+    assert_eq!(
+        messages(quote!(recent = "5s")),
+        ["`recent` must be between 10s and 1h, found 5s"]
+    );
+    assert_eq!(
+        messages(quote!(recent = "2h")),
+        ["`recent` must be between 10s and 1h, found 2h"]
+    );
+    assert_eq!(
+        messages(quote!(recent = "10m", recent_memory = "100KiB")),
+        ["`recent_memory` must be between 256KiB and 1GiB, found 100KiB"]
+    );
+    assert_eq!(
+        messages(quote!(recent = "10m", recent_memory = "2GiB")),
+        ["`recent_memory` must be between 256KiB and 1GiB, found 2GiB"]
+    );
+    assert_eq!(
+        messages(quote!(recent = 600)),
+        ["`recent` takes a duration string, found an integer; write `recent = \"600s\"`"]
+    );
+}
+
+#[test]
+fn recent_memory_is_a_size_string_and_needs_recent() {
+    assert_eq!(
+        messages(quote!(recent_memory = "8MiB")),
+        [
+            "`recent_memory` bounds the recorder, which only runs with `recent`; add \
+          `recent = \"10m\"` or remove `recent_memory`"
+        ]
+    );
+    assert_eq!(
+        messages(quote!(recent = "1m", recent_memory = 8388608)),
+        [
+            "`recent_memory` takes a size string, found an integer; write \
+          `recent_memory = \"8388608B\"` (or in KiB, MiB, GiB)"
+        ]
+    );
+    let decimal = messages(quote!(recent = "1m", recent_memory = "8MB"));
+    assert!(
+        decimal[0].starts_with("`recent_memory` has an unknown unit \"MB\"; use B, KiB"),
+        "{decimal:?}"
+    );
+    let bare = messages(quote!(recent = "1m", recent_memory = "8"));
+    assert!(
+        bare[0].starts_with("`recent_memory` needs a unit: write \"8MiB\""),
+        "{bare:?}"
+    );
+    assert_eq!(
+        messages(quote!(recent = "1m", recent_memory = true)),
+        ["`recent_memory` takes a size string such as \"8MiB\", found a bool"]
+    );
 }

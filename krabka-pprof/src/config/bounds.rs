@@ -25,3 +25,13 @@ pub const MIN_ALLOC_STACKS: u32 = 64;
 /// most (its counters and 64 frames), so at most about 36 MB, resident only as stacks
 /// arrive.
 pub const MAX_ALLOC_STACKS: u32 = 65_536;
+/// The shortest history the recorder may keep (`recent`): ten one-second slices.
+pub const MIN_RECENT: Duration = Duration::from_secs(10);
+/// The longest history the recorder may keep (`recent`).
+pub const MAX_RECENT: Duration = Duration::from_secs(3600);
+/// The least memory the recorder may keep its history in (`recent_memory`), in bytes.
+pub const MIN_RECENT_MEMORY: usize = 256 * 1024;
+/// The most memory the recorder may keep its history in (`recent_memory`), in bytes.
+pub const MAX_RECENT_MEMORY: usize = 1024 * 1024 * 1024;
+/// The recorder's memory bound unless `recent_memory` sets one: 8 MiB.
+pub const DEFAULT_RECENT_MEMORY: usize = 8 * 1024 * 1024;

@@ -6,8 +6,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::bounds::{
-    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION,
-    MIN_FREQUENCY, MIN_WINDOWS,
+    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS,
+    MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
 };
 
 /// A `ProfilingConfig` duration setting, as it is spelled in `#[pprof_routes(...)]`.
@@ -36,8 +36,8 @@ impl DurationField {
     }
 }
 
-/// A broken [`ProfilingConfig`](super::ProfilingConfig) rule. The `Display` names the setting, the value found and
-/// what is allowed.
+/// A broken [`ProfilingConfig`](super::ProfilingConfig) rule. The `Display` names the
+/// setting, the value found and what is allowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -73,6 +73,16 @@ pub enum ConfigError {
     AllocStacksOutOfRange {
         /// The value.
         found: u32,
+    },
+    /// A `recent` outside 10 s ..= 1 h.
+    RecentOutOfRange {
+        /// The value.
+        found: Duration,
+    },
+    /// A `recent_memory` outside 256 KiB ..= 1 GiB.
+    RecentMemoryOutOfRange {
+        /// The value, in bytes.
+        found: usize,
     },
     /// An empty or blank library name in the blocklist.
     BlankBlocklistEntry {
@@ -124,6 +134,12 @@ impl ConfigError {
             ConfigError::AllocStacksOutOfRange { .. } => {
                 "krabka-pprof: `alloc_stacks` must be 0 (no allocation counts) or between 64 and 65536"
             }
+            ConfigError::RecentOutOfRange { .. } => {
+                "krabka-pprof: `recent` must be between 10s and 1h"
+            }
+            ConfigError::RecentMemoryOutOfRange { .. } => {
+                "krabka-pprof: `recent_memory` must be between 256KiB and 1GiB"
+            }
             ConfigError::BlankBlocklistEntry { .. } => {
                 "krabka-pprof: `blocklist` entries must be non-empty library names"
             }
@@ -174,6 +190,20 @@ impl fmt::Display for ConfigError {
                 f,
                 "`alloc_stacks` must be 0 (no allocation counts) or between {MIN_ALLOC_STACKS} and {MAX_ALLOC_STACKS}, found {found}"
             ),
+            ConfigError::RecentOutOfRange { found } => write!(
+                f,
+                "`recent` must be between {} and {}, found {}",
+                d(&MIN_RECENT),
+                d(&MAX_RECENT),
+                d(found)
+            ),
+            ConfigError::RecentMemoryOutOfRange { found } => write!(
+                f,
+                "`recent_memory` must be between {} and {}, found {}",
+                Bytes(MIN_RECENT_MEMORY),
+                Bytes(MAX_RECENT_MEMORY),
+                Bytes(*found)
+            ),
             ConfigError::BlankBlocklistEntry { index } => write!(
                 f,
                 "`blocklist` entries must be non-empty library names such as \"libc\", found a blank one at position {index}"
@@ -190,3 +220,19 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// A size as the attribute writes it: the largest of GiB, MiB, KiB that divides it
+/// exactly, else bytes (`8MiB`, `1536KiB`, `1000B`); the macro's `size::format` twin.
+pub(crate) struct Bytes(pub(crate) usize);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bytes = self.0;
+        for (unit, size) in [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+            if bytes >= size && bytes.is_multiple_of(size) {
+                return write!(f, "{}{unit}", bytes / size);
+            }
+        }
+        write!(f, "{bytes}B")
+    }
+}

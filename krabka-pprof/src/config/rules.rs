@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::ProfilingConfig;
 use super::bounds::{
-    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION,
-    MIN_FREQUENCY, MIN_WINDOWS,
+    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS,
+    MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
 };
 use super::chars::{char_at, is_control, is_whitespace};
 use super::error::{ConfigError, DurationField};
@@ -65,6 +65,16 @@ impl ProfilingConfig {
         {
             return Err(ConfigError::AllocStacksOutOfRange {
                 found: self.alloc_stacks,
+            });
+        }
+        if let Some(keep) = self.recent
+            && (keep.as_nanos() < MIN_RECENT.as_nanos() || keep.as_nanos() > MAX_RECENT.as_nanos())
+        {
+            return Err(ConfigError::RecentOutOfRange { found: keep });
+        }
+        if self.recent_memory < MIN_RECENT_MEMORY || self.recent_memory > MAX_RECENT_MEMORY {
+            return Err(ConfigError::RecentMemoryOutOfRange {
+                found: self.recent_memory,
             });
         }
         if let Some(reason) = prefix_problem(self.prefix) {

@@ -21,6 +21,8 @@ fn every_setting_reads_back_what_was_set() {
         .with_heap_max(S(4))
         .with_alloc_stacks(100)
         .with_threads(false)
+        .with_recent(S(300))
+        .with_recent_memory(1 << 20)
         .with_prefix("/pp")
         .with_guard(admit)
         .with_token_env("PPROF_TOKEN");
@@ -32,6 +34,7 @@ fn every_setting_reads_back_what_was_set() {
     assert_eq!((c.heap_default(), c.heap_max()), (S(2), S(4)));
     assert_eq!(c.alloc_stacks(), 100);
     assert!(!c.threads());
+    assert_eq!((c.recent(), c.recent_memory()), (Some(S(300)), 1 << 20));
     assert_eq!(c.prefix(), "/pp");
     let guard = c.guard().expect("the guard set");
     let (get, _) = axum::http::Request::get("/").body(()).unwrap().into_parts();
@@ -58,6 +61,8 @@ fn defaults_are_valid_and_documented() {
     assert_eq!((c.heap_default(), c.heap_max()), (S(10), S(30)));
     assert_eq!(c.alloc_stacks(), 4096, "allocation counts on");
     assert!(c.threads(), "thread dumps on");
+    assert_eq!(c.recent(), None, "no recorder");
+    assert_eq!(c.recent_memory(), 8 * 1024 * 1024);
     assert_eq!(c.prefix(), "/debug/pprof");
     assert!(c.guard().is_none() && c.token_env().is_none());
 }
@@ -172,6 +177,74 @@ fn heap_bounds() {
             .validate()
             .is_err()
     );
+}
+
+#[test]
+fn recent_bounds() {
+    let c = ProfilingConfig::new();
+    assert_eq!(c.with_recent(S(10)).validate(), Ok(()));
+    assert_eq!(c.with_recent(S(3600)).validate(), Ok(()));
+    assert_eq!(
+        c.with_recent(Duration::from_millis(9_999))
+            .validate()
+            .unwrap_err()
+            .to_string(),
+        "`recent` must be between 10s and 1h, found 9s 999ms"
+    );
+    let high = c.with_recent(S(3601)).validate().unwrap_err();
+    assert_eq!(high, ConfigError::RecentOutOfRange { found: S(3601) });
+    assert_eq!(
+        high.rule(),
+        "krabka-pprof: `recent` must be between 10s and 1h"
+    );
+}
+
+#[test]
+fn recent_memory_bounds() {
+    let c = ProfilingConfig::new().with_recent(S(600));
+    assert_eq!(c.with_recent_memory(256 * 1024).validate(), Ok(()));
+    assert_eq!(c.with_recent_memory(1 << 30).validate(), Ok(()));
+    assert_eq!(
+        c.with_recent_memory(256 * 1024 - 1)
+            .validate()
+            .unwrap_err()
+            .to_string(),
+        "`recent_memory` must be between 256KiB and 1GiB, found 262143B"
+    );
+    assert_eq!(
+        c.with_recent_memory((1 << 30) + (1 << 20))
+            .validate()
+            .unwrap_err()
+            .to_string(),
+        "`recent_memory` must be between 256KiB and 1GiB, found 1025MiB"
+    );
+    assert_eq!(
+        c.with_recent_memory(0).validate().unwrap_err().rule(),
+        "krabka-pprof: `recent_memory` must be between 256KiB and 1GiB"
+    );
+    // Checked also without `recent`, as `heap_max` is without `heap`: a config is
+    // valid or not whatever else it sets.
+    assert!(
+        ProfilingConfig::new()
+            .with_recent_memory(1)
+            .validate()
+            .is_err()
+    );
+}
+
+#[test]
+fn sizes_are_written_as_the_attribute_writes_them() {
+    for (bytes, text) in [
+        (0, "0B"),
+        (1000, "1000B"),
+        (1024, "1KiB"),
+        (1536 * 1024, "1536KiB"),
+        (8 << 20, "8MiB"),
+        (1 << 30, "1GiB"),
+        ((1 << 30) + (1 << 20), "1025MiB"),
+    ] {
+        assert_eq!(Bytes(bytes).to_string(), text);
+    }
 }
 
 #[test]

@@ -71,3 +71,51 @@ pub(crate) enum CpuError {
     /// The profiler itself failed.
     Failed(String),
 }
+
+/// What the recorder runs with: the attribute's `recent`, `recent_memory`, `frequency`
+/// and `blocklist`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RecorderSettings {
+    /// How much history it keeps.
+    pub(crate) keep: Duration,
+    /// The most bytes that history may take.
+    pub(crate) budget: usize,
+    pub(crate) frequency: u32,
+    pub(crate) blocklist: &'static [&'static str],
+}
+
+/// What one `/recent` request asks for, after defaults and clamping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RecentRequest {
+    /// The window's length, at most what is kept.
+    pub(crate) seconds: Duration,
+    /// When it ends; `None`: now.
+    pub(crate) end: Option<std::time::SystemTime>,
+    pub(crate) symbolize: crate::symbolize::Symbolize,
+}
+
+/// Why `/recent` has no profile to give.
+#[derive(Debug)]
+pub(crate) enum RecentError {
+    /// The recorder cannot run here (this target, this process's sampler); the sentence
+    /// says why.
+    Unavailable(&'static str),
+    /// Nothing is kept for the window asked for; the sentence says why.
+    NothingKept(String),
+    /// Building the profile failed.
+    Failed(String),
+}
+
+/// The recorder now, for the index page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RecorderStatus {
+    pub(crate) settings: RecorderSettings,
+    /// From the oldest slice's start to the newest's end, and of that what was sampled.
+    pub(crate) span: Duration,
+    pub(crate) sampled: Duration,
+    /// What the history takes, as counted against `budget`, and its distinct stacks.
+    pub(crate) bytes: usize,
+    pub(crate) stacks: usize,
+    /// Why it does not sample now, if it does not.
+    pub(crate) paused: Option<String>,
+}

@@ -8,8 +8,16 @@
 //! A request at another frequency than the running session's gets 409 (or, with
 //! `force=true`, closes every window early and starts its own session); past
 //! `max_windows` windows, 409 too.
+//!
+//! The recorder (`cpu/recent.rs`) *sits* on a session rather than opening a request's
+//! window: it counts for neither `max_windows` nor the refusals, the session lasts while
+//! it sits, and it is asked to leave when a request needs the sampler at another
+//! frequency while no other window is open (the request then waits for the session to
+//! end and starts its own) or when `force=true` takes the sampler. It sits again once the
+//! sampler is free, or on any session at its own frequency; until then every request it
+//! yielded to is owed the sampler, so it never takes it back in between.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -34,11 +42,15 @@ struct Sessions {
     /// Held by the request that starts a session, until the session is in `shared`: two
     /// requests never start two sessions, and a request that arrives meanwhile joins.
     starting: tokio::sync::Mutex<()>,
+    /// Requests the recorder left a session for that have not started theirs yet: while
+    /// any is owed, the recorder does not start a session of its own.
+    owed: AtomicUsize,
 }
 
 static SESSIONS: PerProcess<Sessions> = PerProcess::new(|| Sessions {
     shared: Mutex::new(None),
     starting: tokio::sync::Mutex::const_new(()),
+    owed: AtomicUsize::new(0),
 });
 
 fn shared_slot() -> std::sync::MutexGuard<'static, Option<Arc<Shared>>> {
@@ -66,6 +78,42 @@ struct Windows {
     open: Vec<Window>,
     /// No window may join: the last one closed, or a forced request is taking over.
     closing: bool,
+    /// The recorder, while it sits on this session.
+    recorder: Option<Seat>,
+}
+
+/// Why the recorder was asked to leave its session, for what `/recent` says of the gap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    /// A request needed the sampler at this frequency.
+    OtherFrequency(u32),
+    /// A request with `force=true` took the sampler.
+    Forced,
+}
+
+/// How a session asks the recorder sitting on it to leave: it must not block (it runs
+/// under the session's lock).
+pub(super) type AskToLeave = Arc<dyn Fn(Leaving) + Send + Sync>;
+
+/// The recorder's place on a session.
+struct Seat {
+    ask: AskToLeave,
+    /// Asked already: a request that comes after waits as the first one does.
+    asked: bool,
+}
+
+impl Windows {
+    /// Asks the recorder, if it sits here, to leave; whether it sits here.
+    fn ask_recorder(&mut self, why: Leaving) -> bool {
+        let Some(seat) = self.recorder.as_mut() else {
+            return false;
+        };
+        if !seat.asked {
+            seat.asked = true;
+            (seat.ask)(why);
+        }
+        true
+    }
 }
 
 /// One open window, as other requests see it.
@@ -85,6 +133,15 @@ impl Shared {
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         if windows.closing {
             return Verdict::Closing;
+        }
+        if windows.open.is_empty()
+            && request.frequency != self.sampler.frequency()
+            && windows.ask_recorder(Leaving::OtherFrequency(request.frequency))
+        {
+            // Only the recorder samples: it yields, and this request starts a session of
+            // its own once this one has ended. No one joins meanwhile.
+            windows.closing = true;
+            return Verdict::Yielded(Owed::new());
         }
         if let Some(refusal) = refusal(&windows, self.sampler.frequency(), request) {
             return Verdict::Refused(refusal);
@@ -116,7 +173,7 @@ impl Shared {
             .iter()
             .position(|w| w.id == id)
             .map_or(1, |at| windows.open.swap_remove(at).shared_with);
-        let last = windows.open.is_empty();
+        let last = windows.open.is_empty() && windows.recorder.is_none();
         if last {
             windows.closing = true;
             self.lease.ending();
@@ -124,13 +181,37 @@ impl Shared {
         (shared_with, last)
     }
 
-    /// Closes every window early (`force=true`): each caller gets what its window had.
+    /// Closes every window early (`force=true`): each caller gets what its window had;
+    /// the recorder is asked to leave.
     fn close_all(&self) {
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         windows.closing = true;
         for window in &windows.open {
             window.stop_early.notify_one();
         }
+        windows.ask_recorder(Leaving::Forced);
+    }
+
+    /// Seats the recorder, unless the session is ending or runs at another frequency.
+    fn seat(&self, frequency: u32, ask: AskToLeave) -> bool {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        if windows.closing || windows.recorder.is_some() || self.sampler.frequency() != frequency {
+            return false;
+        }
+        windows.recorder = Some(Seat { ask, asked: false });
+        true
+    }
+
+    /// The recorder leaves; whether it was the last (then the session is closing).
+    fn unseat(&self) -> bool {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        windows.recorder = None;
+        let last = windows.open.is_empty();
+        if last {
+            windows.closing = true;
+            self.lease.ending();
+        }
+        last
     }
 
     /// Whether a drain is due now; if so, the caller does it.
@@ -161,7 +242,27 @@ enum Verdict {
     Joined(Arc<Notify>),
     /// The session is ending (or being taken over): wait for it.
     Closing,
+    /// The recorder alone sampled, at another frequency: it is leaving, and the session
+    /// ends with it. Wait for that, then start.
+    Yielded(Owed),
     Refused(CpuError),
+}
+
+/// A request the recorder yielded to, until it has started its own session (or given
+/// up): meanwhile the recorder does not start one.
+struct Owed;
+
+impl Owed {
+    fn new() -> Owed {
+        SESSIONS.get().owed.fetch_add(1, Ordering::SeqCst);
+        Owed
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        SESSIONS.get().owed.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Why `request` cannot join a session running at `frequency` with these windows, if it
@@ -227,6 +328,83 @@ impl Drop for WindowGuard {
         }
         drop_off_the_async_worker(shared);
     }
+}
+
+/// What [`sit`] found.
+pub(super) enum Sit {
+    /// Sitting on a session at the recorder's frequency (its own, or a running one).
+    Seated(Sitting),
+    /// The sampler is another's for now (another frequency, a session starting or
+    /// ending, a request the recorder yielded to): look again later.
+    Busy,
+    /// The sampler could not start; the error says why.
+    Failed(CpuError),
+}
+
+/// The recorder on a session, until dropped: then it leaves, and the session stops if no
+/// window is open. Dropped on the recorder's own thread, which may stop the sampler.
+pub(super) struct Sitting {
+    shared: Arc<Shared>,
+}
+
+impl Sitting {
+    pub(super) fn sampler(&self) -> &Sampler {
+        &self.shared.sampler
+    }
+
+    /// Whether a drain is due now; if so, the caller does it.
+    pub(super) fn claim_drain(&self) -> bool {
+        self.shared.claim_drain()
+    }
+}
+
+impl Drop for Sitting {
+    fn drop(&mut self) {
+        if self.shared.unseat() {
+            forget_session(&self.shared);
+        }
+    }
+}
+
+/// Seats the recorder (`frequency`, `blocklist`) on the running session if it runs at
+/// that frequency, or on a session of its own if none runs and none is owed to a request
+/// it yielded to; `ask` is how the session will ask it to leave. Never waits: called from
+/// the recorder's thread every tick until it sits.
+pub(super) fn sit(frequency: u32, blocklist: &'static [&'static str], ask: AskToLeave) -> Sit {
+    if let Some(running) = shared_slot().as_ref() {
+        return if running.seat(frequency, ask) {
+            Sit::Seated(Sitting {
+                shared: running.clone(),
+            })
+        } else {
+            Sit::Busy
+        };
+    }
+    if SESSIONS.get().owed.load(Ordering::SeqCst) > 0 {
+        return Sit::Busy;
+    }
+    // A request that starts a session holds `starting` until the session is published.
+    let Ok(starting) = SESSIONS.get().starting.try_lock() else {
+        return Sit::Busy;
+    };
+    if shared_slot().is_some() {
+        return Sit::Busy;
+    }
+    let Ok(lease) = CpuLease::try_acquire(DRAIN_EVERY, false) else {
+        // The last session's sampler is still stopping.
+        return Sit::Busy;
+    };
+    let sampler = match start(frequency, blocklist) {
+        Ok(sampler) => sampler,
+        Err(CpuError::Busy { .. }) => return Sit::Busy,
+        Err(error) => return Sit::Failed(error),
+    };
+    let shared = Started::new(sampler, lease).into_session();
+    let seated = shared.seat(frequency, ask);
+    debug_assert!(seated, "a new session at the recorder's frequency seats it");
+    *shared_slot() = Some(shared.clone());
+    drop(starting);
+    Sit::Seated(Sitting { shared })
 }
 
 /// The running session, if any: its frequency, its open windows, the latest end.
@@ -320,6 +498,8 @@ where
     // running windows until its own session runs, so that no other request starts a
     // session in between (which it would then have to stop in turn).
     let mut starting: Option<tokio::sync::MutexGuard<'static, ()>> = None;
+    // Held from the moment the recorder yields to this request until its session runs.
+    let mut owed: Option<Owed> = None;
     let (shared, stop_early) = loop {
         let released = released().notified();
         tokio::pin!(released);
@@ -330,6 +510,10 @@ where
             Some(running) => match running.join(&request, id) {
                 Verdict::Joined(stop_early) => Next::Joined(running.clone(), stop_early),
                 Verdict::Closing => Next::Wait,
+                Verdict::Yielded(yielded) => {
+                    owed = Some(yielded);
+                    Next::Wait
+                }
                 Verdict::Refused(refusal)
                     if !request.force || matches!(refusal, CpuError::ForcedRunning { .. }) =>
                 {
@@ -345,6 +529,7 @@ where
             Next::Joined(shared, stop_early) => {
                 // A takeover that found it could join after all starts nothing.
                 drop(starting.take());
+                drop(owed.take());
                 break (shared, stop_early);
             }
             Next::Wait => {}
@@ -388,6 +573,7 @@ where
                 };
                 *shared_slot() = Some(shared.clone());
                 drop(guard);
+                drop(owed.take());
                 break (shared, stop_early);
             }
         }

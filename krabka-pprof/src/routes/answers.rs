@@ -5,8 +5,8 @@
 
 use axum::response::Response;
 
-use super::response::{bad_request, busy, failed, unavailable};
-use crate::cpu::CpuError;
+use super::response::{bad_request, busy, failed, not_found, unavailable};
+use crate::cpu::{CpuError, RecentError};
 use crate::heap::HeapError;
 use crate::tasks::TaskError;
 use crate::threads::DumpError;
@@ -70,6 +70,29 @@ pub(super) fn cpu(error: CpuError) -> Response {
         CpuError::Unavailable(reason) => unavailable(reason),
         CpuError::Failed(reason) => failed(&format!(
             "CPU profiling failed: {reason}; the profiler is free again, retry the request"
+        )),
+    }
+}
+
+/// `/recent` on a router built without `recent`.
+pub(super) fn recorder_off() -> Response {
+    unavailable(
+        "the recorder is off in this app: add `recent = \"10m\"` to #[pprof_routes(...)] (or \
+         ProfilingConfig::with_recent) to keep the last minutes of CPU profiles, or take \
+         /profile?seconds=N now",
+    )
+}
+
+/// A profile of the past's failure.
+pub(super) fn recent(error: RecentError) -> Response {
+    match error {
+        RecentError::Unavailable(reason) => unavailable(reason),
+        RecentError::NothingKept(why) => not_found(&format!(
+            "nothing is recorded for that window ({why}); ask for a later `end` or a longer \
+             `seconds`, or see the index page for what is kept"
+        )),
+        RecentError::Failed(reason) => failed(&format!(
+            "the recorded CPU profile could not be built: {reason}; retry the request"
         )),
     }
 }

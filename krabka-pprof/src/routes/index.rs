@@ -1,7 +1,9 @@
 //! The index page (`{prefix}/`): valid HTML5, self-contained, readable without
 //! JavaScript: every route this app serves with a line on what it returns and links to
-//! its views, the settings in force, and what runs now.
+//! its views, the settings in force, and what runs now (the recorder's history too).
 
+use crate::config::Bytes;
+use crate::cpu::RecorderStatus;
 use crate::views::escape;
 
 /// The index page: valid HTML5, self-contained, readable without JavaScript. Links are
@@ -10,6 +12,7 @@ pub(super) fn index_html(
     config: &crate::config::ProfilingConfig,
     host: &str,
     running: Option<crate::cpu::Status>,
+    recorder: Option<RecorderStatus>,
 ) -> String {
     let prefix = escape(config.prefix());
     let host = escape(host);
@@ -59,6 +62,7 @@ pub(super) fn index_html(
         views("profile", "?seconds=5")
             + " · <a href=\"profile?seconds=5&amp;format=text&amp;group=thread\">top by thread</a>",
     );
+    rows.push_str(&recent_row(config, recorder.as_ref()));
     if config.heap() {
         let counts = if config.alloc_stacks() > 0 {
             "memory in use and memory allocated since the start (<code>alloc_space</code>), "
@@ -145,6 +149,25 @@ pub(super) fn index_html(
             )),
         ),
     };
+    let now = match (&recorder, config.recent()) {
+        (Some(status), Some(_)) => match &status.paused {
+            None => format!(
+                "{now}; the recorder samples at {} Hz",
+                status.settings.frequency
+            ),
+            Some(why) => format!("{now}; the recorder is paused: {}", escape(why)),
+        },
+        _ => now,
+    };
+    let recorder_setting = match config.recent() {
+        Some(keep) => format!(
+            "on: keeps the last {} within {}, at {} Hz",
+            secs(keep),
+            Bytes(config.recent_memory()),
+            config.frequency()
+        ),
+        None => "off (enable with <code>recent = \"10m\"</code>)".to_owned(),
+    };
     let formats = if svg {
         "pprof (default), svg, text"
     } else {
@@ -182,6 +205,7 @@ pre {{ padding: .6rem; overflow-x: auto; }}
 <tr><th scope=\"row\">Sampling frequency</th><td>{frequency} Hz unless <code>frequency</code> asks otherwise (1 to 1000)</td></tr>
 <tr><th scope=\"row\">CPU profiles at once</th><td>{at_once_setting}</td></tr>
 <tr><th scope=\"row\">Heap profiling</th><td>{heap}</td></tr>
+<tr><th scope=\"row\">Recorder</th><td>{recorder_setting}</td></tr>
 <tr><th scope=\"row\">Access</th><td>{access}</td></tr>
 <tr><th scope=\"row\">Running now</th><td>{now}</td></tr>
 </tbody>
@@ -209,6 +233,80 @@ curl -o cpu.pb.gz 'http://{host}{prefix}/profile?seconds=10'</pre>
     )
 }
 
+/// The `/recent` row: what the recorder keeps now, and the last 1, 5 and 10 minutes (as
+/// far as it keeps) as flamegraph and text.
+fn recent_row(
+    config: &crate::config::ProfilingConfig,
+    recorder: Option<&RecorderStatus>,
+) -> String {
+    let secs = |d: std::time::Duration| humantime::format_duration(d).to_string();
+    let Some(keep) = config.recent() else {
+        return "<tr><td><code>recent</code></td><td>The CPU profile of the last minutes, at \
+                once, from an always-on recorder. Off: add <code>recent = \"10m\"</code> to \
+                the attribute (then this answers 200; now 503).</td><td>—</td></tr>\n"
+            .to_owned();
+    };
+    let kept = match recorder {
+        Some(status) => {
+            let whole = |d: std::time::Duration| secs(std::time::Duration::from_secs(d.as_secs()));
+            let mut kept = format!(
+                " Kept now: {} of history ({} sampled), {} of the {} allowed, {} distinct \
+                 stacks.",
+                whole(status.span),
+                whole(status.sampled),
+                Bytes(status.bytes),
+                Bytes(status.settings.budget),
+                status.stacks
+            );
+            if let Some(why) = &status.paused {
+                kept.push_str(&format!(" Paused: {}.", escape(why)));
+            }
+            kept
+        }
+        None => String::new(),
+    };
+    let mut links: Vec<String> = [1u64, 5, 10]
+        .into_iter()
+        .filter(|minutes| minutes * 60 <= keep.as_secs())
+        .map(|minutes| {
+            let query = format!("recent?seconds={}", minutes * 60);
+            let mut link = format!("{minutes} min: ");
+            if cfg!(feature = "flamegraph") {
+                link.push_str(&format!(
+                    "<a href=\"{query}&amp;format=svg\">flamegraph</a> · "
+                ));
+            }
+            link.push_str(&format!(
+                "<a href=\"{query}&amp;format=text\">text</a> · <a href=\"{query}\">pprof</a>"
+            ));
+            link
+        })
+        .collect();
+    if links.is_empty() {
+        links.push(format!(
+            "all {}: <a href=\"recent?seconds={s}&amp;format=text\">text</a> · <a \
+             href=\"recent?seconds={s}\">pprof</a>",
+            secs(keep),
+            s = keep.as_secs()
+        ));
+    }
+    format!(
+        "<tr><td><code>recent</code></td><td>The CPU profile of the last <code>seconds</code> \
+         (default {}, at most {}), at once, from the recorder that samples at {} Hz since the \
+         app started; <code>end</code> (UNIX seconds) for a window that ended earlier. No \
+         window is held: scrape it every N seconds with <code>seconds=N</code>.{kept}{}</td>\
+         <td>{}</td></tr>\n",
+        secs(keep.min(std::time::Duration::from_secs(60))),
+        secs(keep),
+        config.frequency(),
+        crate::cpu::recorder_unavailable().map_or(String::new(), |why| format!(
+            " <strong>Not here</strong>: {}.",
+            escape(why)
+        )),
+        links.join("<br>"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,7 +314,7 @@ mod tests {
     #[test]
     fn index_says_what_runs_now_and_how_requests_share() {
         let config = crate::config::ProfilingConfig::new();
-        let idle = index_html(&config, "host", None);
+        let idle = index_html(&config, "host", None, None);
         assert!(idle.contains("<td>no CPU profile</td>"), "{idle}");
         assert!(idle.contains("up to 8 at once (then 409)"), "{idle}");
         assert!(idle.contains("<td>8, sharing one sampler at one frequency</td>"));
@@ -228,6 +326,7 @@ mod tests {
                 windows: 2,
                 ends_in: std::time::Duration::from_millis(4_200),
             }),
+            None,
         );
         assert!(
             busy.contains("a CPU profile at 99 Hz, 2 windows open, the last ending in 5s"),
@@ -241,6 +340,7 @@ mod tests {
                 windows: 1,
                 ends_in: std::time::Duration::ZERO,
             }),
+            None,
         );
         assert!(
             one.contains("One at a time: a second request gets 409"),
@@ -257,6 +357,7 @@ mod tests {
         let html = index_html(
             &crate::config::ProfilingConfig::new().with_heap(true),
             "host",
+            None,
             None,
         );
         assert_eq!(
@@ -283,9 +384,89 @@ mod tests {
 
     #[test]
     fn index_escapes_what_it_echoes() {
-        let html = index_html(&crate::config::ProfilingConfig::new(), "<evil>\"host", None);
+        let html = index_html(
+            &crate::config::ProfilingConfig::new(),
+            "<evil>\"host",
+            None,
+            None,
+        );
         assert!(html.contains("&lt;evil&gt;&quot;host"));
         assert!(!html.contains("<evil>"));
         assert!(html.starts_with("<!DOCTYPE html>"));
+    }
+
+    #[test]
+    fn index_shows_the_recorder_and_links_its_minutes() {
+        let off = index_html(&crate::config::ProfilingConfig::new(), "host", None, None);
+        assert!(
+            off.contains("Off: add <code>recent = \"10m\"</code>"),
+            "{off}"
+        );
+        assert!(off.contains("<td>off (enable with <code>recent = \"10m\"</code>)</td>"));
+        let config = crate::config::ProfilingConfig::new()
+            .with_recent(std::time::Duration::from_secs(600))
+            .with_recent_memory(4 << 20);
+        let status = RecorderStatus {
+            settings: crate::cpu::RecorderSettings {
+                keep: std::time::Duration::from_secs(600),
+                budget: 4 << 20,
+                frequency: 99,
+                blocklist: &[],
+            },
+            span: std::time::Duration::from_millis(125_700),
+            sampled: std::time::Duration::from_millis(122_300),
+            bytes: 512 * 1024,
+            stacks: 2034,
+            paused: None,
+        };
+        let on = index_html(&config, "host", None, Some(status.clone()));
+        assert!(
+            on.contains(
+                "Kept now: 2m 5s of history (2m 2s sampled), 512KiB of the 4MiB allowed, 2034 \
+                 distinct stacks."
+            ),
+            "{on}"
+        );
+        assert!(
+            on.contains("<td>on: keeps the last 10m within 4MiB, at 99 Hz</td>"),
+            "{on}"
+        );
+        for minutes in [1, 5, 10] {
+            let seconds = minutes * 60;
+            assert!(
+                on.contains(&format!(
+                    "<a href=\"recent?seconds={seconds}&amp;format=text\">text</a>"
+                )),
+                "{minutes} min: {on}"
+            );
+            if cfg!(feature = "flamegraph") {
+                assert!(on.contains(&format!(
+                    "<a href=\"recent?seconds={seconds}&amp;format=svg\">flamegraph</a>"
+                )));
+            }
+        }
+        assert!(
+            on.contains("<td>no CPU profile; the recorder samples at 99 Hz</td>"),
+            "{on}"
+        );
+        let paused = index_html(
+            &config,
+            "host",
+            None,
+            Some(RecorderStatus {
+                paused: Some("a CPU profile at 50 Hz held the sampler".into()),
+                ..status
+            }),
+        );
+        assert!(paused.contains("the recorder is paused: a CPU profile at 50 Hz held the sampler"));
+        // A shorter history links only the minutes it keeps.
+        let short = index_html(
+            &config.with_recent(std::time::Duration::from_secs(300)),
+            "host",
+            None,
+            None,
+        );
+        assert!(short.contains("recent?seconds=300&amp;format=text"));
+        assert!(!short.contains("recent?seconds=600"), "{short}");
     }
 }

@@ -296,6 +296,61 @@ fn parse_format(params: &Params) -> Result<Format, String> {
     }
 }
 
+/// A `/recent` request after defaults and clamping.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RecentQuery {
+    pub(crate) duration: Duration,
+    pub(crate) seconds_requested: Option<u64>,
+    /// When the window ends; `None`: now.
+    pub(crate) end: Option<std::time::SystemTime>,
+    pub(crate) format: Format,
+    pub(crate) naming: Naming,
+}
+
+impl RecentQuery {
+    /// `seconds`: missing → 60 s (or `keep`, the recorder's `recent`, if shorter), `0` →
+    /// 1 s, above `keep` → `keep`. `end`: the window's end in whole UNIX seconds, missing
+    /// → now, later than `now` → now. `format`, `symbolize`, `lines` as for `/profile`;
+    /// `frequency` and `force` are the recorder's, not a request's, and are ignored.
+    pub(crate) fn parse(
+        query: Option<&str>,
+        keep: Duration,
+        now: std::time::SystemTime,
+    ) -> Result<Self, String> {
+        let params = Params::parse_known(query, Params::RECENT)?;
+        let format = parse_format(&params)?;
+        let naming = Naming::parse(&params, format)?;
+        let (duration, seconds_requested) =
+            window(&params, keep.min(Duration::from_secs(60)), keep)?;
+        let end = params
+            .get("end")
+            .map(|text| {
+                let hint = || {
+                    format!(
+                        "`end` must be the window's end in whole UNIX seconds such as \
+                         ?end=1767225600 (missing means now), found {text:?}"
+                    )
+                };
+                if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(hint());
+                }
+                let secs = text.parse::<u64>().map_err(|_| hint())?;
+                std::time::SystemTime::UNIX_EPOCH
+                    .checked_add(Duration::from_secs(secs))
+                    .map(|end| end.min(now))
+                    .ok_or_else(hint)
+            })
+            .transpose()?;
+        Ok(RecentQuery {
+            duration,
+            seconds_requested,
+            end,
+            format,
+            naming,
+        })
+    }
+}
+
 /// The query parameters this crate reads, each at most once. Others are ignored, as Go
 /// ignores them (`debug`, `gc`), so generic tooling keeps working.
 struct Params(Vec<(&'static str, String)>);
@@ -322,6 +377,8 @@ impl Params {
         "lines",
         "sample_index",
     ];
+    /// The parameters of `/recent`.
+    const RECENT: &'static [&'static str] = &["seconds", "end", "format", "symbolize", "lines"];
     /// The parameters of the thread dump routes.
     const THREADS: &'static [&'static str] = &["debug", "format", "deadline", "symbolize", "lines"];
 
@@ -602,5 +659,64 @@ mod tests {
                 "{bad:?}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn recent_windows_and_ends() {
+        use std::time::UNIX_EPOCH;
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let ten_minutes = Duration::from_secs(600);
+        let q = |query: &str| RecentQuery::parse(Some(query), ten_minutes, now);
+        assert_eq!(
+            q("").unwrap().duration.as_secs(),
+            60,
+            "a minute unless asked"
+        );
+        assert_eq!(q("seconds=0").unwrap().duration.as_secs(), 1);
+        assert_eq!(q("seconds=15").unwrap().duration.as_secs(), 15);
+        assert_eq!(q("seconds=600").unwrap().duration.as_secs(), 600);
+        assert_eq!(
+            q("seconds=601").unwrap().duration.as_secs(),
+            600,
+            "at most what is kept"
+        );
+        assert_eq!(q("seconds=601").unwrap().seconds_requested, Some(601));
+        let short = RecentQuery::parse(None, Duration::from_secs(20), now).unwrap();
+        assert_eq!(
+            short.duration.as_secs(),
+            20,
+            "a shorter recent is the default"
+        );
+        assert_eq!(q("").unwrap().end, None, "now");
+        assert_eq!(
+            q("end=1799999000").unwrap().end,
+            Some(UNIX_EPOCH + Duration::from_secs(1_799_999_000))
+        );
+        assert_eq!(
+            q("end=1900000000").unwrap().end,
+            Some(now),
+            "no later than now"
+        );
+        for bad in ["", "-5", "1.5", "yesterday", "%2B5", "18446744073709551616"] {
+            let err = q(&format!("end={bad}")).unwrap_err();
+            assert!(
+                err.starts_with("`end` must be the window's end in whole UNIX seconds"),
+                "{bad}: {err}"
+            );
+        }
+        let err = q("seconds=soon").unwrap_err();
+        assert!(err.contains("above 600 means 600"), "{err}");
+        assert!(q("end=1&end=2").unwrap_err().contains("more than once"));
+        assert!(
+            q("frequency=0&force=maybe").is_ok(),
+            "the recorder's, ignored"
+        );
+        assert_eq!(q("format=text").unwrap().format, Format::Text);
+        assert!(q("format=text&lines=true").unwrap().naming.lines);
+        assert_eq!(
+            q("symbolize=none").unwrap().naming.symbolize,
+            Symbolize::None
+        );
+        assert!(q("symbolize=none&format=text").is_err());
     }
 }

@@ -137,6 +137,15 @@ pub(super) fn bad_request(message: &str) -> Response {
     error(StatusCode::BAD_REQUEST, message)
 }
 
+/// 404: nothing exists for what was asked (a window of the past the recorder did not
+/// keep).
+pub(super) fn not_found(message: &str) -> Response {
+    let span = tracing::Span::current();
+    span.record("outcome", "not_kept");
+    tracing::debug!(reason = message, "nothing to answer with");
+    error(StatusCode::NOT_FOUND, message)
+}
+
 pub(super) fn unavailable(message: &str) -> Response {
     tracing::Span::current().record("outcome", "unavailable");
     tracing::warn!(reason = message, "profiling unavailable");

@@ -26,6 +26,12 @@
 //! or `process_vm_readv` (one spins, one sleeps); `exec-during-dumps [N]` takes dumps of
 //! itself in a loop while its main thread spins and then `exec`s `exec-during-dumps N-1`
 //! (30 to begin with), until the last one says it survived.
+//!
+//! For the recorder: `serve-recent` serves an app with the recorder on (`recent = "10m"`),
+//! built before any runtime exists, and burns in `krabka_early_phase` for the process's
+//! first 8 s, then in `krabka_late_phase` (`GET /switch` says when, in UNIX nanoseconds);
+//! `serve-recent-short` keeps 10 s of history; `serve-recent-small` keeps at most 256 KiB
+//! of it at 1000 Hz, while a thread samples a new stack nearly every time.
 
 use std::io::Read as _;
 use std::os::unix::process::CommandExt as _;
@@ -178,6 +184,66 @@ fn cpu_app() -> Router {
             "replaced"
         }),
     )
+}
+
+#[pprof_routes(recent = "10m", cpu_max = "10s")]
+fn recent_app() -> Router {
+    Router::new().route(
+        "/switch",
+        get(|| async { PHASE_SWITCH_UNIX_NS.load(Ordering::Relaxed).to_string() }),
+    )
+}
+
+#[pprof_routes(recent = "10s")]
+fn recent_short_app() -> Router {
+    Router::new()
+}
+
+#[pprof_routes(recent = "10m", recent_memory = "256KiB", frequency = 1000)]
+fn recent_small_app() -> Router {
+    Router::new()
+}
+
+/// When the phase burner switched (or will switch) to its second phase.
+static PHASE_SWITCH_UNIX_NS: AtomicU64 = AtomicU64::new(0);
+
+/// The first 8 s of the process in `krabka_early_phase`, then a minute in
+/// `krabka_late_phase`, on a thread of its own.
+fn start_phases(started: Instant) {
+    let switch = started + Duration::from_secs(8);
+    let switch_unix = std::time::SystemTime::now() + (switch - Instant::now());
+    let unix_ns = switch_unix
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    PHASE_SWITCH_UNIX_NS.store(unix_ns as u64, Ordering::Relaxed);
+    std::thread::Builder::new()
+        .name("phases".into())
+        .spawn(move || {
+            use krabka_pprof_tests::hot::{krabka_early_phase, krabka_late_phase};
+            while Instant::now() < switch {
+                std::hint::black_box(krabka_early_phase(20_000));
+            }
+            while Instant::now() < switch + Duration::from_secs(60) {
+                std::hint::black_box(krabka_late_phase(20_000));
+            }
+        })
+        .expect("spawn the phases");
+}
+
+/// A thread that samples a new stack nearly every time, for a minute.
+fn start_varied_stacks() {
+    std::thread::Builder::new()
+        .name("varied".into())
+        .spawn(|| {
+            let until = Instant::now() + Duration::from_secs(60);
+            let mut pattern = 0u64;
+            while Instant::now() < until {
+                pattern = pattern.wrapping_add(0x9e37_79b9);
+                std::hint::black_box(krabka_pprof_tests::hot::krabka_varied_stack(pattern, 16));
+            }
+        })
+        .expect("spawn the varied stacks");
 }
 
 /// Signals the foreign handler saw.
@@ -710,6 +776,23 @@ fn main() {
             }
             serve(router);
         }
+        Some("serve-recent") => {
+            let started = Instant::now();
+            // Built before any runtime exists: the recorder runs on a thread of its own.
+            let router = recent_app();
+            start_phases(started);
+            serve(router);
+        }
+        Some("serve-recent-short") => {
+            let router = recent_short_app();
+            start_burner();
+            serve(router);
+        }
+        Some("serve-recent-small") => {
+            let router = recent_small_app();
+            start_varied_stacks();
+            serve(router);
+        }
         Some("serve-token") => serve(token_app()),
         Some("serve-token-guard") => serve(token_guard_app()),
         Some("serve-cpu") => {
@@ -843,7 +926,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: test_child config|serve|serve-sites|serve-no-counts|serve-full-table|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
-                 fork-profile|spin|sigq-sessions|serve-vforked|serve-filtered|exec-during-dumps [N]"
+                 fork-profile|spin|sigq-sessions|serve-vforked|serve-filtered|exec-during-dumps [N]|serve-recent|serve-recent-short|serve-recent-small"
             );
             std::process::exit(2);
         }

@@ -8,6 +8,7 @@ mod errors;
 mod fidelity;
 mod host;
 mod lines;
+mod recent;
 mod responsiveness;
 mod scrapers;
 mod sessions;

@@ -15,6 +15,8 @@ fn admit(parts: &axum::http::request::Parts) -> bool {
     blocklist = [],
     heap = false,
     threads = false,
+    recent = "10s",
+    recent_memory = "256KiB",
     prefix = "/p",
     guard = admit,
     token_env = "PPROF_TOKEN",
@@ -30,7 +32,9 @@ fn low() -> Router {
     frequency = 1000,
     max_windows = 64,
     blocklist = ["libc"],
-    threads = true
+    threads = true,
+    recent = "1h",
+    recent_memory = "1GiB"
 )]
 fn high() -> Router {
     Router::new()
@@ -39,7 +43,9 @@ fn high() -> Router {
 #[pprof_routes(
     cpu_default = "1m 30s",
     cpu_max = "2m",
-    prefix = "/internal/debug/pprof"
+    prefix = "/internal/debug/pprof",
+    recent = "1m 30s",
+    recent_memory = "1536 KiB"
 )]
 fn humantime_forms() -> Router {
     Router::new()

@@ -1,0 +1,111 @@
+//! Profiles of the past: the recorder, an always-on window of the CPU session at the
+//! attribute's `frequency` (`recent/recorder.rs`), its samples folded into slices kept for
+//! `recent` within `recent_memory` (`recent/ring.rs`), each stack kept once
+//! (`recent/stacks.rs`); and `/recent`'s answer, the slices of the window asked for
+//! merged into one collection and made a profile by `cpu/report.rs`, as any window's.
+//!
+//! A part of `cpu/`, not a kind of its own: the recorder is a window of the CPU session
+//! (it sits on it, yields it to other frequencies and to `force=true`, and takes it back,
+//! under the same lease as the requests' windows in `cpu/sessions.rs`), and what it
+//! answers is a CPU profile built by the same report. Answering takes no window: the
+//! newest slice is cut at once, and the merge, symbolization and rendering run on the
+//! blocking pool.
+
+mod recorder;
+mod ring;
+mod stacks;
+
+use std::time::{Duration, SystemTime};
+
+use super::report::{log_report, report_profile};
+use super::request::{RecentError, RecentRequest, RecorderSettings, RecorderStatus};
+use crate::profile::Profile;
+
+/// How long a request waits for the recorder to cut its newest slice: it takes a drain,
+/// unless the recorder is starting a sampler that moment.
+const CUT_WAIT: Duration = Duration::from_millis(250);
+
+/// Starts this process's recorder with `settings`, if it does not run yet.
+pub(super) fn start(settings: RecorderSettings) {
+    recorder::start(settings);
+}
+
+/// The recorder, if one was started in this process.
+pub(super) fn status() -> Option<RecorderStatus> {
+    let recorder = recorder::get()?;
+    let ring = recorder.ring();
+    let kept = ring.kept();
+    Some(RecorderStatus {
+        settings: recorder.settings,
+        span: kept.span,
+        sampled: kept.sampled,
+        bytes: kept.bytes,
+        stacks: kept.stacks,
+        paused: ring.paused().map(str::to_owned),
+    })
+}
+
+/// The CPU profile of the window `request` asks for, from what the recorder kept, handed
+/// to `render` on the blocking pool.
+pub(super) async fn profile<R, F>(
+    settings: RecorderSettings,
+    request: RecentRequest,
+    render: F,
+) -> Result<R, RecentError>
+where
+    F: FnOnce(Profile) -> Result<R, RecentError> + Send + 'static,
+    R: Send + 'static,
+{
+    // A child made by `fork` has no recorder until it asks.
+    let recorder = recorder::start(settings);
+    // Everything up to now in the ring. A recorder that does not answer in time leaves
+    // the profile a little short of now, and the profile says so.
+    let cut_in_time = tokio::time::timeout(CUT_WAIT, recorder.cut())
+        .await
+        .is_ok_and(|answered| answered.is_ok());
+    let (rendered, report, capped) = crate::offload::on_blocking_pool(
+        move || {
+            let to = request.end.unwrap_or_else(SystemTime::now);
+            let from = to
+                .checked_sub(request.seconds)
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let selection = recorder.ring().select(from, to);
+            let Some(collected) = selection.collected else {
+                return Err(RecentError::NothingKept(selection.notes.join("; ")));
+            };
+            let report = collected.report.clone();
+            let (mut profile, capped) = report_profile(
+                collected,
+                1,
+                request.symbolize,
+                crate::symbolize::Resolved::default(),
+                crate::cpu::Split::default(),
+            );
+            let mut notes = selection.notes;
+            if !cut_in_time && request.end.is_none() {
+                notes.push(
+                    "the recorder did not cut its newest slice in time: the last second or \
+                     so is missing"
+                        .to_owned(),
+                );
+            }
+            comment_first(&mut profile, notes);
+            let rendered = render(profile);
+            crate::profile::give_back_freed_memory();
+            Ok((rendered, report, capped))
+        },
+        RecentError::Failed,
+    )
+    .await?;
+    log_report(&report, capped, 1);
+    rendered
+}
+
+/// Puts `notes` before the profile's other comments: what the recorder covered comes
+/// first in `go tool pprof -comments`.
+fn comment_first(profile: &mut Profile, notes: Vec<String>) {
+    let first = profile.string_table.len() as i64;
+    let count = notes.len() as i64;
+    profile.string_table.extend(notes);
+    profile.comment.splice(0..0, first..first + count);
+}

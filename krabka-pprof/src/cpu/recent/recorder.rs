@@ -1,0 +1,282 @@
+//! The recorder's thread and its process-wide state: one recorder per process, started
+//! by the first router built with `recent`, on a thread of its own (the router may be
+//! built before any tokio runtime exists, and the drains must never run on an async
+//! worker). Every 100 ms it drains the session it sits on; every second, or when a
+//! request asks, it rotates its window (`Sampler::rotate_window`: no gap, no overlap) and
+//! pushes the slice into the ring. Asked to leave (another frequency, `force=true`), it
+//! closes its window and sits again as soon as the sampler is free, each pause remembered
+//! as the gap before the next slice. It never stops for good: a failure to start is
+//! retried with a backoff, and a panic restarts its loop.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::super::request::RecorderSettings;
+use super::super::sessions::{self, AskToLeave, Leaving, Sit, Sitting};
+use super::ring::{Ring, SLICE};
+use crate::process::PerProcess;
+use crate::sampler::{DRAIN_EVERY, WindowStart};
+
+/// The longest the recorder waits before it tries again to start a sampler that failed.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The process's recorder.
+pub(super) struct Recorder {
+    pub(super) settings: RecorderSettings,
+    ring: Mutex<Ring>,
+    inbox: Mutex<Inbox>,
+    wake: Condvar,
+    /// Its thread runs (or a start is under way).
+    running: AtomicBool,
+}
+
+/// What the recorder is asked to do between ticks.
+#[derive(Default)]
+struct Inbox {
+    leave: Option<Leaving>,
+    /// Requests waiting for the newest slice to be cut.
+    cuts: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// This process's recorder, once started: never freed (a child made by `fork` starts its
+/// own, see [`PerProcess`]).
+static RECORDER: PerProcess<OnceLock<&'static Recorder>> = PerProcess::new(OnceLock::new);
+
+/// The recorder, started with `settings` if none runs in this process yet (the first
+/// router's settings stay).
+pub(super) fn start(settings: RecorderSettings) -> &'static Recorder {
+    let recorder = *RECORDER.get().get_or_init(|| {
+        Box::leak(Box::new(Recorder {
+            settings,
+            ring: Mutex::new(Ring::new(settings.keep, settings.budget)),
+            inbox: Mutex::new(Inbox::default()),
+            wake: Condvar::new(),
+            running: AtomicBool::new(false),
+        }))
+    });
+    if !recorder.running.swap(true, Ordering::SeqCst) {
+        let spawned = std::thread::Builder::new()
+            .name("krabka-recorder".into())
+            .spawn(move || run(recorder));
+        if let Err(error) = spawned {
+            // Tried again by the next request or router.
+            recorder.running.store(false, Ordering::SeqCst);
+            recorder.ring().pause(
+                SystemTime::now(),
+                format!("the recorder's thread could not start ({error})"),
+            );
+        }
+    }
+    recorder
+}
+
+/// The recorder, if one was started in this process.
+pub(super) fn get() -> Option<&'static Recorder> {
+    RECORDER.get().get().copied()
+}
+
+impl Recorder {
+    pub(super) fn ring(&self) -> MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn inbox(&self) -> MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks for the newest slice to be cut now; answered once it is in the ring (at once
+    /// if the recorder is not sampling).
+    pub(super) fn cut(&self) -> tokio::sync::oneshot::Receiver<()> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.inbox().cuts.push(answer);
+        self.wake.notify_one();
+        answered
+    }
+
+    /// A session asks the recorder to leave it.
+    fn ask_to_leave(&self, why: Leaving) {
+        self.inbox().leave = Some(why);
+        self.wake.notify_one();
+    }
+
+    /// Waits until `deadline` or a message, and takes the messages.
+    fn wait(&self, deadline: Instant) -> (Option<Leaving>, Vec<tokio::sync::oneshot::Sender<()>>) {
+        let mut inbox = self.inbox();
+        loop {
+            if inbox.leave.is_some() || !inbox.cuts.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            inbox = self
+                .wake
+                .wait_timeout(inbox, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        (inbox.leave.take(), std::mem::take(&mut inbox.cuts))
+    }
+}
+
+/// The recorder's thread: its loop, started again after a panic.
+fn run(recorder: &'static Recorder) {
+    loop {
+        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| record(recorder))) {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(panic = %what, "the recorder's loop panicked; it starts again");
+            recorder.ring().pause(
+                SystemTime::now(),
+                "the recorder's loop failed and started again".to_owned(),
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+/// The window the recorder has open on the session it sits on.
+struct Recording {
+    sitting: Sitting,
+    start: WindowStart,
+    opened: Instant,
+}
+
+/// An id for each of the recorder's windows, apart from the requests' (which count up
+/// from 1).
+fn next_window() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1 << 63);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn record(recorder: &'static Recorder) {
+    let settings = recorder.settings;
+    let ask: AskToLeave = Arc::new(move |why| recorder.ask_to_leave(why));
+    let mut recording: Option<Recording> = None;
+    // Why nothing was sampled since the last slice, once the recorder has paused.
+    let mut gap: Option<String> = None;
+    let mut next_tick = Instant::now();
+    let (mut retry_at, mut failures) = (Instant::now(), 0u32);
+    loop {
+        // A slice ends on time, not at the tick after.
+        let deadline = match &recording {
+            Some(current) => next_tick.min(current.opened + SLICE),
+            None => next_tick,
+        };
+        let (leave, cuts) = recorder.wait(deadline);
+        let now = Instant::now();
+        if now >= next_tick {
+            next_tick = (next_tick + DRAIN_EVERY).max(now);
+        }
+        let Some(mut current) = recording.take() else {
+            // Nothing is sampled, nothing to cut.
+            answer(cuts);
+            if now < retry_at {
+                continue;
+            }
+            match sessions::sit(settings.frequency, settings.blocklist, ask.clone()) {
+                Sit::Seated(sitting) => {
+                    let start = sitting.sampler().open_window(next_window());
+                    recording = Some(Recording {
+                        sitting,
+                        start,
+                        opened: Instant::now(),
+                    });
+                    failures = 0;
+                }
+                Sit::Busy => {
+                    retry_at = now + DRAIN_EVERY;
+                    if gap.is_none() {
+                        let why = match sessions::status().and_then(|s| s.frequency) {
+                            Some(hz) => format!("a CPU profile at {hz} Hz held the sampler"),
+                            None => "another CPU profile held the sampler".to_owned(),
+                        };
+                        recorder.ring().pause(SystemTime::now(), why.clone());
+                        gap = Some(why);
+                    }
+                }
+                Sit::Failed(error) => {
+                    let why = format!("the sampler could not start: {}", describe(&error));
+                    if failures == 0 {
+                        tracing::warn!(reason = %why, "the recorder is not sampling");
+                    }
+                    failures += 1;
+                    retry_at = now + (DRAIN_EVERY * 2u32.saturating_pow(failures)).min(MAX_BACKOFF);
+                    recorder.ring().pause(SystemTime::now(), why.clone());
+                    gap = Some(why);
+                }
+            }
+            continue;
+        };
+        if let Some(why) = leave {
+            let collected = current.sitting.sampler().close_window(current.start);
+            // Leaving may stop the sampler: here, on the recorder's own thread.
+            drop(current.sitting);
+            let why = match why {
+                Leaving::OtherFrequency(hz) => {
+                    format!("the recorder yielded the sampler to a profile at {hz} Hz")
+                }
+                Leaving::Forced => "a profile with force=true took the sampler".to_owned(),
+            };
+            let mut ring = recorder.ring();
+            ring.push(collected, gap.take());
+            ring.pause(SystemTime::now(), why.clone());
+            drop(ring);
+            gap = Some(why);
+            answer(cuts);
+            retry_at = now;
+            continue;
+        }
+        if current.sitting.claim_drain() {
+            current.sitting.sampler().drain();
+        }
+        if cuts.is_empty() && now.duration_since(current.opened) < SLICE {
+            recording = Some(current);
+            continue;
+        }
+        let (collected, next) = current
+            .sitting
+            .sampler()
+            .rotate_window(current.start, next_window());
+        let replaced = collected.report.handler_replaced;
+        recorder.ring().push(collected, gap.take());
+        answer(cuts);
+        if replaced {
+            // Its timers stopped: the other handler would only be disturbed by them.
+            drop(current.sitting.sampler().close_window(next));
+            drop(current.sitting);
+            let why = "another SIGPROF handler replaced the sampler's".to_owned();
+            recorder.ring().pause(SystemTime::now(), why.clone());
+            gap = Some(why);
+            retry_at = now + MAX_BACKOFF;
+            continue;
+        }
+        current.start = next;
+        current.opened = now;
+        recording = Some(current);
+    }
+}
+
+/// Tells the requests waiting for a cut that the ring holds what there is.
+fn answer(cuts: Vec<tokio::sync::oneshot::Sender<()>>) {
+    for cut in cuts {
+        // A request that went away no longer waits.
+        let _ = cut.send(());
+    }
+}
+
+/// A start failure in a few words.
+fn describe(error: &super::super::request::CpuError) -> String {
+    use super::super::request::CpuError;
+    match error {
+        CpuError::Unavailable(why) => (*why).to_owned(),
+        CpuError::Failed(why) => why.clone(),
+        other => format!("{other:?}"),
+    }
+}

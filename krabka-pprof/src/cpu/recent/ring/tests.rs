@@ -1,0 +1,306 @@
+//! The ring, slice by slice: what a range merges to, what it says is missing, and the two
+//! bounds.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use super::{Ring, SLICE};
+use crate::labels::table::SampleLabels;
+use crate::objects::Objects;
+use crate::sampler::{Collected, Report, StackKey, Tally};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+/// A fixed origin, so that the tests do not depend on the clock.
+fn at(secs_f: f64) -> SystemTime {
+    let origin = SystemTime::UNIX_EPOCH + S(1_800_000_000);
+    if secs_f < 0.0 {
+        origin - Duration::from_secs_f64(-secs_f)
+    } else {
+        origin + Duration::from_secs_f64(secs_f)
+    }
+}
+
+fn key(tid: u32, leaf: u64) -> StackKey {
+    StackKey {
+        tid,
+        flags: 0,
+        labels: SampleLabels::default(),
+        frames: vec![leaf, 0x1000, 0x2000].into_boxed_slice(),
+    }
+}
+
+/// One slice from `start` for `length` seconds: `samples` of each stack whose leaf is
+/// listed.
+fn slice(start: f64, length: f64, leaves: &[u64], samples: u64) -> Collected {
+    Collected {
+        stacks: leaves
+            .iter()
+            .map(|&leaf| {
+                (
+                    key(7, leaf),
+                    Tally {
+                        samples,
+                        periods: samples,
+                    },
+                )
+            })
+            .collect(),
+        names: HashMap::from([(7, "worker".into())]),
+        lost: Tally::default(),
+        blocked: Vec::new(),
+        unattributed: Duration::ZERO,
+        started: at(start),
+        duration: Duration::from_secs_f64(length),
+        cpu_time: Duration::from_millis(10 * samples * leaves.len() as u64),
+        frequency: 100,
+        objects: Objects::default(),
+        report: Report {
+            unwound: samples * leaves.len() as u64,
+            handler_nanos: (1000, 2000),
+            ..Report::default()
+        },
+    }
+}
+
+/// Samples per leaf in what a selection merged.
+fn by_leaf(collected: &Collected) -> HashMap<u64, u64> {
+    collected
+        .stacks
+        .iter()
+        .map(|(key, tally)| (key.frames[0], tally.samples))
+        .collect()
+}
+
+#[test]
+fn a_range_holds_the_slices_mostly_within_it_and_says_what_it_covers() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    for second in 0..8 {
+        ring.push(slice(f64::from(second), 1.0, &[0xa], 10), None);
+    }
+    for second in 8..13 {
+        ring.push(slice(f64::from(second), 1.0, &[0xb], 10), None);
+    }
+    // The last 3 s: slices 10, 11 and 12, all of the second phase.
+    let last = ring.select(at(10.0), at(13.0));
+    let collected = last.collected.expect("slices kept");
+    assert_eq!(by_leaf(&collected), HashMap::from([(0xb, 30)]));
+    assert_eq!(collected.duration, S(3));
+    assert_eq!(collected.started, at(10.0));
+    assert!(
+        last.notes[0]
+            == "krabka-pprof recorder: 3.0 s sampled in 3 slices, from 3.0 s before the end \
+                of the 3.0 s window asked for to its end",
+        "{:?}",
+        last.notes
+    );
+    // A window that ends in the past: slices 2 to 5, of the first phase; a slice
+    // overlapping by half or less is left out.
+    let past = ring.select(at(1.5), at(6.4)).collected.unwrap();
+    assert_eq!(by_leaf(&past), HashMap::from([(0xa, 40)]));
+    // Longer than the process: its whole life, and why nothing is before it.
+    let all = ring.select(at(-47.0), at(13.0));
+    let collected = all.collected.unwrap();
+    assert_eq!(by_leaf(&collected), HashMap::from([(0xa, 80), (0xb, 50)]));
+    assert_eq!(collected.duration, S(13));
+    assert!(
+        all.notes
+            .iter()
+            .any(|n| n == "the recorder started 13 s before the end: nothing is recorded before it"),
+        "{:?}",
+        all.notes
+    );
+    assert_eq!(collected.report.unwound, 130, "the reports are summed");
+    assert_eq!(collected.cpu_time, Duration::from_millis(1300));
+}
+
+#[test]
+fn gaps_are_named_and_left_out_of_what_is_covered() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    ring.push(slice(0.0, 1.0, &[0xa], 10), None);
+    ring.push(slice(1.0, 1.0, &[0xa], 10), None);
+    // The recorder yielded for 3 s.
+    ring.push(
+        slice(5.0, 1.0, &[0xa], 10),
+        Some("the recorder yielded to a profile at 50 Hz".to_owned()),
+    );
+    ring.pause(at(6.0), "a request at 50 Hz took the sampler".to_owned());
+    let selection = ring.select(at(0.0), at(10.0));
+    let collected = selection.collected.unwrap();
+    assert_eq!(collected.duration, S(3), "only what was sampled");
+    let notes = selection.notes.join("\n");
+    assert!(
+        notes.contains(
+            "not sampled for 3.0 s from 8.0 s before the end: the recorder yielded to a \
+             profile at 50 Hz"
+        ),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("not sampled for the last 4.0 s: a request at 50 Hz took the sampler"),
+        "{notes}"
+    );
+    // Nothing at all in a range: no profile, and why.
+    let none = ring.select(at(7.0), at(10.0));
+    assert!(none.collected.is_none());
+    assert_eq!(
+        none.notes,
+        ["the recorder has not sampled since then: a request at 50 Hz took the sampler"]
+    );
+    // Pushing again ends the pause.
+    ring.push(slice(10.0, 1.0, &[0xa], 10), Some("yielded".to_owned()));
+    assert_eq!(ring.paused(), None);
+}
+
+#[test]
+fn slices_older_than_recent_are_dropped_with_what_only_they_used() {
+    let mut ring = Ring::new(S(10), 8 << 20);
+    // Each second its own stack, then one shared by all.
+    for second in 0..30u32 {
+        ring.push(
+            slice(
+                f64::from(second),
+                1.0,
+                &[0x100 + u64::from(second), 0xff],
+                5,
+            ),
+            None,
+        );
+    }
+    let kept = ring.kept();
+    assert_eq!(kept.slices, 10, "ten seconds kept");
+    assert_eq!(kept.span, S(10));
+    assert_eq!(
+        kept.stacks, 11,
+        "the ten slices' own stacks and the shared one"
+    );
+    let selection = ring.select(at(0.0), at(30.0));
+    let collected = selection.collected.unwrap();
+    assert_eq!(collected.started, at(20.0));
+    assert_eq!(by_leaf(&collected)[&0xff], 50);
+    assert!(
+        selection
+            .notes
+            .iter()
+            .any(|n| n == "history older than recent (10 s) is not kept"),
+        "{:?}",
+        selection.notes
+    );
+    // A range entirely before what is kept.
+    let gone = ring.select(at(0.0), at(5.0));
+    assert!(gone.collected.is_none());
+    assert_eq!(gone.notes, ["history older than recent (10 s) is not kept"]);
+}
+
+#[test]
+fn the_memory_bound_drops_the_oldest_slices_first() {
+    let budget = 64 * 1024;
+    let mut ring = Ring::new(S(3600), budget);
+    let mut leaf = 0x10_0000;
+    for second in 0..400u32 {
+        // 20 new stacks a second: about 3 KiB.
+        let leaves: Vec<u64> = (0..20)
+            .map(|_| {
+                leaf += 1;
+                leaf
+            })
+            .collect();
+        ring.push(slice(f64::from(second), 1.0, &leaves, 1), None);
+        assert!(
+            ring.bytes() <= budget,
+            "{} bytes after {second} s, bound {budget}",
+            ring.bytes()
+        );
+    }
+    let kept = ring.kept();
+    assert!(
+        kept.slices > 5 && kept.span < S(100),
+        "the newest seconds are kept: {kept:?}"
+    );
+    assert_eq!(
+        kept.stacks,
+        kept.slices * 20,
+        "a dropped slice's stacks are freed"
+    );
+    let selection = ring.select(at(0.0), at(400.0));
+    assert!(
+        selection
+            .notes
+            .iter()
+            .any(|n| n.starts_with("history from before")
+                && n.ends_with("was dropped to stay within recent_memory (64KiB)")),
+        "{:?}",
+        selection.notes
+    );
+}
+
+#[test]
+fn old_slices_fold_into_ten_seconds_and_keep_every_sample() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    // Two hundred seconds of one-second slices (and a cut one in between) of the same
+    // two stacks.
+    let mut start = 0.0;
+    for second in 0..200 {
+        let length = if second == 50 { 0.4 } else { 1.0 };
+        ring.push(slice(start, length, &[0xa, 0xb], 3), None);
+        start += length;
+    }
+    let kept = ring.kept();
+    // The last minute in one-second slices, the rest in tens.
+    assert!(
+        (60 + 14..=60 + 16).contains(&kept.slices),
+        "{} slices for {:?}",
+        kept.slices,
+        kept.span
+    );
+    assert_eq!(kept.stacks, 2);
+    let collected = ring.select(at(0.0), at(start)).collected.unwrap();
+    assert_eq!(by_leaf(&collected), HashMap::from([(0xa, 600), (0xb, 600)]));
+    assert_eq!(collected.report.unwound, 1200);
+    assert!((collected.duration.as_secs_f64() - start).abs() < 1e-6);
+    // Folding is bounded by what was missed: a gap starts a slice of its own.
+    let mut gapped = Ring::new(S(600), 8 << 20);
+    for second in 0..100u32 {
+        let gap = (second == 30).then(|| "yielded".to_owned());
+        gapped.push(slice(f64::from(second), 1.0, &[0xa], 1), gap);
+    }
+    let selection = gapped.select(at(0.0), at(100.0));
+    assert!(
+        selection
+            .notes
+            .iter()
+            .any(|n| n.starts_with("not sampled for 0.0 s")),
+        "the gap survives folding: {:?}",
+        selection.notes
+    );
+    // A short window in old history gets the coarse slice it falls in.
+    let coarse = ring.select(at(20.5), at(21.5));
+    let collected = coarse.collected.unwrap();
+    assert!(collected.duration >= S(9), "{:?}", collected.duration);
+    assert!(coarse.notes.iter().any(|n| n.contains("slices of 10 s")));
+}
+
+#[test]
+fn nothing_grows_with_uptime() {
+    let mut ring = Ring::new(S(60), 8 << 20);
+    let mut sizes = Vec::new();
+    for second in 0..3_000u32 {
+        // A stack every second for its second only, and one always.
+        ring.push(
+            slice(
+                f64::from(second),
+                SLICE.as_secs_f64(),
+                &[0xff, 0x10_0000 + u64::from(second)],
+                2,
+            ),
+            None,
+        );
+        if second % 500 == 499 {
+            sizes.push((ring.bytes(), ring.kept().stacks, ring.kept().slices));
+        }
+    }
+    assert!(
+        sizes.windows(2).all(|w| w[0] == w[1]),
+        "bytes, stacks and slices after each 500 s: {sizes:?}"
+    );
+}
