@@ -28,7 +28,8 @@
 
 use std::time::Duration;
 
-use crate::{duration, size};
+use crate::duration;
+use crate::size;
 
 /// `MIN_DURATION` in config.rs.
 pub(crate) const MIN_DURATION: Duration = Duration::from_secs(1);

@@ -79,7 +79,7 @@ where
                 1,
                 request.symbolize,
                 crate::symbolize::Resolved::default(),
-                crate::cpu::Split::default(),
+                super::request::Split::default(),
             );
             let mut notes = selection.notes;
             if !cut_in_time && request.end.is_none() {
