@@ -3,19 +3,22 @@
 //! (`profiles.rs`), CPU burners that keep their own clocks (`burners.rs`), the
 //! functions whose names the tests look for (`hot.rs`), threads parked in known places
 //! for thread dumps (`parked.rs`), arbitrary query strings and what
-//! the contract says of each (`queries.rs`). Here: what every test binary
+//! the contract says of each (`queries.rs`), the kernel's tick and the cores, measured
+//! (`machine.rs`). Here: what every test binary
 //! shares, the one-profile-at-a-time lock and the choice of sampler.
 
 pub use pprof::protos::{Message as _, Profile};
 
 mod burners;
 pub mod hot;
+mod machine;
 pub mod parked;
 mod profiles;
 pub mod queries;
 mod servers;
 
 pub use burners::*;
+pub use machine::*;
 pub use profiles::*;
 pub use servers::*;
 
