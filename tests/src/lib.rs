@@ -29,12 +29,19 @@ pub fn internal_only(parts: &axum::http::request::Parts) -> bool {
 }
 
 /// The CPU profiler is one per process: tests that take profiles hold this so the tests
-/// of one binary do not answer each other's requests with 409.
+/// of one binary do not answer each other's requests with 409. Tests that burn CPU, here
+/// or in a child process, hold it too, so that no two tests' burners share the cores.
 /// A tokio mutex: it is held across awaits, and a failed test must not poison it.
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    LOCK.lock().await
+    SERIAL.lock().await
 }
+
+/// [`serial`], for a test that is not async (it must not be called on a runtime).
+pub fn serial_blocking() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.blocking_lock()
+}
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The environment variable that makes the servers of this process take CPU profiles with
 /// the `pprof` crate's sampler instead of krabka-pprof's own: `KRABKA_TEST_SAMPLER=pprof-rs`.

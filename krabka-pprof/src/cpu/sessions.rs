@@ -125,12 +125,14 @@ impl Shared {
     }
 
     /// Closes every window early (`force=true`): each caller gets what its window had.
-    fn close_all(&self) {
+    /// Returns how many were open.
+    fn close_all(&self) -> usize {
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         windows.closing = true;
         for window in &windows.open {
             window.stop_early.notify_one();
         }
+        windows.open.len()
     }
 
     /// Whether a drain is due now; if so, the caller does it.
@@ -248,8 +250,8 @@ pub(crate) fn status() -> Option<Status> {
 /// What a request does about the running session.
 enum Next {
     Joined(Arc<Shared>, Arc<Notify>),
-    /// Wait for the session to end, then look again.
-    Wait,
+    /// Wait for the session (at this frequency) to end, then look again.
+    Wait(u32),
     /// Close the running windows early and start a session of this request's own.
     TakeOver,
     Start,
@@ -329,7 +331,7 @@ where
         let decision = match shared_slot().as_ref() {
             Some(running) => match running.join(&request, id) {
                 Verdict::Joined(stop_early) => Next::Joined(running.clone(), stop_early),
-                Verdict::Closing => Next::Wait,
+                Verdict::Closing => Next::Wait(running.sampler.frequency()),
                 Verdict::Refused(refusal)
                     if !request.force || matches!(refusal, CpuError::ForcedRunning { .. }) =>
                 {
@@ -347,7 +349,12 @@ where
                 drop(starting.take());
                 break (shared, stop_early);
             }
-            Next::Wait => {}
+            Next::Wait(running) => {
+                tracing::debug!(
+                    "waiting for the CPU profile session at {running} Hz to stop: its windows \
+                     are closing"
+                );
+            }
             Next::TakeOver => {
                 if starting.is_none() {
                     starting = Some(SESSIONS.get().starting.lock().await);
@@ -355,7 +362,15 @@ where
                     continue;
                 }
                 if let Some(running) = shared_slot().as_ref() {
-                    running.close_all();
+                    let closed = running.close_all();
+                    // Whoever's profile this cuts short (a scraper's, often) can find why.
+                    tracing::info!(
+                        "force=true: closing {closed} CPU profile window{} at {} Hz early, to \
+                         start a session at {} Hz",
+                        if closed == 1 { "" } else { "s" },
+                        running.sampler.frequency(),
+                        request.frequency
+                    );
                 }
             }
             Next::Start => {
