@@ -136,11 +136,12 @@ pub fn quiet_cores(share: f64) -> bool {
     share >= 0.95
 }
 
-/// Checks a profile's sample count for threads that used `cpu` at `frequency`: within
-/// `tolerance` of frequency × CPU time where they had quiet cores (`share`, see
-/// [`quiet_cores`]); on a busy machine, where the kernel folds periods into fewer
-/// signals, only that the count is not above it (a foreign or doubled signal would be),
-/// saying so. `what` names the threads in the messages.
+/// Checks a profile's sample count for threads that used `cpu` at `frequency`: not above
+/// frequency × CPU time by more than `tolerance` (a foreign or doubled signal would be),
+/// and not below it by more, unless the threads did not have quiet cores (`share`, see
+/// [`quiet_cores`]): on a machine busy with other work the kernel folds periods into
+/// fewer signals, and a count short for that reason is reported, not failed. `what`
+/// names the threads in the messages.
 pub fn assert_sample_count(
     what: &str,
     samples: f64,
@@ -156,24 +157,25 @@ pub fn assert_sample_count(
          {expected:.0} + {:.0}%",
         tolerance * 100.0
     );
-    if quiet_cores(share) {
-        assert!(
-            samples >= expected * (1.0 - tolerance),
-            "{what}: {samples} samples for {cpu:?} of CPU at {frequency} Hz, fewer than \
-             {expected:.0} - {:.0}%",
-            tolerance * 100.0
-        );
-    } else {
-        skip(
-            &format!("{what}: the lower bound of the sample count"),
-            &format!(
-                "a thread had its core for only {:.0}% of the window (the machine is busy with \
-                 other work), so the kernel folded some of its periods into one signal: \
-                 {samples} samples where {expected:.0} periods passed",
-                share * 100.0
-            ),
-        );
+    if samples >= expected * (1.0 - tolerance) {
+        return;
     }
+    assert!(
+        !quiet_cores(share),
+        "{what}: {samples} samples for {cpu:?} of CPU at {frequency} Hz, fewer than \
+         {expected:.0} - {:.0}%, with each thread on its core for {:.0}% of the window",
+        tolerance * 100.0,
+        share * 100.0
+    );
+    skip(
+        &format!("{what}: the lower bound of the sample count"),
+        &format!(
+            "{samples} samples where {expected:.0} periods passed, but a thread had its core \
+             for only {:.0}% of the window (the machine is busy with other work): the kernel \
+             folds such a thread's periods into fewer signals",
+            share * 100.0
+        ),
+    );
 }
 
 /// Prints why a test cannot show (all or part of) what it guards on this machine, past
