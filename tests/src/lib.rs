@@ -57,6 +57,17 @@ pub fn pprof_rs_sampler() -> bool {
     }
 }
 
+/// Whether the test calling it checks what only krabka-pprof's own sampler promises while
+/// this process runs against the `pprof` crate's: then it prints why it does not run
+/// (with [`skip`]), and the test returns.
+pub fn krabka_sampler_only(test: &str, why: &str) -> bool {
+    if pprof_rs_sampler() {
+        skip(test, &format!("against the pprof crate's sampler, which {why}"));
+        return true;
+    }
+    false
+}
+
 /// Applies [`SAMPLER_VAR`] to this process, before its first profile.
 pub fn choose_sampler() {
     if pprof_rs_sampler() {

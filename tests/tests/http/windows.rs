@@ -13,8 +13,8 @@ use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
     Burner, CpuTimeline, Options, Profile, ServerLog, TestServer, assert_sample_count,
-    assert_window_inside, comments, decode, serial, skip, total_in, unpooled_client,
-    with_hold_route,
+    assert_window_inside, comments, decode, krabka_sampler_only, pprof_rs_sampler, serial, skip,
+    total_in, unpooled_client, with_hold_route,
 };
 use reqwest::StatusCode;
 
@@ -150,6 +150,12 @@ fn shared(profile: &Profile) -> bool {
 #[tokio::test]
 async fn a_scraper_and_people_each_get_a_profile_of_their_own_window() {
     let _serial = serial().await;
+    if krabka_sampler_only(
+        "a_scraper_and_people_each_get_a_profile_of_their_own_window",
+        "serves one request at a time: the people would be refused, not share the scraper's session",
+    ) {
+        return;
+    }
     let server = TestServer::start(app);
     let burner = Burner::start(1, Duration::from_secs(20));
     // A scraper's loop, back to back, and three people at moments drawn from the clock
@@ -199,6 +205,12 @@ async fn a_scraper_and_people_each_get_a_profile_of_their_own_window() {
 async fn a_window_that_hangs_up_leaves_the_others_whole_and_the_last_stops_the_sampler() {
     use tokio::io::AsyncWriteExt as _;
     let _serial = serial().await;
+    if krabka_sampler_only(
+        "a_window_that_hangs_up_leaves_the_others_whole_and_the_last_stops_the_sampler",
+        "serves one request at a time: there is no other window to stay whole",
+    ) {
+        return;
+    }
     let server = TestServer::start(app);
     let staying = profile_after(&server, "seconds=3", Duration::ZERO);
     let hanging_up = async {
@@ -233,6 +245,12 @@ async fn a_window_that_hangs_up_leaves_the_others_whole_and_the_last_stops_the_s
 #[tokio::test]
 async fn another_frequency_gets_409_and_the_same_frequency_joins() {
     let _serial = serial().await;
+    if krabka_sampler_only(
+        "another_frequency_gets_409_and_the_same_frequency_joins",
+        "serves one request at a time: no request joins a running one (cpu.rs tests its 409)",
+    ) {
+        return;
+    }
     let server = TestServer::start(app);
     let running = profile_after(&server, "seconds=3", Duration::ZERO);
     let others = async {
@@ -259,6 +277,12 @@ async fn another_frequency_gets_409_and_the_same_frequency_joins() {
 #[tokio::test]
 async fn force_at_another_frequency_closes_every_window_early_and_takes_over() {
     let _serial = serial().await;
+    if krabka_sampler_only(
+        "force_at_another_frequency_closes_every_window_early_and_takes_over",
+        "serves one request at a time: there are no two windows to close (control.rs tests its force)",
+    ) {
+        return;
+    }
     let server = TestServer::start(app);
     let first = profile_after(&server, "seconds=10", Duration::ZERO);
     let second = async {
@@ -306,6 +330,21 @@ async fn force_at_another_frequency_closes_every_window_early_and_takes_over() {
 async fn past_max_windows_a_request_gets_409() {
     let _serial = serial().await;
     let server = TestServer::start(two_at_once);
+    if pprof_rs_sampler() {
+        // The pprof crate's sampler serves one request at a time, whatever max_windows
+        // says: the second is refused at once as the profiler is busy.
+        let a = profile_after(&server, "seconds=3", Duration::ZERO);
+        let second = async {
+            wait_for_windows(&server, 1).await;
+            refused(&server, "seconds=1").await
+        };
+        let (a, (retry_after, text)) = tokio::join!(a, second);
+        assert!((1..=3).contains(&retry_after), "Retry-After {retry_after}");
+        assert!(text.contains("already running"), "{text}");
+        a.window("the one window");
+        assert!(!shared(&a.profile), "{:?}", comments(&a.profile));
+        return;
+    }
     let a = profile_after(&server, "seconds=3", Duration::ZERO);
     let b = async {
         wait_for_windows(&server, 1).await;
@@ -337,6 +376,12 @@ async fn past_max_windows_a_request_gets_409() {
 #[tokio::test]
 async fn a_takeover_is_not_overtaken_by_a_request_at_the_old_frequency() {
     let _serial = serial().await;
+    if krabka_sampler_only(
+        "a_takeover_is_not_overtaken_by_a_request_at_the_old_frequency",
+        "has no sessions to take over: a forced request waits for the one running",
+    ) {
+        return;
+    }
     let log = ServerLog::new();
     let server = TestServer::start_with(
         Options {
