@@ -10,7 +10,9 @@
 //! - `build_time.rs`: M6, the attribute's build and expansion time;
 //! - `views.rs`: V, each view of a CPU profile;
 //! - `heap.rs`: H, heap dumps and jemalloc's sampling cost;
-//! - `handler_cost.rs`: S, the signal handler's cost per sample;
+//! - `handler_cost.rs`: S, the signal handler's cost per sample, by its own clock and
+//!   from outside;
+//! - `hang_up.rs`: F, how soon a hung-up profile frees the profiler;
 //! - `thread_dump.rs`: T;
 //! - `lines.rs`: L, a CPU profile read with line tables;
 //! - `labels_cost.rs`: labels, what setting labels and sampling them cost;
@@ -23,6 +25,7 @@ pub mod build_time;
 pub mod cpu_profile_cost;
 pub mod current_thread_latency;
 pub mod handler_cost;
+pub mod hang_up;
 pub mod heap;
 pub mod labels_cost;
 pub mod lines;
@@ -46,12 +49,18 @@ pub struct Row {
     pub verdict: Verdict,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 pub enum Verdict {
     /// A figure reported for context, without a target.
     NoTarget,
     Met,
     Missed,
+    /// The run cannot tell: the target lies within the figure's own noise (the half-width
+    /// of its median's 95 % interval), so it shows neither that the target is met nor
+    /// that it is missed. Not a pass.
+    Inconclusive {
+        noise: f64,
+    },
 }
 
 impl Verdict {
@@ -63,19 +72,25 @@ impl Verdict {
         }
     }
 
-    pub fn at_least(value: f64, limit: f64) -> Verdict {
-        if value >= limit {
+    /// A lower target against a median and its noise (the half-width of its 95 %
+    /// interval): met only where the whole interval is at or above it, missed where the
+    /// whole interval is below it, else inconclusive. A median a hair over the target
+    /// in a noisy run is no evidence of meeting it.
+    pub fn at_least_within(median: f64, noise: f64, limit: f64) -> Verdict {
+        if median - noise >= limit {
             Verdict::Met
-        } else {
+        } else if median + noise < limit {
             Verdict::Missed
+        } else {
+            Verdict::Inconclusive { noise }
         }
     }
 }
 
-/// A ratio figure with a lower target (M2, M3, H): its median against the target, and a
-/// sentence when the target lies inside the median's own noise (`stats::Ratios::noise`).
-/// A miss is a median below the target by more than that noise: a median a hair under
-/// the target says nothing the next run could not reverse, and the row says so.
+/// A ratio figure with a lower target (M2, M3): its median and the median's own noise
+/// (`stats::Ratios::noise`) against the target (`Verdict::at_least_within`); the row says
+/// when even no cost at all (1.0) would lie inside that noise, so that the method cannot
+/// resolve the target.
 pub fn ratio_row(
     id: &'static str,
     figure: String,
@@ -95,6 +110,6 @@ pub fn ratio_row(
         figure,
         target,
         measured,
-        verdict: Verdict::at_least(ratios.median + noise, limit),
+        verdict: Verdict::at_least_within(ratios.median, noise, limit),
     }
 }

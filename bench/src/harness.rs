@@ -295,6 +295,22 @@ pub fn fetch(addr: SocketAddr, path: &str) -> Fetched {
     }
 }
 
+/// Waits until the service's index page shows a CPU window open (at most 10 s).
+pub fn wait_for_a_window(addr: SocketAddr) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let index = fetch(addr, "/debug/pprof/");
+        if String::from_utf8_lossy(&index.body).contains("1 window open") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the profile never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 pub fn decode(body: &[u8]) -> pprof::protos::Profile {
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(body)

@@ -1,9 +1,11 @@
 //! CPU burners: threads that run a workload and note their own CPU clock, so a test knows
-//! how much CPU they used inside a profile's window; and the process's and a thread's
-//! CPU clocks.
+//! how much CPU they used inside a profile's window, and how long a window must be for
+//! them to use enough on a machine busy with other work; the process's CPU over a
+//! window, from readings taken beside it; and the process's and a thread's CPU clocks.
 
-use std::sync::Arc;
+use std::os::unix::thread::JoinHandleExt as _;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -43,6 +45,27 @@ impl CpuTimeline {
                 Some(last.1.saturating_sub(first.1))
             })
             .sum()
+    }
+
+    /// The least share of the time between `start` and `end` that any one burner thread
+    /// spent on a core (1.0: each ran throughout). Well under 1, the machine was busy with
+    /// other work, and a thread's CPU timer fired only at the ticks that found it running
+    /// (see [`crate::quiet_cores`]).
+    pub fn least_core_share(&self, start: SystemTime, end: SystemTime) -> f64 {
+        let wall = end.duration_since(start).unwrap_or_default().as_secs_f64();
+        self.0
+            .iter()
+            .map(|readings| {
+                let first = readings.iter().find(|(at, _)| *at >= start);
+                let last = readings.iter().rev().find(|(at, _)| *at <= end);
+                match (first, last) {
+                    (Some(first), Some(last)) => {
+                        last.1.saturating_sub(first.1).as_secs_f64() / wall.max(1e-9)
+                    }
+                    _ => 0.0,
+                }
+            })
+            .fold(f64::INFINITY, f64::min)
     }
 }
 
@@ -85,6 +108,45 @@ impl Burner {
         Burner { stop, threads }
     }
 
+    /// Cores the burner threads use together now: their CPU clocks over `over` of the
+    /// wall clock (2.0: two threads, each on a core of its own throughout).
+    pub async fn cores_used(&self, over: Duration) -> f64 {
+        let clocks: Vec<libc::clockid_t> = self
+            .threads
+            .iter()
+            .map(|thread| {
+                let mut clock: libc::clockid_t = 0;
+                // SAFETY: the thread is running (it is joined only by finish or drop),
+                // and the call writes its CPU clock's id into `clock`.
+                let result =
+                    unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &mut clock) };
+                assert_eq!(result, 0, "pthread_getcpuclockid");
+                clock
+            })
+            .collect();
+        let read = || -> Duration { clocks.iter().map(|&clock| clock_time(clock)).sum() };
+        let (cpu, wall) = (read(), Instant::now());
+        tokio::time::sleep(over).await;
+        (read() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64()
+    }
+
+    /// A window, in whole seconds from `min` to `max`, long enough for the burners to
+    /// use `cpu` of CPU at the rate they run at now (measured over 300 ms, with a quarter
+    /// more for a machine whose other work comes and goes). `Err` says why none is, for
+    /// [`crate::skip`]: the machine leaves them too little.
+    pub async fn window_for(&self, cpu: Duration, min: u64, max: u64) -> Result<u64, String> {
+        let cores = self.cores_used(Duration::from_millis(300)).await;
+        let seconds = (cpu.as_secs_f64() * 1.25 / cores.max(1e-3)).ceil();
+        if seconds > max as f64 {
+            return Err(format!(
+                "the burners run on {cores:.2} cores here (the machine is busy with other \
+                 work): {cpu:?} of their CPU would take a {seconds:.0} s window, more than \
+                 {max} s"
+            ));
+        }
+        Ok((seconds as u64).max(min))
+    }
+
     /// Stops the threads and returns their CPU timelines.
     pub fn finish(mut self) -> CpuTimeline {
         self.stop.store(true, Ordering::Relaxed);
@@ -99,13 +161,83 @@ impl Burner {
 
 /// CPU time of the calling thread.
 pub fn thread_cpu_time() -> Duration {
+    clock_time(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn clock_time(clock: libc::clockid_t) -> Duration {
     // SAFETY: clock_gettime writes into the zeroed timespec we pass.
     let time = unsafe {
         let mut time: libc::timespec = std::mem::zeroed();
-        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time);
+        libc::clock_gettime(clock, &mut time);
         time
     };
     Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
+}
+
+/// The process's CPU clock (`CLOCK_PROCESS_CPUTIME_ID`, every thread's), read every 2 ms
+/// by a thread of its own with the wall clock beside it, so that a test can take the
+/// process's CPU over exactly a profile's window (the CPU around the request would also
+/// count rendering and symbolizing after it). Stops when dropped.
+pub struct ProcessCpu {
+    stop: Arc<AtomicBool>,
+    readings: Arc<Mutex<Vec<(SystemTime, Duration)>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ProcessCpu {
+    pub fn start() -> ProcessCpu {
+        let stop = Arc::new(AtomicBool::new(false));
+        let readings = Arc::new(Mutex::new(vec![(
+            SystemTime::now(),
+            clock_time(libc::CLOCK_PROCESS_CPUTIME_ID),
+        )]));
+        let thread = {
+            let (stop, readings) = (stop.clone(), readings.clone());
+            std::thread::Builder::new()
+                .name("process-cpu".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(2));
+                        let reading = (
+                            SystemTime::now(),
+                            clock_time(libc::CLOCK_PROCESS_CPUTIME_ID),
+                        );
+                        readings.lock().unwrap().push(reading);
+                    }
+                })
+                .expect("spawn the process CPU reader")
+        };
+        ProcessCpu {
+            stop,
+            readings,
+            thread: Some(thread),
+        }
+    }
+
+    /// The process's CPU between `start` and `end` (to within a few ms); panics if the
+    /// readings do not reach both.
+    pub fn cpu_within(&self, start: SystemTime, end: SystemTime) -> Duration {
+        let readings = self.readings.lock().unwrap();
+        let first = readings
+            .iter()
+            .find(|(at, _)| *at >= start)
+            .expect("a process CPU reading after the window's start");
+        let last = readings
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= end)
+            .expect("a process CPU reading before the window's end");
+        last.1.saturating_sub(first.1)
+    }
+}
+
+impl Drop for ProcessCpu {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Drop for Burner {

@@ -217,3 +217,27 @@ pub fn profile_window(profile: &Profile) -> (SystemTime, SystemTime) {
         start + Duration::from_nanos(profile.duration_nanos as u64),
     )
 }
+
+/// Checks a profile's window against the client's wall clock around its request: it
+/// cannot start before the request was sent (a window that joined a running session and
+/// carried the session's start would) nor end after its answer arrived. Returns the
+/// window. `what` names the request in the messages.
+pub fn assert_window_inside(
+    profile: &Profile,
+    sent: SystemTime,
+    received: SystemTime,
+    what: &str,
+) -> (SystemTime, SystemTime) {
+    let (start, end) = profile_window(profile);
+    assert!(
+        start >= sent,
+        "{what}: the profile says its window started {:?} before the client sent the request",
+        sent.duration_since(start).unwrap_or_default()
+    );
+    assert!(
+        end <= received,
+        "{what}: the profile says its window ended {:?} after the client had its answer",
+        end.duration_since(received).unwrap_or_default()
+    );
+    (start, end)
+}

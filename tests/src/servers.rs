@@ -1,13 +1,15 @@
-//! Servers the tests talk to: [`TestServer`] (the app on its own thread and runtime) and
-//! [`ChildServer`] (the `test_child` binary, for what must happen in another process),
-//! loopback clients, raw HTTP for exact scraper requests, and the temp files and timers
-//! the child tests wait on.
+//! Servers the tests talk to: [`TestServer`] (the app on its own thread and runtime; with
+//! [`Options`], a blocking pool of known size that a test can hold, and the server's log
+//! kept for the test to wait on) and [`ChildServer`] (the `test_child` binary, for what
+//! must happen in another process), loopback clients, raw HTTP for exact scraper
+//! requests, and the temp files and timers the child tests wait on.
 
 use std::io::Read as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -24,16 +26,157 @@ pub struct TestServer {
 }
 
 /// The runtime a [`TestServer`] runs on.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub enum Flavor {
     CurrentThread,
+    #[default]
     MultiThread,
+}
+
+/// How a [`TestServer`]'s runtime is built.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub flavor: Flavor,
+    /// The blocking pool's size (tokio's default, 512, if `None`). With 1, a test that
+    /// holds the pool ([`TestServer::hold_blocking_pool`]) holds every piece of the
+    /// profiler's work that runs there (starting and stopping the sampler, closing a
+    /// window, building and rendering its profile), each waiting its turn in order.
+    pub blocking_threads: Option<usize>,
+    /// Where the server's `tracing` events go (debug and up), for a test to wait on.
+    pub log: Option<ServerLog>,
+}
+
+/// What a [`TestServer`]'s threads logged, one line per event with its spans' fields
+/// (`tracing_subscriber::fmt`, no colour), as an operator would read it.
+#[derive(Clone, Debug, Default)]
+pub struct ServerLog {
+    lines: Arc<Mutex<Vec<String>>>,
+    logged: Arc<tokio::sync::Notify>,
+}
+
+impl ServerLog {
+    pub fn new() -> ServerLog {
+        ServerLog::default()
+    }
+
+    /// Every line so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits for the first line after the first `skip` lines that contains each of
+    /// `words`, and returns it with its position; panics with the log after 30 s (an
+    /// event that never comes, not a slow one).
+    pub async fn wait_for(&self, skip: usize, words: &[&str]) -> (usize, String) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let logged = self.logged.notified();
+            tokio::pin!(logged);
+            // Registered before looking, so a line logged in between is not missed.
+            logged.as_mut().enable();
+            if let Some(found) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .enumerate()
+                .skip(skip)
+                .find(|(_, line)| words.iter().all(|word| line.contains(word)))
+            {
+                return (found.0, found.1.clone());
+            }
+            if tokio::time::timeout_at(deadline, logged).await.is_err() {
+                panic!(
+                    "the server never logged a line with {words:?}; it logged:\n{}",
+                    self.lines().join("\n")
+                );
+            }
+        }
+    }
+
+    /// The subscriber the server's threads log to.
+    fn dispatch(&self) -> tracing::Dispatch {
+        let writer = LogWriter(self.clone());
+        tracing::Dispatch::new(
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::DEBUG)
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        )
+    }
+}
+
+/// Appends each event (one `write` per line from `fmt`) to a [`ServerLog`].
+#[derive(Clone)]
+struct LogWriter(ServerLog);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(bytes);
+        self.0
+            .lines
+            .lock()
+            .unwrap()
+            .extend(text.lines().map(str::to_owned));
+        self.0.logged.notify_waiters();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A hold on one of a [`TestServer`]'s blocking threads (see
+/// [`TestServer::hold_blocking_pool`]); dropping it lets the thread go.
+pub struct PoolHold(#[allow(dead_code, reason = "dropped to let go")] std::sync::mpsc::Sender<()>);
+
+/// The holds the `/hold` route waits for, by number.
+static HOLDS: Mutex<Vec<(u64, std::sync::mpsc::Receiver<()>)>> = Mutex::new(Vec::new());
+
+/// The route [`TestServer::hold_blocking_pool`] calls: add it to an app whose test holds
+/// the pool. `GET /hold?id=N&until=running` answers once its blocking task runs;
+/// `until=queued`, once it is queued (behind whatever holds the pool now).
+pub fn with_hold_route(router: Router) -> Router {
+    router.route(
+        "/hold",
+        axum::routing::get(|uri: axum::http::Uri| async move {
+            let query = uri.query().unwrap_or_default().to_owned();
+            let field = |name: &str| {
+                query
+                    .split('&')
+                    .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let id: u64 = field("id").parse().expect("/hold?id=N");
+            let release = {
+                let mut holds = HOLDS.lock().unwrap();
+                let at = holds
+                    .iter()
+                    .position(|(held, _)| *held == id)
+                    .expect("a hold");
+                holds.swap_remove(at).1
+            };
+            let (running, runs) = tokio::sync::oneshot::channel();
+            drop(tokio::task::spawn_blocking(move || {
+                let _ = running.send(());
+                // Until the test's PoolHold is dropped.
+                let _ = release.recv();
+            }));
+            if field("until") == "running" {
+                runs.await.expect("the hold's blocking task ran");
+            }
+            "held"
+        }),
+    )
 }
 
 impl TestServer {
     /// Serves `make_router()` on a multi-threaded runtime.
     pub fn start(make_router: impl FnOnce() -> Router + Send + 'static) -> TestServer {
-        TestServer::start_on(Flavor::MultiThread, make_router)
+        TestServer::start_with(Options::default(), make_router)
     }
 
     /// Serves `make_router()` on a runtime of the given flavour.
@@ -41,23 +184,52 @@ impl TestServer {
         flavor: Flavor,
         make_router: impl FnOnce() -> Router + Send + 'static,
     ) -> TestServer {
+        TestServer::start_with(
+            Options {
+                flavor,
+                ..Options::default()
+            },
+            make_router,
+        )
+    }
+
+    /// Serves `make_router()` on a runtime built as `options` say.
+    pub fn start_with(
+        options: Options,
+        make_router: impl FnOnce() -> Router + Send + 'static,
+    ) -> TestServer {
         choose_sampler();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let Options {
+            flavor,
+            blocking_threads,
+            log,
+        } = options;
         let thread = std::thread::Builder::new()
             .name(format!("test-server-{flavor:?}"))
             .spawn(move || {
-                let runtime = match flavor {
+                let dispatch = log.as_ref().map(ServerLog::dispatch);
+                // The server's own thread, and each thread the runtime starts.
+                let _logging = dispatch.as_ref().map(tracing::dispatcher::set_default);
+                let mut builder = match flavor {
                     Flavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
                     Flavor::MultiThread => {
                         let mut b = tokio::runtime::Builder::new_multi_thread();
                         b.worker_threads(2);
                         b
                     }
+                };
+                if let Some(threads) = blocking_threads {
+                    builder.max_blocking_threads(threads);
                 }
-                .enable_all()
-                .build()
-                .expect("a tokio runtime");
+                if let Some(dispatch) = dispatch {
+                    builder.on_thread_start(move || {
+                        // For the thread's whole life.
+                        std::mem::forget(tracing::dispatcher::set_default(&dispatch));
+                    });
+                }
+                let runtime = builder.enable_all().build().expect("a tokio runtime");
                 runtime.block_on(async move {
                     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                         .await
@@ -116,6 +288,47 @@ impl TestServer {
             );
         }
         panic!("the profile ({query}) never got the profiler in 20 attempts");
+    }
+
+    /// Holds one of the server's blocking threads until the hold is dropped: with
+    /// [`Options::blocking_threads`] 1, every later piece of blocking work waits behind it.
+    /// `running`: returns once the hold has the thread (the pool is held from then on);
+    /// else once it is queued, behind whatever holds the thread now, so that work queued
+    /// after it waits for it in turn. The app needs [`with_hold_route`].
+    pub async fn hold_blocking_pool(&self, running: bool) -> PoolHold {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let (hold, release) = std::sync::mpsc::channel();
+        HOLDS.lock().unwrap().push((id, release));
+        let until = if running { "running" } else { "queued" };
+        let answer = unpooled_client()
+            .get(self.url(&format!("/hold?id={id}&until={until}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), reqwest::StatusCode::OK, "/hold");
+        PoolHold(hold)
+    }
+
+    /// Waits until the index page says `windows` CPU windows are open (at most 10 s).
+    pub async fn wait_for_windows(&self, windows: usize) {
+        let said = if windows == 0 {
+            "<td>no CPU profile</td>".to_owned()
+        } else {
+            format!(
+                "{windows} window{} open",
+                if windows == 1 { "" } else { "s" }
+            )
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let index = self.text("/debug/pprof/").await;
+            if index.contains(&said) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the index never said {said:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The body of `GET path`, as text (the index page, say).

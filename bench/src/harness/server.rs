@@ -1,14 +1,76 @@
 //! The service under test (`bench server`): a trivial route, with or without the
 //! attribute, on either runtime flavour, pinned to one core; optionally with a thread
 //! spinning at a known depth (S; inside a label scope for the labels figure) or parked
-//! threads (T).
+//! threads (T). With the attribute, `/work` runs figure S's outside check: a fixed
+//! workload on two threads at once, one of them blocking `SIGPROF`.
 
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 
 #[pprof_routes(cpu_max = "60s", frequency = 99)]
 fn with_profiling() -> Router {
-    plain()
+    plain().route("/work", get(work))
+}
+
+/// How deep figure S's workload spins, counted from its thread's entry, as the spinning
+/// thread of `--spin-depth 30` does.
+const WORK_DEPTH: u32 = 30;
+
+/// `GET /work?calls=N`: the same fixed workload (`N` calls of a 30-frame-deep spin) on
+/// two threads started together, `work` and `work-blocked`, which blocks `SIGPROF`
+/// first, so a profile running meanwhile samples only the first; both on the service's
+/// one core, so that whatever else the machine does slows both alike. Answers
+/// `work_ns=A blocked_ns=B`, each thread's own CPU clock over its workload: it counts the
+/// kernel's signal delivery and return as well as the handler, which the handler's own
+/// clock does not.
+async fn work(uri: axum::http::Uri) -> String {
+    let calls: u32 = uri
+        .query()
+        .and_then(|q| q.strip_prefix("calls="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100);
+    tokio::task::spawn_blocking(move || {
+        let run = |blocks: bool| {
+            std::thread::Builder::new()
+                .name(if blocks { "work-blocked" } else { "work" }.into())
+                .spawn(move || {
+                    if blocks {
+                        // SAFETY: blocks one signal in this thread's own mask.
+                        unsafe {
+                            let mut set: libc::sigset_t = std::mem::zeroed();
+                            libc::sigemptyset(&mut set);
+                            libc::sigaddset(&mut set, libc::SIGPROF);
+                            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                        }
+                    }
+                    let started = thread_cpu_time();
+                    for _ in 0..calls {
+                        std::hint::black_box(recurse(WORK_DEPTH - FRAMES_ABOVE, 1 << 22));
+                    }
+                    thread_cpu_time() - started
+                })
+                .expect("spawn a work thread")
+        };
+        let (work, blocked) = (run(false), run(true));
+        let (work, blocked) = (work.join().unwrap(), blocked.join().unwrap());
+        format!(
+            "work_ns={} blocked_ns={}\n",
+            work.as_nanos(),
+            blocked.as_nanos()
+        )
+    })
+    .await
+    .expect("the work threads")
+}
+
+fn thread_cpu_time() -> std::time::Duration {
+    // SAFETY: clock_gettime writes into the zeroed timespec we pass.
+    let time = unsafe {
+        let mut time: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time);
+        time
+    };
+    std::time::Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
 }
 
 /// The same, with the recorder on (figure R).

@@ -182,14 +182,15 @@ impl Shared {
     }
 
     /// Closes every window early (`force=true`): each caller gets what its window had;
-    /// the recorder is asked to leave.
-    fn close_all(&self) {
+    /// the recorder is asked to leave. Returns how many windows were open.
+    fn close_all(&self) -> usize {
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         windows.closing = true;
         for window in &windows.open {
             window.stop_early.notify_one();
         }
         windows.ask_recorder(Leaving::Forced);
+        windows.open.len()
     }
 
     /// Seats the recorder, unless the session is ending or runs at another frequency.
@@ -426,8 +427,8 @@ pub(crate) fn status() -> Option<Status> {
 /// What a request does about the running session.
 enum Next {
     Joined(Arc<Shared>, Arc<Notify>),
-    /// Wait for the session to end, then look again.
-    Wait,
+    /// Wait for the session (at this frequency) to end, then look again.
+    Wait(u32),
     /// Close the running windows early and start a session of this request's own.
     TakeOver,
     Start,
@@ -509,10 +510,10 @@ where
         let decision = match shared_slot().as_ref() {
             Some(running) => match running.join(&request, id) {
                 Verdict::Joined(stop_early) => Next::Joined(running.clone(), stop_early),
-                Verdict::Closing => Next::Wait,
+                Verdict::Closing => Next::Wait(running.sampler.frequency()),
                 Verdict::Yielded(yielded) => {
                     owed = Some(yielded);
-                    Next::Wait
+                    Next::Wait(running.sampler.frequency())
                 }
                 Verdict::Refused(refusal)
                     if !request.force || matches!(refusal, CpuError::ForcedRunning { .. }) =>
@@ -532,7 +533,12 @@ where
                 drop(owed.take());
                 break (shared, stop_early);
             }
-            Next::Wait => {}
+            Next::Wait(running) => {
+                tracing::debug!(
+                    "waiting for the CPU profile session at {running} Hz to stop: its windows \
+                     are closing"
+                );
+            }
             Next::TakeOver => {
                 if starting.is_none() {
                     starting = Some(SESSIONS.get().starting.lock().await);
@@ -540,7 +546,15 @@ where
                     continue;
                 }
                 if let Some(running) = shared_slot().as_ref() {
-                    running.close_all();
+                    let closed = running.close_all();
+                    // Whoever's profile this cuts short (a scraper's, often) can find why.
+                    tracing::info!(
+                        "force=true: closing {closed} CPU profile window{} at {} Hz early, to \
+                         start a session at {} Hz",
+                        if closed == 1 { "" } else { "s" },
+                        running.sampler.frequency(),
+                        request.frequency
+                    );
                 }
             }
             Next::Start => {

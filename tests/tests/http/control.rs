@@ -1,12 +1,13 @@
 //! `?frequency=`, `?force=true`, and the guard.
 
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, TestServer, assert_valid_xml, client, decode, internal_only, parse_response,
-    profile_window, serial, total_in, unpooled_client,
+    Burner, Options, ServerLog, TestServer, assert_sample_count, assert_valid_xml,
+    assert_window_inside, client, decode, internal_only, parse_response, profile_window, serial,
+    skip, total_in, unpooled_client, with_hold_route,
 };
 use reqwest::StatusCode;
 use tokio::io::AsyncReadExt as _;
@@ -15,6 +16,12 @@ use tokio::io::AsyncReadExt as _;
 #[pprof_routes(cpu_max = "20s", max_windows = 1)]
 fn app() -> Router {
     Router::new()
+}
+
+/// [`app`], with the route a test holds the blocking pool through.
+#[pprof_routes(cpu_max = "20s", max_windows = 1)]
+fn held_app() -> Router {
+    with_hold_route(Router::new())
 }
 
 #[pprof_routes(guard = internal_only, cpu_max = "5s")]
@@ -26,9 +33,16 @@ fn guarded() -> Router {
 async fn frequency_sets_the_period_and_the_rate() {
     let _serial = serial().await;
     let server = TestServer::start(app);
-    let burner = Burner::start(1, Duration::from_secs(20));
+    let burner = Burner::start(1, Duration::from_secs(60));
+    // 1.5 s of the burner's CPU: 75 periods at 50 Hz.
+    let seconds = match burner.window_for(Duration::from_millis(1500), 2, 19).await {
+        Ok(seconds) => seconds,
+        Err(why) => return skip("frequency_sets_the_period_and_the_rate", &why),
+    };
     let response = client()
-        .get(server.url("/debug/pprof/profile?seconds=2&frequency=50"))
+        .get(server.url(&format!(
+            "/debug/pprof/profile?seconds={seconds}&frequency=50"
+        )))
         .send()
         .await
         .unwrap();
@@ -36,9 +50,9 @@ async fn frequency_sets_the_period_and_the_rate() {
     // The burner's own clock inside the profile's window: the process's CPU around the
     // request would also count symbolizing after the window (seconds, the first time,
     // for the pprof crate's sampler).
-    let cpu = burner
-        .finish()
-        .cpu_within(profile_window(&profile).0, profile_window(&profile).1);
+    let timeline = burner.finish();
+    let (start, end) = profile_window(&profile);
+    let cpu = timeline.cpu_within(start, end);
     assert_eq!(profile.period, 20_000_000, "1/50 s");
     let expected = cpu.as_secs_f64() * 50.0;
     let samples = total_in(&profile, 0, "Burner") as f64;
@@ -46,9 +60,13 @@ async fn frequency_sets_the_period_and_the_rate() {
         expected >= 50.0,
         "the burner barely ran ({cpu:?} in the window)"
     );
-    assert!(
-        (samples - expected).abs() <= expected * 0.25,
-        "{samples} samples at 50 Hz for {cpu:?} of CPU"
+    assert_sample_count(
+        "the burner at 50 Hz",
+        samples,
+        cpu,
+        50,
+        timeline.least_core_share(start, end),
+        0.25,
     );
     for bad in ["0", "1001", "fast"] {
         let response = client()
@@ -181,41 +199,127 @@ async fn stopped_profile(mut connection: tokio::net::TcpStream) -> krabka_pprof_
     decode(&body)
 }
 
-/// A force that arrives while the running profile's window closes, stops, or renders:
-/// whichever moment it hits, both callers get valid profiles.
+/// A force that arrives around the end of the running profile's window, whatever it
+/// finds (the window still open; ended but not yet closed; closing, stopping or
+/// rendering; answered), leaves both callers with valid profiles, the forced one whole
+/// and after the first's window. Ended-but-not-closed is made deterministically: with
+/// the server's one blocking thread held the ended window cannot close, which the index
+/// page shows ("ending in 0s"), and the server's log says the force took it over. The
+/// moments that cannot be held (stopping, rendering) come from offsets around the end,
+/// and each of those rounds says which phase it hit: the log says whether the force took
+/// over the window, the client's clock whether the first had answered before the forced
+/// window started.
 #[tokio::test]
 async fn a_force_at_the_end_of_a_window_leaves_both_profiles_valid() {
     let _serial = serial().await;
-    let server = TestServer::start(app);
+    let log = ServerLog::new();
+    let server = TestServer::start_with(
+        Options {
+            blocking_threads: Some(1),
+            log: Some(log.clone()),
+            ..Options::default()
+        },
+        held_app,
+    );
     let http = unpooled_client();
-    // Offsets around the end of a 1 s window, SVG (where built) so that rendering takes
-    // a while.
+    // SVG (where built) so that rendering takes a while.
     let format = if cfg!(feature = "flamegraph") {
         "svg"
     } else {
         "text"
     };
-    for offset_ms in [900u64, 980, 1000, 1020, 1100] {
-        let first = http
-            .get(server.url(&format!("/debug/pprof/profile?seconds=1&format={format}")))
-            .send();
-        let forced = async {
-            tokio::time::sleep(Duration::from_millis(offset_ms)).await;
-            http.get(server.url("/debug/pprof/profile?seconds=1&force=true"))
-                .send()
-                .await
-        };
-        let (first, forced) = tokio::join!(first, forced);
-        let (first, forced) = (first.unwrap(), forced.unwrap());
-        assert_eq!(first.status(), StatusCode::OK, "at {offset_ms} ms");
-        let view = first.text().await.unwrap();
+    let assert_view = |view: &str, phase: &str| {
         if cfg!(feature = "flamegraph") {
-            assert_valid_xml(&view);
+            assert_valid_xml(view);
         } else {
-            assert!(view.contains("flat%"), "{view}");
+            assert!(view.contains("flat%"), "{phase}: {view}");
         }
-        assert_eq!(forced.status(), StatusCode::OK, "at {offset_ms} ms");
-        let profile = decode(&forced.bytes().await.unwrap());
-        assert!(profile.duration_nanos >= 1_000_000_000, "at {offset_ms} ms");
+    };
+    let forced = |phase: &'static str| {
+        let url = server.url("/debug/pprof/profile?seconds=1&force=true");
+        let http = http.clone();
+        async move {
+            let sent = SystemTime::now();
+            let response = http.get(url).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{phase}");
+            let profile = decode(&response.bytes().await.unwrap());
+            let (start, _) = assert_window_inside(&profile, sent, SystemTime::now(), phase);
+            assert!(
+                profile.duration_nanos >= 1_000_000_000,
+                "{phase}: ran whole"
+            );
+            start
+        }
+    };
+
+    // Ended but not closed, by events.
+    let logged = log.lines().len();
+    let first = {
+        let url = server.url(&format!("/debug/pprof/profile?seconds=2&format={format}"));
+        let http = http.clone();
+        tokio::spawn(async move { http.get(url).send().await.unwrap() })
+    };
+    server.wait_for_windows(1).await;
+    let hold = server.hold_blocking_pool(true).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server
+        .text("/debug/pprof/")
+        .await
+        .contains("the last ending in 0s")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the held window never showed as past its end"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let taking_over = tokio::spawn(forced("ended, not yet closed"));
+    log.wait_for(
+        logged,
+        &["force=true: closing 1 CPU profile window at 99 Hz"],
+    )
+    .await;
+    drop(hold);
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_view(&first.text().await.unwrap(), "ended, not yet closed");
+    taking_over.await.unwrap();
+    server.wait_for_windows(0).await;
+
+    // Offsets around the end of a 1 s window, from the moment the index shows it open.
+    let mut phases = Vec::new();
+    for offset_ms in [900u64, 970, 985, 990, 995, 1000, 1100] {
+        let logged = log.lines().len();
+        let sent = SystemTime::now();
+        let first = {
+            let url = server.url(&format!("/debug/pprof/profile?seconds=1&format={format}"));
+            let http = http.clone();
+            tokio::spawn(async move {
+                let response = http.get(url).send().await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                let view = response.text().await.unwrap();
+                (view, SystemTime::now())
+            })
+        };
+        server.wait_for_windows(1).await;
+        tokio::time::sleep(Duration::from_millis(offset_ms)).await;
+        let forced_start = forced("around the end").await;
+        let (view, answered) = first.await.unwrap();
+        let took_over = log.lines()[logged..]
+            .iter()
+            .any(|line| line.contains("force=true: closing 1 CPU profile window"));
+        let phase = if took_over {
+            "took the window over"
+        } else if forced_start < answered {
+            "waited for the first's session to stop"
+        } else {
+            "started after the first answered"
+        };
+        eprintln!("force {offset_ms} ms after the window showed open: {phase}");
+        assert_view(&view, phase);
+        assert!(forced_start >= sent, "{phase}");
+        phases.push(phase);
+        server.wait_for_windows(0).await;
+    }
+    eprintln!("phases hit: {phases:?}");
 }

@@ -180,31 +180,23 @@ async fn a_client_that_hangs_up_frees_the_profiler() {
     let probe = server.url("/debug/pprof/profile?seconds=1");
 
     let hung_up = server.hold_profiler("seconds=30").await;
-    let hung_up_at = Instant::now();
     drop(hung_up);
 
-    // The server sees the EOF and drops the handler, and with it the lease: the sampler
-    // stops on the blocking pool and the next request is accepted at once. Probes, each
-    // sent within 200 ms of the hang-up, until one is accepted; a leaked lease would keep
-    // answering 409 for 30 s.
-    let mut refusals = 0;
-    loop {
-        let sent_after = hung_up_at.elapsed();
-        assert!(
-            sent_after <= Duration::from_millis(200),
-            "the profiler was still busy 200 ms after its client hung up ({refusals} 409s)"
-        );
-        let response = http.get(&probe).send().await.unwrap();
-        if response.status() == StatusCode::OK {
-            let profile = decode(&response.bytes().await.unwrap());
-            assert!(profile.duration_nanos >= 1_000_000_000);
-            break;
-        }
-        assert_eq!(response.status(), StatusCode::CONFLICT);
-        refusals += 1;
-        // Bounded by the 200 ms above; each probe is a round trip to the server.
-        tokio::task::yield_now().await;
-    }
+    // The server sees the EOF and drops the handler, and with it its window: the index
+    // stops showing a profile (the event awaited here), the sampler stops on the blocking
+    // pool, and the next request is accepted (it waits for the stop at most). A leaked
+    // lease would keep answering 409 for the rest of the 30 s. How soon after the
+    // hang-up this happens is a benchmark figure (F in bench/README.md), not a test's.
+    server.wait_for_windows(0).await;
+    let response = http.get(&probe).send().await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "the profiler was still busy after its client hung up and its window left: {}",
+        response.text().await.unwrap()
+    );
+    let profile = decode(&response.bytes().await.unwrap());
+    assert!(profile.duration_nanos >= 1_000_000_000);
 }
 
 #[tokio::test]

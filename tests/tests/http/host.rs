@@ -2,12 +2,14 @@
 //! `exec`'d during a profile runs, a forked child profiles itself, a seccomp filter
 //! against `process_vm_readv` (refusing it, or killing for it) still gives fully unwound
 //! stacks, and another `SIGPROF` handler is never silently replaced. Each in a child
-//! process (`test_child`), since each changes what the whole process can do.
+//! process (`test_child`), since each changes what the whole process can do. Each child
+//! burns CPU, so each test holds `serial()`, as the burners of this process's tests do.
 
 use std::time::Duration;
 
 use krabka_pprof_tests::{
-    ChildServer, client, comments, decode, run_child, stacks, total, wait_for_timers,
+    ChildServer, client, comments, decode, run_child, serial, serial_blocking, stacks, total,
+    wait_for_timers,
 };
 use reqwest::StatusCode;
 
@@ -15,6 +17,7 @@ const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
 
 #[test]
 fn a_program_execd_during_a_profile_runs() {
+    let _serial = serial_blocking();
     let (status, stdout) = run_child(CHILD, "exec-during-profile", Duration::from_secs(60));
     assert!(
         status.success() && stdout.contains("survived"),
@@ -24,6 +27,7 @@ fn a_program_execd_during_a_profile_runs() {
 
 #[test]
 fn a_forked_child_profiles_itself() {
+    let _serial = serial_blocking();
     let (status, stdout) = run_child(CHILD, "fork-profile", Duration::from_secs(60));
     assert!(status.success(), "{status}: {stdout}");
     let child = stdout
@@ -87,6 +91,7 @@ async fn assert_fully_unwound(child: &ChildServer) {
 
 #[tokio::test]
 async fn a_seccomp_filter_refusing_process_vm_readv_still_gives_whole_stacks() {
+    let _serial = serial().await;
     let child = ChildServer::start_logged(
         CHILD,
         "serve-cpu",
@@ -102,6 +107,7 @@ async fn a_seccomp_filter_refusing_process_vm_readv_still_gives_whole_stacks() {
 
 #[tokio::test]
 async fn a_seccomp_filter_killing_for_process_vm_readv_kills_nothing() {
+    let _serial = serial().await;
     let mut child =
         ChildServer::start_logged(CHILD, "serve-cpu", &[("KRABKA_TEST_SECCOMP", Some("kill"))]);
     assert_fully_unwound(&child).await;
@@ -110,6 +116,7 @@ async fn a_seccomp_filter_killing_for_process_vm_readv_kills_nothing() {
 
 #[tokio::test]
 async fn a_thread_with_a_seccomp_filter_of_its_own_lives_and_is_unwound() {
+    let _serial = serial().await;
     // One thread's own filter kills the process for process_vm_readv or pread64; the
     // main thread, which /proc/self/status describes, has none.
     let mut child = ChildServer::start_logged(
@@ -136,6 +143,7 @@ async fn a_thread_with_a_seccomp_filter_of_its_own_lives_and_is_unwound() {
 
 #[test]
 fn queued_signals_stay_flat_over_sessions_beside_a_thread_that_blocks_them() {
+    let _serial = serial_blocking();
     let (status, stdout) = run_child(CHILD, "sigq-sessions", Duration::from_secs(60));
     assert!(status.success(), "{status}: {stdout}");
     if stdout.contains("cannot: not root") {
@@ -161,6 +169,7 @@ fn queued_signals_stay_flat_over_sessions_beside_a_thread_that_blocks_them() {
 
 #[tokio::test]
 async fn another_sigprof_handler_is_not_replaced() {
+    let _serial = serial().await;
     let child = ChildServer::start_logged(
         CHILD,
         "serve-cpu",
@@ -181,6 +190,7 @@ async fn another_sigprof_handler_is_not_replaced() {
 
 #[tokio::test]
 async fn a_handler_replaced_during_the_window_is_reported() {
+    let _serial = serial().await;
     let mut child = ChildServer::start_logged(CHILD, "serve-cpu", &[]);
     let url = child.url("/debug/pprof/profile?seconds=3");
     let running = tokio::spawn(async move { client().get(url).send().await });

@@ -1,11 +1,12 @@
 //! Requests exactly as Parca and Grafana Alloy send them (prometheus/common's client: no
-//! Accept-Encoding; their own User-Agent), checked the way each one checks the answer.
+//! Accept-Encoding; their own User-Agent), checked the way each one checks the answer,
+//! and the window each profile covers checked against the client's clock around it.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::{Burner, TestServer, decode, raw_request, serial};
+use krabka_pprof_tests::{Burner, TestServer, assert_window_inside, decode, raw_request, serial};
 
 #[pprof_routes]
 fn app() -> Router {
@@ -37,7 +38,9 @@ async fn parca_process_cpu_scrape() {
         server.addr
     );
     let started = std::time::Instant::now();
+    let sent = SystemTime::now();
     let (status, headers, body) = raw_request(server.addr, &request).await;
+    let received = SystemTime::now();
     drop(burner);
     // Parca: anything but 200 is an error, an empty body is an error, the body goes
     // through profile.ParseData (gzip or raw protobuf).
@@ -49,6 +52,7 @@ async fn parca_process_cpu_scrape() {
     );
     let profile = decode(&body);
     assert!(profile.duration_nanos >= 9_900_000_000);
+    assert_window_inside(&profile, sent, received, "Parca's scrape");
     assert!(
         started.elapsed() < Duration::from_secs(13),
         "Parca gives a 10 s profile 13 s"
@@ -65,7 +69,9 @@ async fn alloy_process_cpu_scrape() {
          User-Agent: Alloy/v1.11.0 (linux; binary)\r\nConnection: close\r\n\r\n",
         server.addr
     );
+    let sent = SystemTime::now();
     let (status, headers, body) = raw_request(server.addr, &request).await;
+    let received = SystemTime::now();
     // Alloy's validate.go: 2xx; a non-empty body; a Content-Type that starts with
     // application/octet-stream; not HTML, not JSON; gzip magic or a protobuf wire type.
     assert!((200..300).contains(&status));
@@ -74,7 +80,19 @@ async fn alloy_process_cpu_scrape() {
     assert!(content_type.starts_with("application/octet-stream"));
     assert!(!body.starts_with(b"<") && !body.starts_with(b"{"));
     assert_eq!(&body[..2], &[0x1f, 0x8b]);
-    decode(&body);
+    // Answered after the service's 3 s, not the 14 s asked for.
+    let profile = decode(&body);
+    let (start, end) = assert_window_inside(&profile, sent, received, "Alloy's scrape");
+    let length = end.duration_since(start).unwrap();
+    assert!(
+        (Duration::from_secs(3)..Duration::from_millis(3500)).contains(&length),
+        "a 14 s scrape of a service capped at 3 s covers {length:?}"
+    );
+    assert!(
+        received.duration_since(sent).unwrap() < Duration::from_secs(10),
+        "the answer came after {:?}, not after the 14 s asked for",
+        received.duration_since(sent).unwrap()
+    );
 }
 
 #[tokio::test]

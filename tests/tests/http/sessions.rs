@@ -11,7 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Profile, TestServer, client, decode, hot, serial, stacks, thread_cpu_time, total,
+    Profile, TestServer, assert_window_inside, client, decode, hot, serial, stacks,
+    thread_cpu_time, total,
 };
 use reqwest::StatusCode;
 
@@ -48,11 +49,6 @@ async fn until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     condition()
-}
-
-/// The sampler's drains have run (at least twice, 100 ms apart) since now.
-async fn drains_pass() {
-    tokio::time::sleep(Duration::from_millis(350)).await;
 }
 
 /// This thread's kernel id.
@@ -145,8 +141,9 @@ async fn a_library_loaded_during_a_session_is_unwound_and_its_dlclose_unloads_it
             }
         })
     };
-    drains_pass().await;
-    let (profile, _, _) = window(&server, 2, 250).await.unwrap();
+    // The window opens with a drain, which follows the library loaded since the last.
+    let (profile, sent, received) = window(&server, 2, 250).await.unwrap();
+    assert_window_inside(&profile, sent, received, "the window after the dlopen");
     stop.store(true, Ordering::Relaxed);
     burner.join().unwrap();
     let zlib: Vec<(Vec<String>, Vec<i64>)> = stacks(&profile)
@@ -173,7 +170,8 @@ async fn a_library_loaded_during_a_session_is_unwound_and_its_dlclose_unloads_it
         !is_mapped("libz.so.1"),
         "the app's dlclose unloaded libz while the session ran"
     );
-    let (held, _, _) = held.await.unwrap();
+    let (held, sent, received) = held.await.unwrap();
+    assert_window_inside(&held, sent, received, "the held window");
     assert!(total(&held, 0) > 0);
 }
 
@@ -252,6 +250,7 @@ async fn every_thread_has_a_timer_after_twelve_thousand_came_and_went() {
     let (profile, sent, received) = window(&server, 2, 99).await.unwrap();
     stop.store(true, Ordering::Relaxed);
     late.join().unwrap();
+    assert_window_inside(&profile, sent, received, "the late thread's window");
     // Everything the late thread did: its stacks run through this test's closure.
     let sampled: i64 = stacks(&profile)
         .into_iter()
@@ -313,13 +312,21 @@ async fn a_thread_that_unblocks_sigprof_charges_no_window_with_cpu_from_before_i
             }
         })
     };
-    // The thread burns with SIGPROF blocked for 3 s; a window opens at 2.5 s, and the
-    // thread unblocks at 3 s: its one pending signal stands for all 3 s.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // The thread burns with SIGPROF blocked until its own clock says 2 s; then a window
+    // joins the held session, and once the index shows it open the thread unblocks: its
+    // one pending signal stands for all that CPU, nearly all of it from before the window.
+    assert!(
+        until(Duration::from_secs(30), || {
+            timeline.cpu_within(SystemTime::UNIX_EPOCH, SystemTime::now()) >= Duration::from_secs(2)
+        })
+        .await,
+        "the blocking thread burned 2 s of CPU"
+    );
     let joined = window(&server, 2, 99);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.wait_for_windows(2).await;
     unblock.store(true, Ordering::Relaxed);
     let (profile, sent, received) = joined.await.unwrap();
+    assert_window_inside(&profile, sent, received, "the joined window");
     stop.store(true, Ordering::Relaxed);
     blocker.join().unwrap();
     let charged: i64 = stacks(&profile)
