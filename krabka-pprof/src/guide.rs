@@ -11,8 +11,12 @@ pub mod heap {}
 
 #[doc = include_str!("../docs/labels.md")]
 pub mod labels {}
+
 #[doc = include_str!("../docs/recent.md")]
 pub mod recent {}
+
+#[doc = include_str!("../docs/scraping.md")]
+pub mod scraping {}
 
 #[doc = include_str!("../docs/threads.md")]
 pub mod threads {}
