@@ -37,7 +37,6 @@ pub(crate) use request::{
 };
 
 // The `pprof` crate's profile() names it itself where it is the only sampler.
-#[cfg(any(sampler, not(pprof_rs)))]
 use crate::profile::Profile;
 
 /// The running CPU profile session of this process, if any.

@@ -100,7 +100,9 @@ pub(crate) enum RecentError {
     /// The recorder cannot run here (this target, this process's sampler); the sentence
     /// says why.
     Unavailable(&'static str),
-    /// Nothing is kept for the window asked for; the sentence says why.
+    /// Nothing is kept for the window asked for; the sentence says why. (Only the
+    /// recorder, krabka-pprof's own sampler's, keeps anything.)
+    #[cfg_attr(not(sampler), allow(dead_code))]
     NothingKept(String),
     /// Building the profile failed.
     Failed(String),

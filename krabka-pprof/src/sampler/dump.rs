@@ -172,7 +172,8 @@ unsafe impl Sync for Dump {}
 /// Sleeps until `word` is no longer `expected`, a wake, or `timeout`.
 pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let timeout = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
+        // `as _`: `time_t`, whose alias musl's libc deprecates; no wait here nears 2^31 s.
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as _,
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
     };
     // SAFETY: FUTEX_WAIT reads the word and sleeps; the pointers are valid for the call.

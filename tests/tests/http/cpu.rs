@@ -369,3 +369,54 @@ async fn the_profile_names_its_sampler_threads_and_mappings() {
         assert!(line.line > 0, "the hot loop's line number");
     }
 }
+
+/// `symbolize=none` from whichever sampler this run chose: krabka-pprof's answers with
+/// code addresses in mappings and no names; the `pprof` crate's keeps names, not
+/// addresses, so it refuses with a 503 saying what to do, and the next profile is served.
+#[tokio::test]
+async fn symbolize_none_is_addresses_or_a_503_saying_to_leave_it_out() {
+    let _serial = serial().await;
+    let server = TestServer::start(app);
+    let burner = Burner::start(1, Duration::from_secs(20));
+    let response = client()
+        .get(server.url("/debug/pprof/profile?seconds=1&symbolize=none"))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = response.bytes().await.unwrap();
+    if pprof_rs_sampler() {
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("`symbolize=none` needs code addresses")
+                && text.contains("leave `symbolize` out"),
+            "the 503 says why and what to do: {text}"
+        );
+        let next = client()
+            .get(server.url("/debug/pprof/profile?seconds=1"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            next.status(),
+            StatusCode::OK,
+            "the profiler is usable after"
+        );
+        return;
+    }
+    drop(burner);
+    assert_eq!(status, StatusCode::OK);
+    let profile = decode(&body);
+    assert!(!profile.location.is_empty(), "the burner was sampled");
+    for location in &profile.location {
+        if location.mapping_id != 0 {
+            assert!(location.line.is_empty(), "no names: {location:?}");
+            assert_ne!(location.address, 0, "{location:?}");
+        }
+    }
+    assert!(
+        profile.location.iter().any(|l| l.mapping_id != 0),
+        "code addresses in mappings"
+    );
+}

@@ -124,8 +124,8 @@ async fn heap_without_jemalloc_is_a_503_naming_the_fix() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
 }
 
-/// `HEAD` on every route of the CPU side: what `GET` answers, headers and status,
-/// without the body (a HEAD on `/profile` takes the profile, as Go's handler does).
+/// `HEAD` on every route: what `GET` answers, headers and status, without the body (a
+/// HEAD on `/profile` takes the profile, as Go's handler does).
 #[tokio::test]
 async fn head_answers_every_route_like_get_without_a_body() {
     let _serial = serial().await;
@@ -143,6 +143,16 @@ async fn head_answers_every_route_like_get_without_a_body() {
         ("/debug/pprof/heap", StatusCode::SERVICE_UNAVAILABLE),
         #[cfg(feature = "heap-profiling")]
         ("/debug/pprof/allocs", StatusCode::SERVICE_UNAVAILABLE),
+        // The thread dumps in each of their forms, and their bad queries.
+        ("/debug/pprof/threads", StatusCode::OK),
+        ("/debug/pprof/goroutine", StatusCode::OK),
+        ("/debug/pprof/goroutine?debug=1", StatusCode::OK),
+        ("/debug/pprof/goroutine?debug=2", StatusCode::OK),
+        ("/debug/pprof/threads?format=text", StatusCode::OK),
+        ("/debug/pprof/threads?deadline=x", StatusCode::BAD_REQUEST),
+        ("/debug/pprof/cmdline", StatusCode::OK),
+        // No recorder in this app: the 503 naming the key.
+        ("/debug/pprof/recent", StatusCode::SERVICE_UNAVAILABLE),
     ] {
         assert_eq!(
             assert_head_like_get(&server.url(path)).await,
@@ -161,6 +171,39 @@ async fn head_answers_every_route_like_get_without_a_body() {
         started.elapsed() >= std::time::Duration::from_secs(2),
         "HEAD took the whole profile"
     );
+}
+
+/// The thread dumps' pprof answers download as Go's do, each under its route's name:
+/// `attachment; filename="threads"` (or `"goroutine"`), `application/octet-stream`,
+/// `nosniff`, and a profile of this process's threads in the body.
+#[tokio::test]
+async fn thread_dumps_download_under_their_own_names() {
+    let _serial = serial().await;
+    let server = TestServer::start(heap_app);
+    for (path, name) in [
+        ("/debug/pprof/threads", "threads"),
+        ("/debug/pprof/goroutine", "goroutine"),
+        ("/debug/pprof/goroutine?debug=0", "goroutine"),
+    ] {
+        let response = client().get(server.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let headers = response.headers();
+        assert_eq!(
+            headers["content-disposition"],
+            format!("attachment; filename=\"{name}\"").as_str(),
+            "{path}"
+        );
+        assert_eq!(
+            headers["content-type"], "application/octet-stream",
+            "{path}"
+        );
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        let profile = decode(&response.bytes().await.unwrap());
+        assert!(
+            profile.sample.len() > 1,
+            "{path}: every thread of this process, the test's own among them"
+        );
+    }
 }
 
 /// A build without `heap-profiling` has no heap routes, and `heap = true` does not
