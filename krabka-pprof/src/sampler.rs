@@ -810,14 +810,42 @@ pub(crate) mod tests {
     fn rotated_windows_follow_one_another_without_a_gap() {
         let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
         let stop = Arc::new(AtomicBool::new(false));
+        // The spinner's own CPU clock (the kernel's), in nanoseconds: each slice is cut
+        // once the spinner has run 50 ms more, however busy the machine is.
+        let spun = Arc::new(AtomicU64::new(0));
+        let thread_cpu = || {
+            let mut time = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: writes the calling thread's CPU clock into `time`.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
+            time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+        };
         let spinner = {
-            let stop = stop.clone();
+            let (stop, spun) = (stop.clone(), spun.clone());
             std::thread::spawn(move || {
                 let mut x = 1u64;
                 while !stop.load(Ordering::Relaxed) {
-                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                    for _ in 0..10_000 {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                    spun.store(thread_cpu(), Ordering::Relaxed);
                 }
             })
+        };
+        let spin_more = |nanos: u64| {
+            let from = spun.load(Ordering::Relaxed);
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while spun.load(Ordering::Relaxed) < from + nanos {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the spinner got no CPU for a minute"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
         };
         let sampler = Sampler::start(1000, &[]).expect("a sampler");
         let first = sampler.open_window(1);
@@ -825,7 +853,7 @@ pub(crate) mod tests {
         let mut start = first;
         let mut slices = Vec::new();
         for next in 2..=4 {
-            std::thread::sleep(Duration::from_millis(150));
+            spin_more(50_000_000);
             sampler.drain();
             let (collected, following) = sampler.rotate_window(start, next);
             assert_eq!(
@@ -845,9 +873,11 @@ pub(crate) mod tests {
         spinner.join().unwrap();
         drop(sampler);
         assert!(last.duration > Duration::ZERO);
+        // 50 ms of the spinner's CPU is 5 ticks even of a 100 Hz kernel; each slice holds
+        // its own samples, not its neighbour's.
         for (i, slice) in slices.iter().enumerate() {
             let samples: u64 = slice.stacks.values().map(|t| t.samples).sum();
-            assert!(samples > 10, "slice {i} has {samples} samples");
+            assert!(samples >= 2, "slice {i} has {samples} samples");
         }
     }
 }
