@@ -268,15 +268,21 @@ async fn recent_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
         end: query.end,
         symbolize: query.naming.symbolize,
     };
-    let (format, lines) = (query.format, query.naming.lines);
+    let (format, lines, group) = (query.format, query.naming.lines, query.group);
     let rendered = cpu::recent_profile(settings, request, move |profile| {
         let subtitle = format!(
             "{:.0} s recorded at {} Hz",
             profile.duration_nanos as f64 / 1e9,
             settings.frequency
         );
-        views::render(&profile, format, (lines, None), "CPU, recorded", &subtitle)
-            .map_err(RecentError::Failed)
+        views::render(
+            &profile,
+            format,
+            (lines, group.as_deref()),
+            "CPU, recorded",
+            &subtitle,
+        )
+        .map_err(RecentError::Failed)
     });
     match rendered.await {
         Ok(view) => response::view(view, "profile"),

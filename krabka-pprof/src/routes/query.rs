@@ -305,13 +305,16 @@ pub(crate) struct RecentQuery {
     pub(crate) end: Option<std::time::SystemTime>,
     pub(crate) format: Format,
     pub(crate) naming: Naming,
+    /// The text view groups by this label's values, as for `/profile`.
+    pub(crate) group: Option<String>,
 }
 
 impl RecentQuery {
     /// `seconds`: missing → 60 s (or `keep`, the recorder's `recent`, if shorter), `0` →
     /// 1 s, above `keep` → `keep`. `end`: the window's end in whole UNIX seconds, missing
-    /// → now, later than `now` → now. `format`, `symbolize`, `lines` as for `/profile`;
-    /// `frequency` and `force` are the recorder's, not a request's, and are ignored.
+    /// → now, later than `now` → now. `format`, `symbolize`, `lines` and `group` as for
+    /// `/profile`; `frequency` and `force` are the recorder's, not a request's, and are
+    /// ignored; `thread_ids=true` is refused (the recorder keeps threads by name).
     pub(crate) fn parse(
         query: Option<&str>,
         keep: Duration,
@@ -320,6 +323,18 @@ impl RecentQuery {
         let params = Params::parse_known(query, Params::RECENT)?;
         let format = parse_format(&params)?;
         let naming = Naming::parse(&params, format)?;
+        if parse_bool(&params, "thread_ids")? {
+            return Err(
+                "`thread_ids=true` needs a window of its own: the recorder keeps \
+                        threads by name, so /recent has no thread ids; ask \
+                        /profile?seconds=N&thread_ids=true"
+                    .to_owned(),
+            );
+        }
+        let group = params
+            .get("group")
+            .map(|key| parse_group(key, format))
+            .transpose()?;
         let (duration, seconds_requested) =
             window(&params, keep.min(Duration::from_secs(60)), keep)?;
         let end = params
@@ -347,6 +362,7 @@ impl RecentQuery {
             end,
             format,
             naming,
+            group,
         })
     }
 }
@@ -378,7 +394,15 @@ impl Params {
         "sample_index",
     ];
     /// The parameters of `/recent`.
-    const RECENT: &'static [&'static str] = &["seconds", "end", "format", "symbolize", "lines"];
+    const RECENT: &'static [&'static str] = &[
+        "seconds",
+        "end",
+        "format",
+        "symbolize",
+        "lines",
+        "group",
+        "thread_ids",
+    ];
     /// The parameters of the thread dump routes.
     const THREADS: &'static [&'static str] = &["debug", "format", "deadline", "symbolize", "lines"];
 

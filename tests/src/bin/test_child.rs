@@ -28,8 +28,9 @@
 //! (30 to begin with), until the last one says it survived.
 //!
 //! For the recorder: `serve-recent` serves an app with the recorder on (`recent = "10m"`),
-//! built before any runtime exists, and burns in `krabka_early_phase` for the process's
-//! first 8 s, then in `krabka_late_phase` (`GET /switch` says when, in UNIX nanoseconds);
+//! built before any runtime exists, and burns in `krabka_early_phase` (labelled
+//! `phase=early`) for the process's first 8 s, then in `krabka_late_phase` (`phase=late`;
+//! `GET /switch` says when, in UNIX nanoseconds);
 //! `serve-recent-short` keeps 10 s of history; `serve-recent-small` keeps at most 256 KiB
 //! of it at 1000 Hz, while a thread samples a new stack nearly every time.
 
@@ -220,13 +221,18 @@ fn start_phases(started: Instant) {
     std::thread::Builder::new()
         .name("phases".into())
         .spawn(move || {
+            use krabka_pprof::labels::scope;
             use krabka_pprof_tests::hot::{krabka_early_phase, krabka_late_phase};
-            while Instant::now() < switch {
-                std::hint::black_box(krabka_early_phase(20_000));
-            }
-            while Instant::now() < switch + Duration::from_secs(60) {
-                std::hint::black_box(krabka_late_phase(20_000));
-            }
+            scope(&[("phase", "early")], || {
+                while Instant::now() < switch {
+                    std::hint::black_box(krabka_early_phase(20_000));
+                }
+            });
+            scope(&[("phase", "late")], || {
+                while Instant::now() < switch + Duration::from_secs(60) {
+                    std::hint::black_box(krabka_late_phase(20_000));
+                }
+            });
         })
         .expect("spawn the phases");
 }

@@ -187,6 +187,64 @@ async fn the_last_seconds_hold_the_late_phase_and_a_minute_the_whole_process() {
         assert_eq!(status, StatusCode::OK);
         assert!(String::from_utf8(body).unwrap().contains(EARLY));
     }
+    // The labels each phase ran in (`labels::scope`) are on its samples, as on
+    // /profile's, and the text view groups by them.
+    for (function, phase) in [(EARLY, "early"), (LATE, "late")] {
+        let phases = phases_of_samples_in(&minute, function);
+        assert!(!phases.is_empty(), "samples in {function}");
+        assert!(
+            phases.iter().all(|p| p == phase),
+            "{function}'s samples carry phase={phase}: {phases:?}"
+        );
+    }
+    let (status, body, _) = ask(&child, "seconds=60&format=text&group=phase").await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        text.contains("Grouped by label phase")
+            && text.contains("phase=early")
+            && text.contains("phase=late"),
+        "{text}"
+    );
+    let (status, body, _) = ask(&child, "seconds=60&thread_ids=true").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        String::from_utf8_lossy(&body).contains("/profile?seconds=N&thread_ids=true"),
+        "the 400 says where thread ids are"
+    );
+}
+
+/// The `phase` label of each sample whose stack holds `function` (empty where it has
+/// none).
+fn phases_of_samples_in(profile: &Profile, function: &str) -> Vec<String> {
+    let string = |i: i64| profile.string_table[i as usize].as_str();
+    let in_function = |id: &u64| {
+        profile
+            .location
+            .iter()
+            .find(|l| l.id == *id)
+            .is_some_and(|location| {
+                location.line.iter().any(|line| {
+                    profile
+                        .function
+                        .iter()
+                        .find(|f| f.id == line.function_id)
+                        .is_some_and(|f| string(f.name).contains(function))
+                })
+            })
+    };
+    profile
+        .sample
+        .iter()
+        .filter(|sample| sample.location_id.iter().any(in_function))
+        .map(|sample| {
+            sample
+                .label
+                .iter()
+                .find(|label| string(label.key) == "phase")
+                .map_or_else(String::new, |label| string(label.str).to_owned())
+        })
+        .collect()
 }
 
 #[tokio::test]

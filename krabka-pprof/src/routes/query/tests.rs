@@ -275,4 +275,12 @@ fn recent_windows_and_ends() {
         Symbolize::None
     );
     assert!(q("symbolize=none&format=text").is_err());
+    assert_eq!(
+        q("format=text&group=tenant").unwrap().group.as_deref(),
+        Some("tenant")
+    );
+    assert!(q("group=tenant").unwrap_err().contains("format=text"));
+    assert!(q("thread_ids=false").is_ok());
+    let err = q("thread_ids=true").unwrap_err();
+    assert!(err.contains("keeps threads by name"), "{err}");
 }
