@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
@@ -16,6 +17,7 @@ const KEYS: &[&str] = &[
     "symbolize",
     "lines",
     "sample_index",
+    "deadline",
     "debug",
     "gc",
 ];
@@ -57,6 +59,13 @@ const VALUES: &[&str] = &[
     "cpu",
     "\u{663}",
     "١٢",
+    "2",
+    "1ms",
+    "0ms",
+    "250ms",
+    "10s",
+    "11s",
+    "1h",
     "18446744073709551615",
     "18446744073709551616",
     "99999999999999999999999",
@@ -124,6 +133,8 @@ pub enum Route {
     /// `/heap`, `/allocs`: the same, but `frequency` and `force` are not checked, and
     /// `sample_index` is.
     Heap,
+    /// `/threads`, `/goroutine`: `debug`, `format`, `deadline`, `symbolize`, `lines`.
+    Threads,
 }
 
 /// Whether the HTTP contract accepts `query` on `route`: each parameter the route reads
@@ -131,9 +142,12 @@ pub enum Route {
 /// 1 to 1000; `format` one of the views this build has; `force` and `lines` true, false,
 /// 1 or 0; `symbolize` full or none; `symbolize=none` only with the pprof format, and
 /// `lines` true only with the text format; on the heap routes, `sample_index` one of Go's
-/// four heap types. Others are ignored.
+/// four heap types; on the thread routes, `debug` 0, 1 or 2 (1 and 2 with none of
+/// `format`, `symbolize` and `lines`) and `deadline` a duration from 1 ms to 10 s. Others
+/// are ignored.
 pub fn contract_accepts(query: &str, route: Route) -> bool {
     let read: &[&str] = match route {
+        Route::Threads => &["debug", "format", "deadline", "symbolize", "lines"],
         Route::Cpu => &[
             "seconds",
             "frequency",
@@ -159,6 +173,14 @@ pub fn contract_accepts(query: &str, route: Route) -> bool {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     };
+    if route == Route::Threads
+        && matches!(value_of("debug"), Some("1" | "2"))
+        && ["format", "symbolize", "lines"]
+            .iter()
+            .any(|key| value_of(key).is_some())
+    {
+        return false;
+    }
     let format = value_of("format").unwrap_or("pprof");
     if value_of("symbolize") == Some("none") && !matches!(format, "pprof" | "proto") {
         return false;
@@ -195,6 +217,10 @@ pub fn contract_accepts(query: &str, route: Route) -> bool {
             "force" => route == Route::Heap || matches!(value, "true" | "false" | "1" | "0"),
             "lines" => matches!(value, "true" | "false" | "1" | "0"),
             "symbolize" => matches!(value, "full" | "none"),
+            "debug" => matches!(value, "0" | "1" | "2"),
+            "deadline" => humantime::parse_duration(value).is_ok_and(|deadline| {
+                (Duration::from_millis(1)..=Duration::from_secs(10)).contains(&deadline)
+            }),
             "sample_index" => matches!(
                 value,
                 "alloc_objects" | "alloc_space" | "inuse_objects" | "inuse_space"

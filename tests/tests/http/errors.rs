@@ -225,6 +225,33 @@ fn long_app() -> Router {
     Router::new()
 }
 
+/// Every query on the thread dump routes: a dump (200) where the contract accepts it, a
+/// 400 in Go's error format where it does not.
+#[test]
+fn any_query_on_the_thread_routes_gets_the_contracts_answer() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _serial = runtime.block_on(serial());
+    let server = TestServer::start(app);
+    for path in ["/debug/pprof/threads", "/debug/pprof/goroutine"] {
+        queries::check_routes_answers(
+            &runtime,
+            server.addr,
+            path,
+            queries::query(),
+            |query, answer| {
+                let accepted = queries::contract_accepts(query, Route::Threads);
+                if accepted {
+                    prop_assert_eq!(answer.status, 200, "{}: {}", query, answer.text());
+                } else {
+                    prop_assert_eq!(answer.status, 400, "{}: {}", query, answer.text());
+                    prop_assert!(answer.is_a_sentence(), "{:?}", answer.text());
+                }
+                Ok(accepted)
+            },
+        );
+    }
+}
+
 /// Any query string on `/profile`, while another profile holds the profiler: what the
 /// contract accepts gets the 409 any valid request gets then, everything else a 400; each
 /// with a sentence in Go's error format, never a 5xx. (A query that forces is left out: it
