@@ -158,6 +158,19 @@ fn inlined_frames_are_frames_and_the_lines_view_lists_each_line() {
         panic!("a text view")
     };
     assert_eq!(text, table);
+
+    // The flamegraph draws the inlined function as a frame on its caller: `hot` spans all
+    // 10 samples (its own 2 and `step`'s 8 above it), `step` 8.
+    #[cfg(feature = "flamegraph")]
+    {
+        let svg = flamegraph(&profile, "CPU", "5 s").unwrap();
+        for (frame, samples) in [("step", 8), ("hot", 10), ("main", 10)] {
+            assert!(
+                svg.contains(&format!("<title>{frame} ({samples} samples,")),
+                "{frame} over {samples} samples: {svg}"
+            );
+        }
+    }
 }
 
 #[test]
