@@ -80,12 +80,18 @@ pub(crate) fn value_of(value: &str) -> std::borrow::Cow<'_, str> {
     format!("{}…", &value[..end]).into()
 }
 
-/// Logs `message` the first time it is seen (at most 64 distinct messages are kept).
+/// The warnings logged so far; at most [`MAX_WARNINGS`], so that a stream of odd keys
+/// neither floods the log nor grows this set.
+static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// The most distinct warnings logged.
+const MAX_WARNINGS: usize = 64;
+
+/// Logs `message` the first time it is seen (at most [`MAX_WARNINGS`] distinct ones).
 fn warn_once(message: String) {
-    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut seen = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
     let seen = seen.get_or_insert_with(HashSet::new);
-    if seen.len() < 64 && seen.insert(message.clone()) {
+    if seen.len() < MAX_WARNINGS && seen.insert(message.clone()) {
         tracing::warn!("{message}");
     }
 }
@@ -117,6 +123,49 @@ mod tests {
         assert!(cut.len() <= MAX_VALUE, "{}", cut.len());
         assert!(cut.ends_with('…'));
         assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
+    }
+
+    /// Whether a warning containing `text` was logged.
+    fn warned(text: &str) -> bool {
+        let seen = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.as_ref()
+            .is_some_and(|seen| seen.iter().any(|m| m.contains(text)))
+    }
+
+    #[test]
+    fn a_key_that_changes_and_a_set_cut_short_are_each_warned_of_once() {
+        assert_eq!(key_of("odd key!"), "odd_key_");
+        assert!(warned(
+            "the label key \"odd key!\" is written as \"odd_key_\""
+        ));
+        assert_eq!(key_of("fine_key"), "fine_key");
+        assert!(!warned("\"fine_key\""), "a valid key is not warned of");
+        let pairs: Vec<(String, String)> = (0..MAX_PAIRS)
+            .map(|i| (format!("w{i:03}"), String::new()))
+            .collect();
+        let exactly: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (&**k, &**v)).collect();
+        set_of(&exactly);
+        assert!(
+            !warned(&format!("a label set of {MAX_PAIRS} pairs")),
+            "a full set is whole"
+        );
+        let mut more = exactly.clone();
+        more.push(("w999", ""));
+        set_of(&more);
+        assert!(warned(&format!(
+            "a label set of {} pairs keeps its first {MAX_PAIRS}",
+            MAX_PAIRS + 1
+        )));
+        // The log is bounded: past the cap, nothing more is kept.
+        for i in 0..2 * MAX_WARNINGS {
+            key_of(&format!("flood {i}"));
+        }
+        let kept = WARNED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, HashSet::len);
+        assert_eq!(kept, MAX_WARNINGS);
     }
 
     #[test]
