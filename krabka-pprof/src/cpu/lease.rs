@@ -49,6 +49,9 @@ struct Running {
     /// Its last window has closed and the sampler is stopping: a request waits for it
     /// rather than being refused.
     ending: bool,
+    /// The sampler runs (set by `CpuLease::sampling`): until then the index page shows
+    /// no window, since none has opened.
+    sampling: bool,
 }
 
 /// Who holds the profiler, when a request could not take it: the running profile's end,
@@ -91,6 +94,7 @@ impl CpuLease {
             stop_early: stop_early.clone(),
             forced,
             ending: false,
+            sampling: false,
         });
         Ok(CpuLease { stop_early })
     }
@@ -145,6 +149,16 @@ impl CpuLease {
         }
     }
 
+    /// The `pprof` crate's sampler has started, for `duration`: its window is open from
+    /// now (the index page shows it from here, ending when it will).
+    #[cfg(pprof_rs)]
+    pub(crate) fn sampling(&self, duration: Duration) {
+        if let Some(running) = running().as_mut() {
+            running.sampling = true;
+            running.ends_at = Instant::now() + duration;
+        }
+    }
+
     /// The session's last window has closed: requests wait for the sampler to stop
     /// instead of getting 409.
     #[cfg(sampler)]
@@ -187,7 +201,10 @@ pub(crate) fn drop_off_the_async_worker<T: Send + 'static>(value: T) {
     }
 }
 
-/// Until when the running session's lease is held, if one is.
+/// Until when the running session's sampler runs, if one runs.
 pub(super) fn running_until() -> Option<Instant> {
-    running().as_ref().map(|running| running.ends_at)
+    running()
+        .as_ref()
+        .filter(|running| running.sampling)
+        .map(|running| running.ends_at)
 }

@@ -65,6 +65,7 @@ where
     // crate's profiler) before the lease, so the next request never finds that profiler
     // still running.
     let (guard, lease) = blocking(move || Ok((start(frequency, blocklist)?, lease))).await?;
+    lease.sampling(request.duration);
     tracing::Span::current().record("stack_reader", "the pprof crate's sampler");
     let mut running = Hold {
         sampler: Some(guard),

@@ -105,7 +105,11 @@ mod tests {
         assert_eq!(key_of("tenant"), "tenant");
         assert_eq!(key_of("http.route"), "http.route");
         assert_eq!(key_of("a b=c"), "a_b_c");
-        assert_eq!(key_of("a b.c_d"), "a_b.c_d", "`.` and `_` are kept in a key fixed");
+        assert_eq!(
+            key_of("a b.c_d"),
+            "a_b.c_d",
+            "`.` and `_` are kept in a key fixed"
+        );
         assert_eq!(key_of("9lives"), "_9lives");
         assert_eq!(key_of(""), "_");
         assert_eq!(key_of("ключ"), "____");
