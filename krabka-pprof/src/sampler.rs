@@ -838,10 +838,10 @@ pub(crate) mod tests {
         };
         let spin_more = |nanos: u64| {
             let from = spun.load(Ordering::Relaxed);
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            let deadline = Instant::now() + Duration::from_secs(60);
             while spun.load(Ordering::Relaxed) < from + nanos {
                 assert!(
-                    std::time::Instant::now() < deadline,
+                    Instant::now() < deadline,
                     "the spinner got no CPU for a minute"
                 );
                 std::thread::sleep(Duration::from_millis(5));
