@@ -167,7 +167,11 @@ mod tests {
         stacks.release(a);
         assert_eq!(stacks.key(a), None, "freed with its last holder");
         assert_eq!(stacks.len(), 1);
-        assert!(stacks.bytes() < two);
+        assert_eq!(
+            stacks.bytes(),
+            STACK_OVERHEAD + 16 + 1 + size_of::<Option<(Arc<Held>, u32)>>(),
+            "the stack left, and the freed slot until it is reused"
+        );
         // A freed id is reused, so the table does not grow with the stacks ever seen.
         let reused = stacks.hold("c".into(), key(3, &[0x30]));
         assert_eq!(reused, a);
@@ -175,5 +179,24 @@ mod tests {
         // Releasing an id nobody holds changes nothing.
         stacks.release(99);
         assert_eq!(stacks.len(), 2);
+    }
+
+    #[test]
+    fn the_tables_shrink_once_a_burst_of_stacks_is_gone() {
+        let mut stacks = Stacks::default();
+        let ids: Vec<u32> = (0..10_000u64)
+            .map(|i| stacks.hold("burst".into(), key(1, &[i])))
+            .collect();
+        let burst = stacks.ids.capacity();
+        assert!(burst >= 10_000);
+        for id in ids {
+            stacks.release(id);
+        }
+        assert_eq!(stacks.len(), 0);
+        assert!(
+            stacks.ids.capacity() < burst / 4,
+            "{} of {burst} kept",
+            stacks.ids.capacity()
+        );
     }
 }
