@@ -126,6 +126,11 @@ mod tests {
         let long = "é".repeat(MAX_VALUE);
         let cut = value_of(&long);
         assert!(cut.len() <= MAX_VALUE, "{}", cut.len());
+        assert!(
+            cut.len() > MAX_VALUE - 2 - '…'.len_utf8(),
+            "cut at the last whole character that fits: {}",
+            cut.len()
+        );
         assert!(cut.ends_with('…'));
         assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
     }

@@ -199,4 +199,32 @@ mod tests {
             stacks.ids.capacity()
         );
     }
+
+    #[test]
+    fn a_stack_weighs_its_frames_its_threads_name_and_its_labels_text() {
+        use crate::labels::table::{Interned, LabelSet};
+        let set = |pairs: &[(&str, &str)]| {
+            Some(Interned(Arc::new(LabelSet::of(
+                pairs.iter().map(|&(k, v)| (Arc::from(k), Arc::from(v))),
+            ))))
+        };
+        let mut stacks = Stacks::default();
+        let labelled = StackKey {
+            labels: SampleLabels {
+                user: set(&[("tenant", "acme"), ("job", "x")]),
+                span: set(&[("span_name", "GET /")]),
+            },
+            ..key(1, &[0x10, 0x20, 0x30])
+        };
+        stacks.hold("worker-7".into(), labelled);
+        assert_eq!(
+            stacks.bytes(),
+            STACK_OVERHEAD
+                + 3 * 8
+                + "worker-7".len()
+                + ("tenant".len() + "acme".len() + 32)
+                + ("job".len() + "x".len() + 32)
+                + ("span_name".len() + "GET /".len() + 32)
+        );
+    }
 }
