@@ -45,9 +45,9 @@ pub(crate) fn status() -> Option<Status> {
     if shares_windows() {
         return sessions::status();
     }
-    lease::running_until().map(|ends_at| Status {
+    lease::running_until().map(|(ends_at, sampling)| Status {
         frequency: None,
-        windows: 1,
+        windows: usize::from(sampling),
         ends_in: ends_at.saturating_duration_since(Instant::now()),
     })
 }

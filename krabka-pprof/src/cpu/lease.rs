@@ -50,7 +50,7 @@ struct Running {
     /// rather than being refused.
     ending: bool,
     /// The sampler runs (set by `CpuLease::sampling`): until then the index page shows
-    /// no window, since none has opened.
+    /// the profile as starting, with no window open yet.
     sampling: bool,
 }
 
@@ -201,10 +201,10 @@ pub(crate) fn drop_off_the_async_worker<T: Send + 'static>(value: T) {
     }
 }
 
-/// Until when the running session's sampler runs, if one runs.
-pub(super) fn running_until() -> Option<Instant> {
+/// Until when the profiler is held, if it is, and whether its sampler runs yet (the
+/// `pprof` crate's starts on the blocking pool after the lease is taken).
+pub(super) fn running_until() -> Option<(Instant, bool)> {
     running()
         .as_ref()
-        .filter(|running| running.sampling)
-        .map(|running| running.ends_at)
+        .map(|running| (running.ends_at, running.sampling))
 }

@@ -137,6 +137,10 @@ pub(super) fn index_html(
     };
     let now = match running {
         None => "no CPU profile".to_owned(),
+        // The profiler is taken and its sampler is starting.
+        Some(status) if status.windows == 0 => {
+            "a CPU profile starting, no window open yet".to_owned()
+        }
         Some(status) => format!(
             "a CPU profile{}, {} window{} open, the last ending in {}",
             status
@@ -349,6 +353,20 @@ mod tests {
         assert!(
             one.contains("a CPU profile, 1 window open, the last ending in 0s"),
             "{one}"
+        );
+        let starting = index_html(
+            &config,
+            "host",
+            Some(crate::cpu::Status {
+                frequency: None,
+                windows: 0,
+                ends_in: std::time::Duration::from_secs(30),
+            }),
+            None,
+        );
+        assert!(
+            starting.contains("<td>a CPU profile starting, no window open yet</td>"),
+            "{starting}"
         );
     }
 
