@@ -163,6 +163,17 @@ impl Ring {
             })
             .collect();
         counts.sort_unstable_by_key(|c| c.id);
+        // Threads of one name with the same stack (a runtime's workers) are one entry,
+        // held once.
+        counts.dedup_by(|later, kept| {
+            let same = later.id == kept.id;
+            if same {
+                self.stacks.release(later.id);
+                kept.samples = kept.samples.saturating_add(later.samples);
+                kept.periods = kept.periods.saturating_add(later.periods);
+            }
+            same
+        });
         let blocked = merge_blocked(
             &[],
             &blocked

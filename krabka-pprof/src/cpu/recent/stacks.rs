@@ -11,11 +11,35 @@ use crate::sampler::StackKey;
 
 /// A stack as the recorder keeps it: by the name of its thread, not its id, since a
 /// profile tells threads apart by name (`/recent` has no `thread_ids`) and thread ids
-/// come and go with thread churn; `key.tid` is 0.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// come and go with thread churn; `key.tid` is 0. Two are the same stack when their
+/// labels say the same, whichever interned copy of the set they carry: the labels table
+/// frees an unused set and interns the same labels again later as another.
+#[derive(Clone, Debug)]
 pub(super) struct Held {
     pub(super) thread: Arc<str>,
     pub(super) key: StackKey,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Held) -> bool {
+        self.thread == other.thread
+            && self.key.flags == other.key.flags
+            && self.key.frames == other.key.frames
+            && self.key.labels.pairs().eq(other.key.labels.pairs())
+    }
+}
+
+impl Eq for Held {}
+
+impl std::hash::Hash for Held {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.thread.hash(state);
+        self.key.flags.hash(state);
+        self.key.frames.hash(state);
+        for pair in self.key.labels.pairs() {
+            pair.hash(state);
+        }
+    }
 }
 
 /// What one interned stack costs besides its frames, in bytes: the key and its `Arc`,
@@ -226,5 +250,29 @@ mod tests {
                 + ("job".len() + "x".len() + 32)
                 + ("span_name".len() + "GET /".len() + 32)
         );
+    }
+
+    #[test]
+    fn the_same_labels_interned_twice_are_one_stack() {
+        use crate::labels::table::{Interned, LabelSet};
+        let labelled = || StackKey {
+            labels: SampleLabels {
+                user: Some(Interned(Arc::new(LabelSet::of([(
+                    Arc::from("tenant"),
+                    Arc::from("acme"),
+                )])))),
+                span: None,
+            },
+            ..key(1, &[0x10])
+        };
+        let mut stacks = Stacks::default();
+        let first = stacks.hold("w".into(), labelled());
+        assert_eq!(stacks.hold("w".into(), labelled()), first);
+        assert_ne!(
+            stacks.hold("w".into(), key(1, &[0x10])),
+            first,
+            "unlabelled"
+        );
+        assert_eq!(stacks.len(), 2);
     }
 }

@@ -304,3 +304,48 @@ fn nothing_grows_with_uptime() {
         "bytes, stacks and slices after each 500 s: {sizes:?}"
     );
 }
+
+/// Threads are kept by name: two workers of one name with the same stack are one stack,
+/// counted together, a thread that ended unnamed is `[short-lived thread]`, and the CPU
+/// of threads that blocked `SIGPROF` is summed per name; the merged window names each
+/// thread id it gives.
+#[test]
+fn threads_of_one_name_are_one_and_the_merge_names_every_id() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    let mut collected = slice(0.0, 1.0, &[], 0);
+    let tally = |samples| Tally {
+        samples,
+        periods: samples,
+    };
+    collected.stacks = HashMap::from([
+        (key(7, 0xa), tally(3)),
+        (key(8, 0xa), tally(4)),
+        (key(9, 0xa), tally(5)),
+    ]);
+    collected.names = HashMap::from([(7, "worker".into()), (8, "worker".into())]);
+    collected.blocked = vec![(7, S(1)), (8, S(2))];
+    ring.push(collected, None);
+    assert_eq!(ring.kept().stacks, 2, "one per thread name");
+    assert_eq!(
+        ring.slices.back().unwrap().counts.len(),
+        2,
+        "one entry per stack in the slice, not one per thread"
+    );
+
+    let merged = ring.select(at(0.0), at(1.0)).collected.unwrap();
+    let named: HashMap<&str, u64> = merged
+        .stacks
+        .iter()
+        .map(|(key, tally)| (&*merged.names[&key.tid], tally.samples))
+        .collect();
+    assert_eq!(
+        named,
+        HashMap::from([("worker", 7), ("[short-lived thread]", 5)])
+    );
+    let blocked: Vec<(&str, Duration)> = merged
+        .blocked
+        .iter()
+        .map(|(tid, unsampled)| (&*merged.names[tid], *unsampled))
+        .collect();
+    assert_eq!(blocked, [("worker", S(3))]);
+}
