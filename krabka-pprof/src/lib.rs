@@ -21,9 +21,9 @@
 //! The HTTP contract follows; the [`guide`] has a page for each of the rest:
 //! [how the CPU sampler works](guide::cpu), [labels on samples](guide::labels),
 //! [profiles of the past](guide::recent) (the `recent` recorder), [heap profiling](guide::heap),
-//! [thread and task dumps](guide::threads), [good stacks in release
-//! builds](guide::release_builds), [platforms](guide::platforms) and
-//! [limits](guide::limits).
+//! [thread and task dumps](guide::threads), [scraping with Parca and Grafana
+//! Alloy](guide::scraping), [good stacks in release builds](guide::release_builds),
+//! [platforms](guide::platforms) and [limits](guide::limits).
 //!
 //! # The HTTP contract
 //!
