@@ -83,8 +83,12 @@ pub(super) fn brackets_since(
 mod tests {
     use super::*;
 
+    /// The windows are the process's: one test at a time fills them.
+    static WINDOWS: Mutex<()> = Mutex::new(());
+
     #[test]
     fn windows_beyond_the_most_are_refused_until_one_closes() {
+        let _one = WINDOWS.lock().unwrap_or_else(PoisonError::into_inner);
         let leases: Vec<DeltaLease> = (0..MAX_WINDOWS)
             .map(|_| open(Duration::from_secs(3)).unwrap())
             .collect();
@@ -97,6 +101,20 @@ mod tests {
         }
         drop(leases);
         assert!(open(Duration::from_secs(1)).is_ok(), "closed on drop");
+    }
+
+    #[test]
+    fn closing_one_window_frees_one_place_and_no_other() {
+        let _one = WINDOWS.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut leases: Vec<DeltaLease> = (0..MAX_WINDOWS)
+            .map(|_| open(Duration::from_secs(3)).unwrap())
+            .collect();
+        drop(leases.remove(3));
+        leases.push(open(Duration::from_secs(3)).expect("the place the closed one left"));
+        assert!(
+            open(Duration::from_secs(3)).is_err(),
+            "the other windows are still open"
+        );
     }
 
     #[test]
