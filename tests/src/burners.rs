@@ -116,10 +116,12 @@ impl Burner {
             .iter()
             .map(|thread| {
                 let mut clock: libc::clockid_t = 0;
+                // std's `RawPthread` is a `u64` everywhere; libc's `pthread_t` is a pointer on
+                // musl.
+                let raw = thread.as_pthread_t() as libc::pthread_t;
                 // SAFETY: the thread is running (it is joined only by finish or drop),
                 // and the call writes its CPU clock's id into `clock`.
-                let result =
-                    unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &mut clock) };
+                let result = unsafe { libc::pthread_getcpuclockid(raw, &mut clock) };
                 assert_eq!(result, 0, "pthread_getcpuclockid");
                 clock
             })
