@@ -10,7 +10,7 @@ use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
     ChildServer, Profile, TestServer, client, comments, decode, go_pprof_top, profile_window,
-    raw_request, serial, total, total_in, unpooled_client,
+    raw_request, serial, stacks, string, total, total_in, unpooled_client,
 };
 use reqwest::StatusCode;
 
@@ -217,32 +217,16 @@ async fn the_last_seconds_hold_the_late_phase_and_a_minute_the_whole_process() {
 /// The `phase` label of each sample whose stack holds `function` (empty where it has
 /// none).
 fn phases_of_samples_in(profile: &Profile, function: &str) -> Vec<String> {
-    let string = |i: i64| profile.string_table[i as usize].as_str();
-    let in_function = |id: &u64| {
-        profile
-            .location
-            .iter()
-            .find(|l| l.id == *id)
-            .is_some_and(|location| {
-                location.line.iter().any(|line| {
-                    profile
-                        .function
-                        .iter()
-                        .find(|f| f.id == line.function_id)
-                        .is_some_and(|f| string(f.name).contains(function))
-                })
-            })
-    };
-    profile
-        .sample
+    stacks(profile)
         .iter()
-        .filter(|sample| sample.location_id.iter().any(in_function))
-        .map(|sample| {
+        .zip(&profile.sample)
+        .filter(|((names, _), _)| names.iter().any(|name| name.contains(function)))
+        .map(|(_, sample)| {
             sample
                 .label
                 .iter()
-                .find(|label| string(label.key) == "phase")
-                .map_or_else(String::new, |label| string(label.str).to_owned())
+                .find(|label| string(profile, label.key) == "phase")
+                .map_or_else(String::new, |label| string(profile, label.str).to_owned())
         })
         .collect()
 }
