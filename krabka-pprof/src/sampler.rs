@@ -663,10 +663,13 @@ fn labels_readable(objects: &Objects) -> bool {
         })
 }
 
-/// A sampled thread's name while it lives, `[short-lived thread]` once it has exited
-/// (never its id: a profile's thread names are few, its threads' ids are many).
+/// The name a profile gives a thread that exited before its name was read.
+pub(crate) const UNNAMED_THREAD: &str = "[short-lived thread]";
+
+/// A sampled thread's name while it lives, [`UNNAMED_THREAD`] once it has exited (never
+/// its id: a profile's thread names are few, its threads' ids are many).
 fn thread_name(tid: u32) -> String {
-    crate::process::thread_name(tid).unwrap_or_else(|| "[short-lived thread]".to_owned())
+    crate::process::thread_name(tid).unwrap_or_else(|| UNNAMED_THREAD.to_owned())
 }
 
 /// Whether thread `tid` has a seccomp filter the thread that chose the stack reader

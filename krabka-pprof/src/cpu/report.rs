@@ -91,7 +91,7 @@ pub(super) fn report_profile(
     let mut builder = ProfileBuilder::new(&collected.objects)
         .symbolize(symbolize)
         .resolved_before(before);
-    let unnamed: Arc<str> = Arc::from("[short-lived thread]");
+    let unnamed: Arc<str> = Arc::from(sampler::UNNAMED_THREAD);
     let name_of = |tid: u32| collected.names.get(&tid).unwrap_or(&unnamed).clone();
     let mut signals = collected.lost.samples;
     let mut periods = collected.lost.periods;

@@ -18,9 +18,6 @@ use super::stacks::Stacks;
 use crate::objects::Objects;
 use crate::sampler::{Collected, Report, StackKey, Tally};
 
-/// The name of a thread that ended before its name was read, as `cpu/report.rs` shows it.
-const UNNAMED: &str = "[short-lived thread]";
-
 /// How long a fresh slice lasts.
 pub(super) const SLICE: Duration = Duration::from_secs(1);
 /// Slices younger than this keep their one-second resolution.
@@ -152,7 +149,7 @@ impl Ring {
             objects,
             mut report,
         } = collected;
-        let unnamed: Arc<str> = Arc::from(UNNAMED);
+        let unnamed: Arc<str> = Arc::from(crate::sampler::UNNAMED_THREAD);
         let name_of = |tid: u32| names.get(&tid).unwrap_or(&unnamed).clone();
         let mut counts: Vec<Count> = stacks
             .into_iter()
