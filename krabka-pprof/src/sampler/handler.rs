@@ -44,7 +44,10 @@ pub(crate) struct Session {
     pub(crate) labels: bool,
 }
 
-/// Handler time per sample, in 100 ns buckets up to 20 µs (the last bucket: longer).
+/// Handler time per sample: 100 ns buckets up to 20 µs (where the handler's cost lives on
+/// an ordinary stack), then 5 µs buckets up to 1 ms (where it goes with stacks read through
+/// a system call per frame, or a handler waiting for a scratch slot), the last bucket:
+/// longer.
 pub(crate) struct Costs {
     buckets: [AtomicU32; Costs::BUCKETS],
     pub(crate) frames: AtomicU64,
@@ -56,8 +59,17 @@ pub(crate) struct Costs {
 }
 
 impl Costs {
-    const BUCKETS: usize = 201;
-    const WIDTH: u64 = 100;
+    /// The fine buckets' width, and how many there are.
+    const FINE: u64 = 100;
+    const FINE_BUCKETS: usize = 200;
+    /// The coarse buckets' width, and how many there are after the fine ones.
+    const COARSE: u64 = 5_000;
+    const COARSE_BUCKETS: usize = 196;
+    const BUCKETS: usize = Costs::FINE_BUCKETS + Costs::COARSE_BUCKETS + 1;
+    /// Where the fine buckets end and the coarse begin.
+    const FINE_END: u64 = Costs::FINE * Costs::FINE_BUCKETS as u64;
+    /// Where the coarse buckets end; the last bucket holds everything longer.
+    const END: u64 = Costs::FINE_END + Costs::COARSE * Costs::COARSE_BUCKETS as u64;
 
     pub(crate) fn new() -> Costs {
         Costs {
@@ -69,9 +81,30 @@ impl Costs {
         }
     }
 
+    /// The bucket a handler time of `nanos` is counted in.
+    const fn bucket(nanos: u64) -> usize {
+        if nanos < Costs::FINE_END {
+            (nanos / Costs::FINE) as usize
+        } else if nanos < Costs::END {
+            Costs::FINE_BUCKETS + ((nanos - Costs::FINE_END) / Costs::COARSE) as usize
+        } else {
+            Costs::BUCKETS - 1
+        }
+    }
+
+    /// The upper edge of `bucket` (for the last, the end of the coarse ones: "longer").
+    const fn upper_edge(bucket: usize) -> u64 {
+        if bucket < Costs::FINE_BUCKETS {
+            (bucket as u64 + 1) * Costs::FINE
+        } else if bucket < Costs::BUCKETS - 1 {
+            Costs::FINE_END + (bucket - Costs::FINE_BUCKETS + 1) as u64 * Costs::COARSE
+        } else {
+            Costs::END
+        }
+    }
+
     fn record(&self, nanos: u64) {
-        let bucket = ((nanos / Costs::WIDTH) as usize).min(Costs::BUCKETS - 1);
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.buckets[Costs::bucket(nanos)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counts per bucket now.
@@ -101,10 +134,10 @@ impl Costs {
         for (bucket, count) in counts.iter().enumerate() {
             seen += count;
             if seen >= rank {
-                return (bucket as u64 + 1) * Costs::WIDTH;
+                return Costs::upper_edge(bucket);
             }
         }
-        Costs::BUCKETS as u64 * Costs::WIDTH
+        Costs::END
     }
 }
 
@@ -292,7 +325,40 @@ mod tests {
         }
         assert_eq!(costs.quantile(0.5), 1_500);
         assert_eq!(costs.quantile(0.99), 9_100);
-        assert_eq!(costs.quantile(1.0), Costs::BUCKETS as u64 * Costs::WIDTH);
+        // 50 µs is past the fine buckets: counted in the coarse one ending at 55 µs.
+        assert_eq!(costs.quantile(1.0), 55_000);
         assert_eq!(Costs::new().quantile(0.5), 0);
+    }
+
+    #[test]
+    fn slow_handlers_are_measured_up_to_a_millisecond() {
+        let costs = Costs::new();
+        for nanos in [
+            19_999, 20_000, 24_999, 25_000, 999_999, 1_000_000, 7_000_000,
+        ] {
+            costs.record(nanos);
+        }
+        let histogram = costs.histogram();
+        let edges: Vec<u64> = histogram
+            .iter()
+            .enumerate()
+            .flat_map(|(bucket, &n)| std::iter::repeat_n(Costs::upper_edge(bucket), n as usize))
+            .collect();
+        assert_eq!(
+            edges,
+            [
+                20_000, 25_000, 25_000, 30_000, 1_000_000, 1_000_000, 1_000_000
+            ]
+        );
+        assert_eq!(Costs::END, 1_000_000);
+        // Each bucket's edge is above what it holds, and the edges only grow.
+        for nanos in (0..1_100_000).step_by(499) {
+            let bucket = Costs::bucket(nanos);
+            assert!(nanos < Costs::upper_edge(bucket) || bucket == Costs::BUCKETS - 1);
+            assert!(
+                bucket == 0 || nanos >= Costs::upper_edge(bucket - 1),
+                "{nanos}"
+            );
+        }
     }
 }
