@@ -2,8 +2,8 @@
 //! alternate (each starts when the other is halfway), on a service that lives as services
 //! do for hours: 100 threads a second come and go, a library is loaded and unloaded every
 //! second, a child forked and exec'd every five. Every window's Σ `cpu/nanoseconds`
-//! against the process's CPU over its request (from `/proc/PID/stat`, outside the
-//! sampler); `SigQ` and resident memory over the run; the handler's median and p99 in
+//! against the process's CPU over the window (from `/proc/PID/stat`, outside the sampler,
+//! at the request and when the window closes by the benchmark's clock); `SigQ` and resident memory over the run; the handler's median and p99 in
 //! the first minute's windows against the last minute's.
 
 use std::net::SocketAddr;
@@ -182,12 +182,23 @@ pub fn long_session(options: &Options) -> Vec<Row> {
     ]
 }
 
-/// One window of `seconds`, with the process's CPU over the request.
+/// One window of `seconds`, with the process's CPU over the window by the benchmark's own
+/// clock: read when the request is sent and again `seconds` later, when the window closes
+/// (the answer's rendering and symbolizing come after that, outside the window, and are
+/// not CPU the window could have sampled).
 fn scrape(addr: SocketAddr, pid: u32, seconds: u64, started: Instant) -> Scraped {
     let at = started.elapsed().as_secs_f64();
+    let sent = Instant::now();
     let cpu_before = process_cpu(pid);
+    let closing = std::thread::spawn(move || {
+        std::thread::sleep(
+            (sent + Duration::from_secs(seconds)).saturating_duration_since(Instant::now()),
+        );
+        process_cpu(pid)
+    });
     let fetched = fetch(addr, &format!("/debug/pprof/profile?seconds={seconds}"));
-    let cpu = process_cpu(pid) - cpu_before;
+    let over_request = process_cpu(pid) - cpu_before;
+    let cpu = closing.join().expect("the closing reading") - cpu_before;
     assert_eq!(
         fetched.status,
         200,
@@ -212,6 +223,18 @@ fn scrape(addr: SocketAddr, pid: u32, seconds: u64, started: Instant) -> Scraped
             Some((median.parse().ok()?, p99.parse().ok()?))
         })
         .unwrap_or((0, 0));
+    let stated = profile
+        .comment
+        .iter()
+        .map(|&i| profile.string_table[i as usize].as_str())
+        .find_map(|c| c.strip_prefix("process CPU time over the window: "))
+        .unwrap_or("?");
+    eprintln!(
+        "LS window at {at:.0} s: sampled {} ms; process CPU {} ms over the window, {} ms over the request; the profile says {stated}",
+        sampled / 1_000_000,
+        cpu.as_millis(),
+        over_request.as_millis(),
+    );
     Scraped {
         at,
         ratio: sampled as f64 / cpu.as_nanos().max(1) as f64,

@@ -251,7 +251,7 @@ fn spin(rounds: u64) -> u64 {
     x
 }
 
-/// 100 threads a second that each burn a millisecond or two and exit; every second a
+/// 100 threads a second that each burn 1.5 ms and exit; every second a
 /// library loaded, called and unloaded; every 5 seconds a child forked and exec'd.
 fn churn_forever() {
     let mut tick = 0u64;
@@ -262,7 +262,7 @@ fn churn_forever() {
                 std::thread::Builder::new()
                     .name("short".into())
                     .stack_size(128 * 1024)
-                    .spawn(|| std::hint::black_box(spin(300_000)))
+                    .spawn(burn_a_while)
                     .expect("spawn a short-lived thread")
             })
             .collect();
@@ -277,6 +277,15 @@ fn churn_forever() {
         }
         tick += 1;
         std::thread::sleep(std::time::Duration::from_millis(100).saturating_sub(started.elapsed()));
+    }
+}
+
+/// What a short-lived thread of figure LS burns: 1.5 ms of its own CPU clock, whatever the
+/// machine's speed (so the churn is 15 % of a core, CPU a sampler can lose or find).
+fn burn_a_while() {
+    let until = thread_cpu_time() + std::time::Duration::from_micros(1_500);
+    while thread_cpu_time() < until {
+        std::hint::black_box(spin(10_000));
     }
 }
 
