@@ -43,6 +43,27 @@ fn has_field(line: &str, field: &str) -> bool {
         .any(|token| token == field)
 }
 
+/// The value of `name` in the log line: a quoted string whole (it may hold spaces), else
+/// the token up to the next space or brace.
+fn field<'l>(line: &'l str, name: &str) -> Option<&'l str> {
+    let at = line
+        .match_indices(&format!("{name}="))
+        .map(|(at, _)| at)
+        .find(|&at| at == 0 || line[..at].ends_with([' ', '{']))?;
+    let rest = &line[at + name.len() + 1..];
+    if let Some(quoted) = rest.strip_prefix('"') {
+        return quoted.split_once('"').map(|(value, _)| value);
+    }
+    rest.split([' ', '}']).next()
+}
+
+/// The line of `log` that closes the first span of `route`.
+fn closing<'l>(log: &'l str, route: &str) -> &'l str {
+    log.lines()
+        .find(|l| l.contains(": close ") && has_field(l, &format!("route={route}")))
+        .unwrap_or_else(|| panic!("no span of {route} closed:\n{log}"))
+}
+
 /// [`has_field`] matches whole fields only; called by the binary's one test.
 fn a_field_is_matched_whole() {
     let line = "pprof{route=/debug/pprof/profile seconds_requested=1 seconds=10}: served";
@@ -50,6 +71,14 @@ fn a_field_is_matched_whole() {
     assert!(has_field(line, "route=/debug/pprof/profile"));
     assert!(!has_field(line, "seconds=1"));
     assert!(has_field(line, "seconds_requested=1"));
+    let line = r#"pprof{seconds=10 stack_reader="the pprof crate's sampler" windows=1}: close"#;
+    assert_eq!(field(line, "seconds"), Some("10"));
+    assert_eq!(
+        field(line, "stack_reader"),
+        Some("the pprof crate's sampler")
+    );
+    assert_eq!(field(line, "windows"), Some("1"));
+    assert_eq!(field(line, "readers"), None);
 }
 
 #[tokio::test]
@@ -64,6 +93,9 @@ async fn spans_and_refusals() {
         .with_max_level(tracing::Level::DEBUG)
         .with_ansi(false)
         .with_writer(move || writer.clone())
+        // A line as each span closes, with every field it was given: the outcome of a
+        // refusal is recorded after the last event inside it.
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .init();
 
     let server = TestServer::start(app);
@@ -112,6 +144,35 @@ async fn spans_and_refusals() {
         total(&profile, 0),
         "the span counts the samples it served"
     );
+    // What the sampler noticed, in the span as it closes.
+    let closed = closing(&log, "/debug/pprof/profile");
+    assert_eq!(field(closed, "symbolize"), Some("full"), "{closed}");
+    assert_eq!(field(closed, "outcome"), Some("ok"), "{closed}");
+    let reader = field(closed, "stack_reader").expect("the stack reader");
+    if reader == "the pprof crate's sampler" {
+        // That sampler reports nothing of its own threads, signals or handler.
+        assert_eq!(field(closed, "threads_timed"), None, "{closed}");
+    } else {
+        assert!(
+            ["process_vm_readv", "/proc/self/mem"].contains(&reader),
+            "a stack reader this crate names: {closed}"
+        );
+        let number = |name: &str| -> u64 {
+            field(closed, name)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {closed}"))
+        };
+        assert!(
+            number("threads_timed") >= 2,
+            "the burner and the server: {closed}"
+        );
+        assert_eq!(number("foreign_signals"), 0, "{closed}");
+        let (p50, p99) = (number("handler_p50_ns"), number("handler_p99_ns"));
+        assert!(0 < p50 && p50 <= p99, "{closed}");
+        // 50 Hz is under every kernel tick (100 Hz at the least).
+        assert_eq!(field(closed, "rate_capped"), Some("false"), "{closed}");
+        assert_eq!(field(closed, "handler_replaced"), Some("false"), "{closed}");
+    }
 
     let refused = http
         .get(server.url("/debug/pprof/profile?seconds=1"))
@@ -137,6 +198,34 @@ async fn spans_and_refusals() {
         log.lines()
             .any(|l| l.contains("DEBUG") && l.contains("bad query")),
         "{log}"
+    );
+    let closed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(": close ") && has_field(l, "route=/debug/pprof/profile"))
+        .collect();
+    assert_eq!(closed.len(), 2, "{log}");
+    assert_eq!(field(closed[0], "outcome"), Some("refused"), "{log}");
+    assert_eq!(field(closed[1], "outcome"), Some("bad_query"), "{log}");
+    assert_eq!(field(closed[1], "seconds"), None, "nothing granted: {log}");
+
+    // Another route's span: what was asked and what was served.
+    let dump = http
+        .get(server.url("/debug/pprof/threads?debug=1"))
+        .bearer_auth("tr4cing-s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(dump.status(), StatusCode::OK);
+    let dump = dump.bytes().await.unwrap();
+    let log = captured.take();
+    let closed = closing(&log, "/debug/pprof/threads");
+    assert_eq!(field(closed, "format"), Some("debug=1"), "{closed}");
+    assert_eq!(field(closed, "symbolize"), Some("full"), "{closed}");
+    assert_eq!(field(closed, "outcome"), Some("ok"), "{closed}");
+    assert_eq!(
+        field(closed, "bytes"),
+        Some(dump.len().to_string().as_str()),
+        "{closed}"
     );
     assert!(
         !log.contains("tr4cing-s3cret") && !log.contains("wrong-but-logged"),
