@@ -25,9 +25,9 @@ fn without_recorder() -> Router {
 }
 
 /// `GET /debug/pprof/recent?{query}` on its own connection: the status, the body, and
-/// the time from sending to the last byte.
-async fn ask(child: &ChildServer, query: &str) -> (StatusCode, Vec<u8>, Duration) {
-    let sent = Instant::now();
+/// the client's clock when it sent the request and when the last byte arrived.
+async fn ask(child: &ChildServer, query: &str) -> (StatusCode, Vec<u8>, Asked) {
+    let sent = SystemTime::now();
     let response = unpooled_client()
         .get(child.url(&format!("/debug/pprof/recent?{query}")))
         .send()
@@ -35,20 +35,66 @@ async fn ask(child: &ChildServer, query: &str) -> (StatusCode, Vec<u8>, Duration
         .unwrap();
     let status = response.status();
     let body = response.bytes().await.unwrap().to_vec();
-    (status, body, sent.elapsed())
+    (
+        status,
+        body,
+        Asked {
+            sent,
+            answered: SystemTime::now(),
+        },
+    )
 }
 
-/// A profile from `/recent?{query}`, answered "at once": well under a second.
+/// When a request was sent and answered, by the client's clock.
+#[derive(Clone, Copy)]
+struct Asked {
+    sent: SystemTime,
+    answered: SystemTime,
+}
+
+impl Asked {
+    /// An answer "at once" is of the past: it begins before the request was sent, and
+    /// what it sampled (`duration_nanos`, which leaves out the gaps where the recorder
+    /// yielded) fits between its start and the answer's arrival, holding nothing that ran
+    /// more than the newest slice's cut (held to 150 ms; 1.5 s allowed for a busy
+    /// machine) after the request. A route that opened a window and waited for it would
+    /// begin after the request, one that waited for more history would end after it. How
+    /// long an answer takes is the benchmark's (figure RM), not a test's; how fresh it
+    /// is, the tests' that know there was no gap.
+    fn assert_up_to_the_request(self, profile: &Profile, what: &str) {
+        let (start, end) = profile_window(profile);
+        assert!(start < self.sent, "{what}: begins after it was asked for");
+        assert!(
+            end <= self.answered,
+            "{what}: sampled more than it could have"
+        );
+        assert!(
+            end <= self.sent + Duration::from_millis(1_500),
+            "{what}: holds what ran {:?} after it was asked for",
+            end.duration_since(self.sent).unwrap_or_default()
+        );
+    }
+}
+
+/// A profile from `/recent?{query}` without `end=`: of the past up to the request.
 async fn recent(child: &ChildServer, query: &str) -> Profile {
-    let (status, body, took) = ask(child, query).await;
+    let (profile, asked) = recent_asked(child, query).await;
+    if !query.contains("end=") {
+        asked.assert_up_to_the_request(&profile, query);
+    }
+    profile
+}
+
+/// A profile from `/recent?{query}`, with when it was asked and answered.
+async fn recent_asked(child: &ChildServer, query: &str) -> (Profile, Asked) {
+    let (status, body, asked) = ask(child, query).await;
     assert_eq!(
         status,
         StatusCode::OK,
         "{query}: {}",
         String::from_utf8_lossy(&body)
     );
-    assert!(took < Duration::from_millis(700), "{query} took {took:?}");
-    decode(&body)
+    (decode(&body), asked)
 }
 
 /// A `/recent` answer that is not a profile: its status and sentence.
@@ -129,11 +175,11 @@ async fn the_last_seconds_hold_the_late_phase_and_a_minute_the_whole_process() {
         seconds(&last)
     );
 
-    let sent = SystemTime::now();
-    let (status, body, took) = ask(&child, "seconds=60").await;
+    let (status, body, asked) = ask(&child, "seconds=60").await;
+    let sent = asked.sent;
     assert_eq!(status, StatusCode::OK);
-    assert!(took < Duration::from_millis(700), "took {took:?}");
     let minute = decode(&body);
+    asked.assert_up_to_the_request(&minute, "seconds=60");
     let (early, late) = (total_in(&minute, 0, EARLY), total_in(&minute, 0, LATE));
     assert!(
         early > 150 && late > 100,
@@ -174,9 +220,8 @@ async fn the_last_seconds_hold_the_late_phase_and_a_minute_the_whole_process() {
     );
     // Every view of the CPU route.
     for view in ["format=text", "format=text&lines=true", "symbolize=none"] {
-        let (status, body, took) = ask(&child, &format!("seconds=60&{view}")).await;
+        let (status, body, _) = ask(&child, &format!("seconds=60&{view}")).await;
         assert_eq!(status, StatusCode::OK, "{view}");
-        assert!(took < Duration::from_millis(700), "{view} took {took:?}");
         if view == "format=text" {
             assert!(String::from_utf8(body).unwrap().contains(LATE));
         }
@@ -535,14 +580,19 @@ async fn scrapers_get_the_last_seconds_at_once_and_bad_queries_a_sentence() {
              Connection: close\r\n\r\n",
             child.addr
         );
-        let sent = Instant::now();
+        let sent = SystemTime::now();
         let (status, headers, body) = raw_request(child.addr, &request).await;
-        assert!(sent.elapsed() < Duration::from_millis(700), "{agent}");
+        let asked = Asked {
+            sent,
+            answered: SystemTime::now(),
+        };
         assert_eq!(status, 200, "{agent}");
         let content_type = headers.iter().find(|(k, _)| k == "content-type").unwrap();
         assert_eq!(content_type.1, "application/octet-stream");
         assert_eq!(&body[..2], &[0x1f, 0x8b]);
-        assert!(total(&decode(&body), 0) > 0);
+        let profile = decode(&body);
+        assert!(total(&profile, 0) > 0);
+        asked.assert_up_to_the_request(&profile, agent);
     }
     for (query, says) in [
         ("seconds=abc", "`seconds` must be a whole number of seconds"),
