@@ -616,8 +616,14 @@ fn refresh_threads(
     let mut threads = unsafe { session.threads.get() };
     for &tid in &changes.exited {
         threads.forget(tid);
-        state.names.remove(&tid);
     }
+    // Every name of a thread gone, not only the timed ones the registry lists: a thread
+    // that lived and died between two listings, sampled by the backstop, was named too,
+    // and one session of a service that starts 100 threads a second would otherwise
+    // keep a name for each of them (and hand a reused id the dead thread's name).
+    state
+        .names
+        .retain(|tid, _| alive.binary_search(tid).is_ok());
     if threads.needs_rebuild(alive.len()) {
         session
             .threads
@@ -882,5 +888,60 @@ pub(crate) mod tests {
             let samples: u64 = slice.stacks.values().map(|t| t.samples).sum();
             assert!(samples >= 2, "slice {i} has {samples} samples");
         }
+    }
+
+    #[test]
+    fn the_names_of_threads_gone_are_forgotten_by_the_session() {
+        let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
+        let sampler = Sampler::start(1000, &[]).expect("a sampler");
+        let window = sampler.open_window(1);
+        // Threads that start and end between two drains, no listing sees them: the
+        // backstop samples them (5 ms of CPU each, several ticks).
+        let short: Vec<u32> = (0..40)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let until = thread_cpu_clock() + Duration::from_millis(5);
+                    while thread_cpu_clock() < until {
+                        std::hint::black_box((0..1_000u64).sum::<u64>());
+                    }
+                    // SAFETY: gettid has no preconditions.
+                    unsafe { libc::gettid() as u32 }
+                })
+                .join()
+                .unwrap()
+            })
+            .collect();
+        sampler.drain();
+        let named: Vec<u32> = sampler.state().names.keys().copied().collect();
+        let collected = sampler.close_window(window);
+        drop(sampler);
+        let sampled: Vec<u32> = collected
+            .stacks
+            .keys()
+            .map(|key| key.tid)
+            .filter(|tid| short.contains(tid))
+            .collect();
+        assert!(!sampled.is_empty(), "the short-lived threads were sampled");
+        assert!(
+            sampled.iter().all(|tid| collected.names.contains_key(tid)),
+            "the window keeps the names of the threads it sampled"
+        );
+        let kept: Vec<&u32> = named.iter().filter(|tid| short.contains(tid)).collect();
+        assert!(
+            kept.is_empty(),
+            "the session still names {} threads gone: {kept:?}",
+            kept.len()
+        );
+    }
+
+    /// The calling thread's CPU clock (the kernel's).
+    fn thread_cpu_clock() -> Duration {
+        let mut time = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: writes the calling thread's CPU clock into `time`.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
+        Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
     }
 }
