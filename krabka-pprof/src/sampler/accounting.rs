@@ -120,19 +120,48 @@ impl Accounting {
             account.clock = now;
             alive.insert(tid, account);
         }
-        // Samples of threads without a timer (the backstop's) or that exited since.
-        attributed += sampled.values().sum::<u64>() * period;
+        // What timed threads that exited since had used and no sample of theirs had
+        // spent yet: CPU their clocks accounted for and no sample stands for.
+        let exited_carry: u64 = self
+            .threads
+            .iter()
+            .filter(|(tid, _)| !alive.contains_key(tid))
+            .map(|(_, account)| account.carry)
+            .sum();
         self.threads = alive;
         let process_delta = process.saturating_sub(self.process).as_nanos() as u64;
         self.process = process;
+        // Samples of threads without a timer (the backstop's) or that exited since. A
+        // backstop signal carries `1 + overrun` periods of the *process's* CPU: delivered
+        // late (the thread it lands on waiting for a core, on a machine busy with other
+        // work), its overrun holds CPU that timed threads used and their own timers count.
+        // Together they stand for no more than what no timed thread's clock accounts for,
+        // the unspent CPU of timed threads gone since, and a period of slack (the clocks
+        // are read a little apart).
+        let untimed = process_delta.saturating_sub(attributed) + exited_carry;
+        let mut untimed_periods: Vec<(u32, u64)> = sampled.into_iter().collect();
+        let mut total: u64 = untimed_periods.iter().map(|&(_, periods)| periods).sum();
+        let allowed = untimed / period + 1;
+        if total > allowed {
+            untimed_periods.sort_by_key(|&(tid, periods)| (std::cmp::Reverse(periods), tid));
+            for &(tid, _) in &untimed_periods {
+                total -= clamp(batch, tid, total - allowed);
+                if total <= allowed {
+                    break;
+                }
+            }
+        }
+        attributed += total * period;
         drain.unattributed = process_delta as i64 - attributed as i64;
         drain
     }
 }
 
-/// Takes `excess` periods off thread `tid`'s samples in `batch`, from its heaviest stack
-/// down, never below one period per sample.
-fn clamp(batch: &mut HashMap<StackKey, Tally>, tid: u32, mut excess: u64) {
+/// Takes up to `excess` periods off thread `tid`'s samples in `batch`, from its heaviest
+/// stack down, never below one period per sample; returns how many it took.
+fn clamp(batch: &mut HashMap<StackKey, Tally>, tid: u32, excess: u64) -> u64 {
+    let wanted = excess;
+    let mut excess = excess;
     let mut heaviest: Vec<(&StackKey, &mut Tally)> =
         batch.iter_mut().filter(|(key, _)| key.tid == tid).collect();
     heaviest.sort_by_key(|(_, tally)| std::cmp::Reverse(tally.periods - tally.samples));
@@ -145,6 +174,7 @@ fn clamp(batch: &mut HashMap<StackKey, Tally>, tid: u32, mut excess: u64) {
             break;
         }
     }
+    wanted - excess
 }
 
 #[cfg(test)]
@@ -252,5 +282,43 @@ mod tests {
         let mut batch = HashMap::from([(key(7, 2), tally(2, 2))]);
         let drain = accounting.drain(&[], MS(1_320), &mut batch, &mut |_| false);
         assert_eq!(drain.unattributed, 0);
+    }
+
+    #[test]
+    fn backstop_samples_stand_for_no_more_than_what_no_timed_thread_used() {
+        let mut accounting = Accounting::new(PERIOD, MS(0));
+        accounting.track(7, MS(0));
+        // 200 ms of process CPU: 150 ms on timed thread 7 (its 15 samples), 50 ms on
+        // short-lived threads 8 and 9. Their backstop signals came late, with overruns
+        // holding thread 7's CPU too: 12 and 8 periods in 2 samples each, where 5 (and a
+        // period of slack) is all that no timed clock accounts for.
+        let mut batch = HashMap::from([
+            (key(7, 1), tally(15, 15)),
+            (key(8, 1), tally(1, 7)),
+            (key(8, 2), tally(1, 5)),
+            (key(9, 1), tally(2, 8)),
+        ]);
+        let drain = accounting.drain(&[(7, MS(150))], MS(200), &mut batch, &mut |_| false);
+        assert_eq!(
+            batch[&key(7, 1)],
+            tally(15, 15),
+            "the timed thread is untouched"
+        );
+        let untimed: u64 = [key(8, 1), key(8, 2), key(9, 1)]
+            .iter()
+            .map(|k| batch[k].periods)
+            .sum();
+        assert_eq!(untimed, 6, "5 periods of untimed CPU, and one of slack");
+        for k in [key(8, 1), key(8, 2), key(9, 1)] {
+            assert!(
+                batch[&k].periods >= batch[&k].samples,
+                "one period per sample at least"
+            );
+        }
+        assert_eq!(drain.unattributed, 50_000_000 - 60_000_000);
+        // Where the backstop's periods fit, nothing is taken.
+        let mut batch = HashMap::from([(key(7, 2), tally(10, 10)), (key(9, 2), tally(1, 4))]);
+        accounting.drain(&[(7, MS(250))], MS(340), &mut batch, &mut |_| false);
+        assert_eq!(batch[&key(9, 2)], tally(1, 4));
     }
 }
