@@ -900,12 +900,14 @@ pub(crate) mod tests {
         let short: Vec<u32> = (0..40)
             .map(|_| {
                 std::thread::spawn(|| {
-                    let until = thread_cpu_clock() + Duration::from_millis(5);
-                    while thread_cpu_clock() < until {
+                    // SAFETY: gettid has no preconditions.
+                    let tid = unsafe { libc::gettid() as u32 };
+                    let clock = || crate::process::thread_cpu_time(tid).expect("own clock");
+                    let until = clock() + Duration::from_millis(5);
+                    while clock() < until {
                         std::hint::black_box((0..1_000u64).sum::<u64>());
                     }
-                    // SAFETY: gettid has no preconditions.
-                    unsafe { libc::gettid() as u32 }
+                    tid
                 })
                 .join()
                 .unwrap()
@@ -921,7 +923,21 @@ pub(crate) mod tests {
             .map(|key| key.tid)
             .filter(|tid| short.contains(tid))
             .collect();
-        assert!(!sampled.is_empty(), "the short-lived threads were sampled");
+        if sampled.is_empty() {
+            // Before 6.4 the backstop's signals go to the main thread: threads no listing
+            // saw are counted, not sampled, and so never named (docs/platforms.md).
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+            let mut numbers = release
+                .split(['.', '-'])
+                .map(|n| n.parse::<u32>().unwrap_or(0));
+            let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+            assert!(
+                version < (6, 4),
+                "the short-lived threads were sampled on {release}"
+            );
+            eprintln!("kernel {release}: short-lived threads are not sampled; nothing to show");
+            return;
+        }
         assert!(
             sampled.iter().all(|tid| collected.names.contains_key(tid)),
             "the window keeps the names of the threads it sampled"
@@ -932,16 +948,5 @@ pub(crate) mod tests {
             "the session still names {} threads gone: {kept:?}",
             kept.len()
         );
-    }
-
-    /// The calling thread's CPU clock (the kernel's).
-    fn thread_cpu_clock() -> Duration {
-        let mut time = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: writes the calling thread's CPU clock into `time`.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
-        Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
     }
 }

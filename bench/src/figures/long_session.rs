@@ -3,8 +3,9 @@
 //! do for hours: 100 threads a second come and go, a library is loaded and unloaded every
 //! second, a child forked and exec'd every five. Every window's Σ `cpu/nanoseconds`
 //! against the process's CPU over the window (from `/proc/PID/stat`, outside the sampler,
-//! at the request and when the window closes by the benchmark's clock); `SigQ` and resident memory over the run; the handler's median and p99 in
-//! the first minute's windows against the last minute's.
+//! at the request and when the window closes by the benchmark's clock); `SigQ` and
+//! resident memory over the run; the handler's median and p99 in the first minute's
+//! windows against the last minute's.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
