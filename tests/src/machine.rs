@@ -38,8 +38,10 @@ pub struct Tick {
 /// 0.4 s of one core): the tick from `clock_getres(CLOCK_MONOTONIC_COARSE)`, then
 /// checked by a thread that arms a `CLOCK_THREAD_CPUTIME_ID` timer every 100 µs of its
 /// own CPU time and counts its signals, as the sampler's timers are armed. Panics with
-/// the figures if the timer did not account for the CPU the thread used, or fired much
-/// less often than once per tick: then nothing about the cap can be said.
+/// the figures if the timer did not account for the CPU the thread used: then nothing
+/// about the cap can be said. A probe that fired much less often than once per tick
+/// shared its core with other work (it is checked only at ticks that find it running):
+/// said, not failed.
 pub fn kernel_tick_hz() -> u32 {
     kernel_tick().hz
 }
@@ -75,10 +77,15 @@ pub fn kernel_tick() -> Tick {
              overruns in {cpu:?}): capped at {} Hz",
             tick.hz
         );
-        assert!(
-            fired >= 0.6 * f64::from(config_hz),
-            "{tick:?}: a busy thread's CPU timer fired far less often than once per tick"
-        );
+        if fired < 0.6 * f64::from(config_hz) {
+            // A thread's timer is checked only at ticks that find it running: sharing
+            // its core with other work, the probe was passed over by most. The tick
+            // still caps every timer; the tests that need whole cores say so themselves.
+            eprintln!(
+                "the tick probe shared its core (fired {fired:.0} times per CPU second, \
+                 under the {config_hz} Hz tick): the machine is busy"
+            );
+        }
         tick
     })
 }
@@ -306,8 +313,10 @@ fn probe_thread_timer() -> (u64, u64, Duration) {
     take(&mut signals, &mut overruns);
     let periods = (signals + overruns) as f64;
     let expected = cpu.as_secs_f64() / PROBE_PERIOD.as_secs_f64();
+    // Not above it (a doubled signal), and most of it: the CPU since the last tick that
+    // found the probe running is in no signal yet, a few ticks' worth on a busy core.
     assert!(
-        (periods - expected).abs() <= expected * 0.2,
+        (expected * 0.5..=expected * 1.2).contains(&periods),
         "the tick probe's timer accounted for {periods} periods of {PROBE_PERIOD:?} in \
          {cpu:?} of its thread's CPU ({signals} signals, {overruns} overruns): nothing can \
          be said of the kernel's tick"

@@ -76,17 +76,8 @@ impl Asked {
     }
 }
 
-/// A profile from `/recent?{query}` without `end=`: of the past up to the request.
+/// A profile from `/recent?{query}`; without `end=`, of the past up to the request.
 async fn recent(child: &ChildServer, query: &str) -> Profile {
-    let (profile, asked) = recent_asked(child, query).await;
-    if !query.contains("end=") {
-        asked.assert_up_to_the_request(&profile, query);
-    }
-    profile
-}
-
-/// A profile from `/recent?{query}`, with when it was asked and answered.
-async fn recent_asked(child: &ChildServer, query: &str) -> (Profile, Asked) {
     let (status, body, asked) = ask(child, query).await;
     assert_eq!(
         status,
@@ -94,7 +85,11 @@ async fn recent_asked(child: &ChildServer, query: &str) -> (Profile, Asked) {
         "{query}: {}",
         String::from_utf8_lossy(&body)
     );
-    (decode(&body), asked)
+    let profile = decode(&body);
+    if !query.contains("end=") {
+        asked.assert_up_to_the_request(&profile, query);
+    }
+    profile
 }
 
 /// A `/recent` answer that is not a profile: its status and sentence.

@@ -79,13 +79,16 @@ async fn memcpy_time_is_under_its_rust_caller_by_default() {
     let measured = hot::COPY_CPU_NANOS
         .each_ref()
         .map(|c| c.load(Ordering::Relaxed) as f64);
-    let parts = assert_split(
-        &profile,
-        ["split_fifty", "copy_forty", "split_twenty"],
-        measured,
-        [40.0, 40.0, 20.0],
-        10.0,
-    );
+    let functions = ["split_fifty", "copy_forty", "split_twenty"];
+    let parts = assert_split(&profile, functions, measured, [40.0, 40.0, 20.0], 10.0)
+        .unwrap_or_else(|why| {
+            // The split cannot be judged here; where memcpy's samples go still can.
+            skip(
+                "memcpy_time_is_under_its_rust_caller_by_default (its split)",
+                &why,
+            );
+            functions.map(|f| total_in(&profile, 0, f))
+        });
     // The copy's samples are memcpy in libc (named `[libc.so.6]` where libc's symbol table
     // is stripped), unwound to the Rust function that called it.
     let copy_stacks: Vec<_> = stacks(&profile)
@@ -359,23 +362,27 @@ async fn short_lived_threads_are_counted() {
     let server = TestServer::start(app);
     let stop = Arc::new(AtomicBool::new(false));
     let used = Arc::new(AtomicU64::new(0));
+    // Each short-lived thread's wall time over its work: against its CPU, how much of a
+    // core it had (the kernel's clocks, outside the profiler).
+    let walled = Arc::new(AtomicU64::new(0));
     let spawner = {
-        let (stop, used) = (stop.clone(), used.clone());
+        let (stop, used, walled) = (stop.clone(), used.clone(), walled.clone());
         std::thread::spawn(move || {
             let limit = Instant::now() + Duration::from_secs(30);
             let mut spawned = 0u32;
             // 200 threads a second, each a few milliseconds of CPU.
             while !stop.load(Ordering::Relaxed) && Instant::now() < limit {
-                let used = used.clone();
+                let (used, walled) = (used.clone(), walled.clone());
                 std::thread::Builder::new()
                     .name("short-lived".into())
                     .spawn(move || {
-                        let start = thread_cpu_time();
+                        let (start, wall) = (thread_cpu_time(), Instant::now());
                         std::hint::black_box(hot::krabka_short_lived(300_000));
                         used.fetch_add(
                             (thread_cpu_time() - start).as_nanos() as u64,
                             Ordering::Relaxed,
                         );
+                        walled.fetch_add(wall.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     })
                     .unwrap()
                     .join()
@@ -401,10 +408,33 @@ async fn short_lived_threads_are_counted() {
         spawned > 300,
         "{spawned} threads: the spawner was too slow to test this"
     );
-    assert!(
-        short >= truth * 0.6,
-        "short-lived threads' CPU is missing: {short:.0} ns of {truth:.0} ns"
-    );
+    // Where the short-lived threads shared their core with other work (a machine busy
+    // with another job), the backstop's signals come late and folded: one that lands on a
+    // timed thread is dropped (that thread's own timer counts it), and the short-lived
+    // threads' share of it is counted from the process's clock under the marker instead
+    // of unwound.
+    let share = used.load(Ordering::Relaxed) as f64 / walled.load(Ordering::Relaxed).max(1) as f64;
+    let marked = total_in(&profile, 1, "[threads too short-lived to be sampled]") as f64;
+    if !quiet_cores(share) {
+        skip(
+            "short_lived_threads_are_counted (their stacks)",
+            &format!(
+                "the short-lived threads had a core for {:.0}% of their time (the machine is \
+                 busy): {short:.0} ns unwound and {marked:.0} ns under the marker",
+                share * 100.0
+            ),
+        );
+        assert!(
+            short + marked >= truth * 0.6,
+            "short-lived threads' CPU is missing: {short:.0} ns unwound and {marked:.0} ns \
+             under the marker, of {truth:.0} ns"
+        );
+    } else {
+        assert!(
+            short >= truth * 0.6,
+            "short-lived threads' CPU is missing: {short:.0} ns of {truth:.0} ns"
+        );
+    }
     let process = cpu_used.as_nanos() as f64;
     assert!(
         (all - process).abs() <= process * 0.1,
