@@ -57,10 +57,17 @@ fn field<'l>(line: &'l str, name: &str) -> Option<&'l str> {
     rest.split([' ', '}']).next()
 }
 
+/// The lines of `log` that close a span of `route`, in order.
+fn closings<'l>(log: &'l str, route: &str) -> Vec<&'l str> {
+    log.lines()
+        .filter(|l| l.contains(": close ") && has_field(l, &format!("route={route}")))
+        .collect()
+}
+
 /// The line of `log` that closes the first span of `route`.
 fn closing<'l>(log: &'l str, route: &str) -> &'l str {
-    log.lines()
-        .find(|l| l.contains(": close ") && has_field(l, &format!("route={route}")))
+    closings(log, route)
+        .first()
         .unwrap_or_else(|| panic!("no span of {route} closed:\n{log}"))
 }
 
@@ -199,10 +206,7 @@ async fn spans_and_refusals() {
             .any(|l| l.contains("DEBUG") && l.contains("bad query")),
         "{log}"
     );
-    let closed: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains(": close ") && has_field(l, "route=/debug/pprof/profile"))
-        .collect();
+    let closed = closings(&log, "/debug/pprof/profile");
     assert_eq!(closed.len(), 2, "{log}");
     assert_eq!(field(closed[0], "outcome"), Some("refused"), "{log}");
     assert_eq!(field(closed[1], "outcome"), Some("bad_query"), "{log}");
