@@ -18,6 +18,8 @@
 // Without a sampler every request is a 503: the busy state goes unused there.
 #![cfg_attr(not(any(sampler, pprof_rs)), allow(dead_code))]
 
+#[cfg(sampler)]
+mod drainer;
 mod lease;
 #[cfg(pprof_rs)]
 pub(crate) mod pprof_rs;

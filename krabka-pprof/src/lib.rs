@@ -73,6 +73,9 @@ pub use routes::{pprof_router, pprof_router_with_config};
 pub mod __private {
     use crate::config::{Guard, ProfilingConfig};
 
+    /// For this workspace's tests only.
+    pub use crate::offload::{ProfilerThreadHold, hold_profiler_thread};
+
     /// Implemented for `axum::Router<S>` only, so that a function returning anything else
     /// gets a message naming the attribute rather than a trait-bound puzzle.
     #[diagnostic::on_unimplemented(

@@ -129,8 +129,12 @@ impl std::io::Write for LogWriter {
 }
 
 /// A hold on one of a [`TestServer`]'s blocking threads (see
-/// [`TestServer::hold_blocking_pool`]); dropping it lets the thread go.
-pub struct PoolHold(#[allow(dead_code, reason = "dropped to let go")] std::sync::mpsc::Sender<()>);
+/// [`TestServer::hold_blocking_pool`]), and of the profiler's own thread; dropping it lets
+/// both go.
+pub struct PoolHold(
+    #[allow(dead_code, reason = "dropped to let go")] std::sync::mpsc::Sender<()>,
+    #[allow(dead_code, reason = "dropped to let go")] krabka_pprof::__private::ProfilerThreadHold,
+);
 
 /// The holds the `/hold` route waits for, by number.
 static HOLDS: Mutex<Vec<(u64, std::sync::mpsc::Receiver<()>)>> = Mutex::new(Vec::new());
@@ -296,6 +300,18 @@ impl TestServer {
     /// else once it is queued, behind whatever holds the thread now, so that work queued
     /// after it waits for it in turn. The app needs [`with_hold_route`].
     pub async fn hold_blocking_pool(&self, running: bool) -> PoolHold {
+        // The profiler builds profiles on a thread of its own while it is idle: held, it
+        // takes none, and they wait on the pool as the test means them to. Another test's
+        // profile may be finishing there.
+        let thread = krabka_pprof::__private::hold_profiler_thread();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !thread.idle() {
+            assert!(
+                Instant::now() < deadline,
+                "the profiler's thread stayed busy for 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
         let (hold, release) = std::sync::mpsc::channel();
@@ -307,7 +323,7 @@ impl TestServer {
             .await
             .unwrap();
         assert_eq!(answer.status(), reqwest::StatusCode::OK, "/hold");
-        PoolHold(hold)
+        PoolHold(hold, thread)
     }
 
     /// Waits until the index page says `windows` CPU windows are open (at most 10 s).

@@ -84,10 +84,15 @@ fn handler_share(options: &Options) -> Vec<Row> {
     let seconds = options.secs(30.0).round().max(5.0) as u64;
     let server = Server::start_recording(None);
     let load = Load::start(server.addr, CONNECTIONS, seconds as f64, false);
-    let before = thread_cpu(server.pid(), "krabka-recorder").expect("the recorder's thread");
+    // The recorder's own thread (slices) and its session's drain thread (drains).
+    let threads = || {
+        thread_cpu(server.pid(), "krabka-recorder").expect("the recorder's thread")
+            + thread_cpu(server.pid(), "krabka-drain").expect("the session's drain thread")
+    };
+    let before = threads();
     let started = Instant::now();
     let _ = load.finish();
-    let recorder_cpu = thread_cpu(server.pid(), "krabka-recorder").unwrap() - before;
+    let recorder_cpu = threads() - before;
     let wall = started.elapsed();
     let f = fetch(
         server.addr,
@@ -106,7 +111,7 @@ fn handler_share(options: &Options) -> Vec<Row> {
     let thread = recorder_cpu.as_secs_f64() / wall.as_secs_f64() * 100.0;
     eprintln!(
         "R: {samples} samples in {covered:.1} s, handler median {p50} ns, p99 {p99} ns; \
-         recorder thread {recorder_cpu:?} in {wall:?}"
+         recorder and drain threads {recorder_cpu:?} in {wall:?}"
     );
     vec![
         Row {
@@ -121,7 +126,9 @@ fn handler_share(options: &Options) -> Vec<Row> {
         },
         Row {
             id: "R",
-            figure: "the recorder's thread (drains, slices), share of a core under load".into(),
+            figure: "the recorder's threads (slices; the session's drains), share of a core \
+                     under load"
+                .into(),
             target: "—",
             measured: format!(
                 "{thread:.2} % ({} ms in {:.0} s)",

@@ -63,7 +63,8 @@ where
     let cut_in_time = tokio::time::timeout(CUT_WAIT, recorder.cut())
         .await
         .is_ok_and(|answered| answered.is_ok());
-    let (rendered, report, capped) = crate::offload::on_blocking_pool(
+    // Built where a window's profile is (see `on_profiler_thread`).
+    let (rendered, report, capped) = crate::offload::on_profiler_thread(
         move || {
             let to = request.end.unwrap_or_else(SystemTime::now);
             let from = to

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::drainer::Drainer;
 use super::lease::{CpuLease, FORCE_WAIT, blocking, drop_off_the_async_worker, released};
 use super::report::{log_report, report_profile};
 use super::request::{CpuError, CpuRequest, Status};
@@ -61,15 +62,13 @@ fn shared_slot() -> std::sync::MutexGuard<'static, Option<Arc<Shared>>> {
         .unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One running session: its sampler, the windows open on it, and the lease. Fields drop
-/// in order, so the sampler has stopped before the lease frees the profiler.
+/// One running session: its drain thread, its sampler, the windows open on it, and the
+/// lease. Fields drop in order: the drains have stopped before the sampler stops, and the
+/// sampler has stopped before the lease frees the profiler.
 struct Shared {
+    drainer: Drainer,
     sampler: Sampler,
     windows: Mutex<Windows>,
-    /// When the session was last drained, in milliseconds since `started`: every open
-    /// window ticks, and the first that finds a drain due claims it.
-    drained_at: AtomicU64,
-    started: Instant,
     lease: CpuLease,
 }
 
@@ -215,18 +214,6 @@ impl Shared {
         last
     }
 
-    /// Whether a drain is due now; if so, the caller does it.
-    fn claim_drain(&self) -> bool {
-        let now = self.started.elapsed().as_millis() as u64;
-        let last = self.drained_at.load(Ordering::Relaxed);
-        let due = last + (DRAIN_EVERY.as_millis() as u64) * 3 / 4;
-        now >= due
-            && self
-                .drained_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-
     /// Whether window `id` is still open (it has not left).
     fn is_open(&self, id: u64) -> bool {
         self.windows
@@ -352,11 +339,6 @@ impl Sitting {
     pub(super) fn sampler(&self) -> &Sampler {
         &self.shared.sampler
     }
-
-    /// Whether a drain is due now; if so, the caller does it.
-    pub(super) fn claim_drain(&self) -> bool {
-        self.shared.claim_drain()
-    }
 }
 
 impl Drop for Sitting {
@@ -395,12 +377,15 @@ pub(super) fn sit(frequency: u32, blocklist: &'static [&'static str], ask: AskTo
         // The last session's sampler is still stopping.
         return Sit::Busy;
     };
-    let sampler = match start(frequency, blocklist) {
-        Ok(sampler) => sampler,
+    let started = match start(frequency, blocklist) {
+        Ok(sampler) => Started::new(sampler, lease),
         Err(CpuError::Busy { .. }) => return Sit::Busy,
         Err(error) => return Sit::Failed(error),
     };
-    let shared = Started::new(sampler, lease).into_session();
+    let shared = match started {
+        Ok(started) => started.into_session(),
+        Err(error) => return Sit::Failed(error),
+    };
     let seated = shared.seat(frequency, ask);
     debug_assert!(seated, "a new session at the recorder's frequency seats it");
     *shared_slot() = Some(shared.clone());
@@ -434,37 +419,60 @@ enum Next {
     Start,
 }
 
-/// A freshly started sampler and its lease, on their way from the blocking pool to the
-/// request. Dropped on an async worker (the request went away after the start finished),
-/// it sends both back to the blocking pool, the sampler first.
-struct Started(Option<(Sampler, CpuLease)>);
+/// A freshly started sampler, its drain thread and its lease, on their way from the
+/// blocking pool to the request. Dropped on an async worker (the request went away after
+/// the start finished), it sends them back to the blocking pool, the drainer first.
+struct Started(Option<(Drainer, Sampler, CpuLease)>);
 
 impl Started {
-    fn new(sampler: Sampler, lease: CpuLease) -> Started {
-        Started(Some((sampler, lease)))
+    /// With a drain thread of its own; without one (the process may start no thread), the
+    /// sampler stops and the error says why.
+    fn new(sampler: Sampler, lease: CpuLease) -> Result<Started, CpuError> {
+        match Drainer::spawn() {
+            Ok(drainer) => Ok(Started(Some((drainer, sampler, lease)))),
+            Err(error) => {
+                lease.ending();
+                drop_off_the_async_worker((sampler, lease));
+                Err(CpuError::Failed(format!(
+                    "the profiler could not start its drain thread: {error}"
+                )))
+            }
+        }
     }
 
     fn into_session(mut self) -> Arc<Shared> {
-        let (sampler, lease) = self.0.take().expect("taken once");
-        Arc::new(Shared {
+        let (drainer, sampler, lease) = self.0.take().expect("taken once");
+        let shared = Arc::new(Shared {
+            drainer,
             sampler,
             windows: Mutex::new(Windows::default()),
-            drained_at: AtomicU64::new(0),
-            started: Instant::now(),
             lease,
-        })
+        });
+        // The thread holds the session only while it drains: the last window's leave
+        // still stops the sampler.
+        let session = Arc::downgrade(&shared);
+        let drain = Box::new(move || match session.upgrade() {
+            Some(shared) => {
+                shared.sampler.drain();
+                true
+            }
+            None => false,
+        });
+        shared.drainer.serve(drain);
+        shared
     }
 }
 
 impl Drop for Started {
     fn drop(&mut self) {
-        let Some((sampler, lease)) = self.0.take() else {
+        let Some(parts) = self.0.take() else {
             return;
         };
         // Requests wait for it rather than being refused meanwhile.
-        lease.ending();
-        // The sampler stops before the lease frees (a tuple drops in order).
-        drop_off_the_async_worker((sampler, lease));
+        parts.2.ending();
+        // The drainer ends, then the sampler stops, then the lease frees (a tuple drops
+        // in order).
+        drop_off_the_async_worker(parts);
     }
 }
 
@@ -575,10 +583,7 @@ where
                 // and frees the lease on the blocking pool if this request is dropped
                 // before it takes them out.
                 let started = blocking(move || {
-                    Ok(Started::new(
-                        start(request.frequency, request.blocklist)?,
-                        lease,
-                    ))
+                    Started::new(start(request.frequency, request.blocklist)?, lease)
                 })
                 .await?;
                 let shared = started.into_session();
@@ -615,12 +620,11 @@ where
     })
     .await?;
     let end = tokio::time::Instant::now() + request.duration;
-    let mut tick = tokio::time::interval_at(end - request.duration + DRAIN_EVERY, DRAIN_EVERY);
-    let mut draining: Option<tokio::task::JoinHandle<()>> = None;
-    // A fifth of the way before the window ends, what it has gathered so far is
-    // symbolized (names, and lines from DWARF), while it runs: after the window only the
-    // addresses first sampled since are left to look up.
-    let mut early = (symbolize == crate::symbolize::Symbolize::Full
+    // The session's drain thread gathers the samples meanwhile. A fifth of the way before
+    // the window ends, what it has gathered so far is symbolized (names, and lines from
+    // DWARF), while it runs: after the window only the addresses first sampled since are
+    // left to look up.
+    let early = (symbolize == crate::symbolize::Symbolize::Full
         && request.duration >= EARLY_SYMBOLS_FROM)
         .then(|| end - request.duration / 5);
     // Its answer, read on the blocking pool once the window is closed.
@@ -629,54 +633,52 @@ where
         tokio::select! {
             () = tokio::time::sleep_until(end) => break,
             () = stop_early.notified() => break,
-            _ = tick.tick() => {
-                // Whichever window finds a drain due does it; one at a time per window,
-                // and a slow one just makes the next fold more.
-                if draining.as_ref().is_none_or(|d| d.is_finished()) && session.claim_drain() {
-                    let session = session.clone();
-                    draining = Some(tokio::task::spawn_blocking(move || session.sampler.drain()));
-                }
-                if early.is_some_and(|at| tokio::time::Instant::now() >= at) {
-                    early = None;
-                    let session = session.clone();
-                    let (answer, answered) = std::sync::mpsc::sync_channel(1);
-                    symbolized = Some(answered);
-                    // Detached: a request dropped meanwhile just leaves the answer unread.
-                    drop(tokio::task::spawn_blocking(move || {
-                        let addresses = session.sampler.window_addresses(id);
-                        // The objects the profile will be built with, not today's.
-                        let objects = session.sampler.objects().clone();
-                        // The session is not kept for the lookup: a window whose client
-                        // hung up must be able to stop the sampler meanwhile.
-                        drop(session);
-                        let _ = answer.send(crate::symbolize::Resolved::of(&objects, addresses));
-                    }));
-                }
+            () = tokio::time::sleep_until(early.unwrap_or(end)), if symbolized.is_none() && early.is_some() => {
+                let session = session.clone();
+                let (answer, answered) = std::sync::mpsc::sync_channel(1);
+                symbolized = Some(answered);
+                // Detached: a request dropped meanwhile just leaves the answer unread.
+                drop(tokio::spawn(crate::offload::on_profiler_thread(move || {
+                    let addresses = session.sampler.window_addresses(id);
+                    // The objects the profile will be built with, not today's.
+                    let objects = session.sampler.objects().clone();
+                    // The session is not kept for the lookup: a window whose client
+                    // hung up must be able to stop the sampler meanwhile.
+                    drop(session);
+                    let _ = answer.send(crate::symbolize::Resolved::of(&objects, addresses));
+                    Ok(())
+                }, CpuError::Failed)));
             }
         }
     }
-    // Closed on the blocking pool from here on, whatever happens to the request.
+    // Closed off the async workers from here on, whatever happens to the request: on the
+    // profiler's own thread if it is idle (see `on_profiler_thread`), else on the
+    // blocking pool.
     let shared = window.shared.take().expect("set above");
-    let (rendered, report) = blocking(move || {
-        let collected = shared.sampler.close_window(start);
-        let (shared_with, last) = shared.leave(id);
-        if last {
-            forget_session(&shared);
-        }
-        // The last reference stops the sampler, then frees the lease.
-        drop(shared);
-        // A window that ended early (or a slow lookup) may find its early symbols still
-        // being looked up, now that the window is closed: they are waited for, being the
-        // bulk of what would be looked up anyway. A lookup that failed left nothing.
-        let before = symbolized
-            .and_then(|answered| answered.recv().ok())
-            .unwrap_or_default();
-        let report = collected.report.clone();
-        let (profile, capped) = report_profile(collected, shared_with, symbolize, before, split);
-        let rendered = render(profile);
-        crate::profile::give_back_freed_memory();
-        Ok((rendered, (report, capped, shared_with)))
-    })
+    let (rendered, report) = crate::offload::on_profiler_thread(
+        move || {
+            let collected = shared.sampler.close_window(start);
+            let (shared_with, last) = shared.leave(id);
+            if last {
+                forget_session(&shared);
+            }
+            // The last reference stops the sampler, then frees the lease.
+            drop(shared);
+            // A window that ended early (or a slow lookup) may find its early symbols still
+            // being looked up, now that the window is closed: they are waited for, being the
+            // bulk of what would be looked up anyway. A lookup that failed left nothing.
+            let before = symbolized
+                .and_then(|answered| answered.recv().ok())
+                .unwrap_or_default();
+            let report = collected.report.clone();
+            let (profile, capped) =
+                report_profile(collected, shared_with, symbolize, before, split);
+            let rendered = render(profile);
+            crate::profile::give_back_freed_memory();
+            Ok((rendered, (report, capped, shared_with)))
+        },
+        CpuError::Failed,
+    )
     .await?;
     log_report(&report.0, report.1, report.2);
     rendered

@@ -1,7 +1,7 @@
 //! The recorder's thread and its process-wide state: one recorder per process, started
 //! by the first router built with `recent`, on a thread of its own (the router may be
 //! built before any tokio runtime exists, and the drains must never run on an async
-//! worker). Every 100 ms it drains the session it sits on; every second, or when a
+//! worker; the session's own drain thread gathers its samples). Every second, or when a
 //! request asks, it rotates its window (`Sampler::rotate_window`: no gap, no overlap) and
 //! pushes the slice into the ring. Asked to leave (another frequency, `force=true`), it
 //! closes its window and sits again as soon as the sampler is free, each pause remembered
@@ -161,19 +161,15 @@ fn record(recorder: &'static Recorder) {
     let mut recording: Option<Recording> = None;
     // Why nothing was sampled since the last slice, once the recorder has paused.
     let mut gap: Option<String> = None;
-    let mut next_tick = Instant::now();
     let (mut retry_at, mut failures) = (Instant::now(), 0u32);
     loop {
         // A slice ends on time, not at the tick after.
         let deadline = match &recording {
-            Some(current) => next_tick.min(current.opened + SLICE),
-            None => next_tick,
+            Some(current) => current.opened + SLICE,
+            None => retry_at,
         };
         let (leave, cuts) = recorder.wait(deadline);
         let now = Instant::now();
-        if now >= next_tick {
-            next_tick = (next_tick + DRAIN_EVERY).max(now);
-        }
         let Some(mut current) = recording.take() else {
             // Nothing is sampled, nothing to cut.
             answer(cuts);
@@ -232,9 +228,6 @@ fn record(recorder: &'static Recorder) {
             answer(cuts);
             retry_at = now;
             continue;
-        }
-        if current.sitting.claim_drain() {
-            current.sitting.sampler().drain();
         }
         if cuts.is_empty() && now.duration_since(current.opened) < SLICE {
             recording = Some(current);
