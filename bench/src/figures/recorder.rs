@@ -84,7 +84,13 @@ fn handler_share(options: &Options) -> Vec<Row> {
     let seconds = options.secs(30.0).round().max(5.0) as u64;
     let server = Server::start_recording(None);
     let load = Load::start(server.addr, CONNECTIONS, seconds as f64, false);
-    // The recorder's own thread (slices) and its session's drain thread (drains).
+    // The recorder's own thread (slices) and its session's drain thread (drains), which
+    // starts with the recorder's first session, a tick after the server.
+    let seated = Instant::now() + Duration::from_secs(30);
+    while thread_cpu(server.pid(), "krabka-drain").is_none() {
+        assert!(Instant::now() < seated, "the recorder's session never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let threads = || {
         thread_cpu(server.pid(), "krabka-recorder").expect("the recorder's thread")
             + thread_cpu(server.pid(), "krabka-drain").expect("the session's drain thread")
