@@ -88,13 +88,15 @@ pub struct ProfilerThreadHold {
 /// Holds the profiler's thread (any number of holds at once) until dropped.
 pub fn hold_profiler_thread() -> ProfilerThreadHold {
     #[cfg(sampler)]
-    {
-        let worker = worker::WORKER.get();
-        worker.hold();
-        ProfilerThreadHold { worker }
-    }
+    return hold_of(worker::WORKER.get());
     #[cfg(not(sampler))]
     ProfilerThreadHold {}
+}
+
+#[cfg(sampler)]
+fn hold_of(worker: &'static worker::Worker) -> ProfilerThreadHold {
+    worker.hold();
+    ProfilerThreadHold { worker }
 }
 
 impl ProfilerThreadHold {
@@ -283,6 +285,21 @@ mod tests {
         let (name, _) = on_thread_of(worker, thread, |e| e).await.unwrap();
         assert_ne!(name.as_deref(), Some("krabka-worker"));
         worker.release();
+        let (name, _) = on_thread_of(worker, thread, |e| e).await.unwrap();
+        assert_eq!(name.as_deref(), Some("krabka-worker"));
+    }
+
+    #[tokio::test]
+    async fn a_hold_waits_for_the_job_running_then_keeps_work_off_the_thread_until_dropped() {
+        let worker = fresh();
+        let running = worker.claim().expect("an idle thread");
+        let hold = hold_of(worker);
+        assert!(!hold.idle(), "a job still runs");
+        drop(running);
+        assert!(hold.idle());
+        let (name, _) = on_thread_of(worker, thread, |e| e).await.unwrap();
+        assert_ne!(name.as_deref(), Some("krabka-worker"));
+        drop(hold);
         let (name, _) = on_thread_of(worker, thread, |e| e).await.unwrap();
         assert_eq!(name.as_deref(), Some("krabka-worker"));
     }

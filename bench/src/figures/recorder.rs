@@ -88,7 +88,10 @@ fn handler_share(options: &Options) -> Vec<Row> {
     // starts with the recorder's first session, a tick after the server.
     let seated = Instant::now() + Duration::from_secs(30);
     while thread_cpu(server.pid(), "krabka-drain").is_none() {
-        assert!(Instant::now() < seated, "the recorder's session never started");
+        assert!(
+            Instant::now() < seated,
+            "the recorder's session never started"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let threads = || {

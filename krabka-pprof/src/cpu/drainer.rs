@@ -84,13 +84,12 @@ impl Drainer {
                 let Ok(mut drain) = given.recv() else {
                     return;
                 };
-                // On a schedule of its own: a slow drain delays the next, never doubles it.
-                let mut next = Instant::now() + every;
-                while stopping.sleep_until(next) {
+                // A period after the last drain ended: a slow drain (or a late wake-up)
+                // delays the next, and drains never come closer together than a period.
+                while stopping.sleep_until(Instant::now() + every) {
                     if !drain() {
                         return;
                     }
-                    next = (next + every).max(Instant::now());
                 }
             })?;
         Ok(Drainer {
@@ -163,6 +162,26 @@ mod tests {
         // Joined: the thread has ended, and its work (holding the other count) with it.
         assert_eq!(Arc::strong_count(&drains), 1);
         assert!(drains.load(Ordering::SeqCst) >= 3);
+    }
+
+    #[test]
+    fn drains_come_a_period_apart_never_sooner() {
+        let every = Duration::from_millis(5);
+        let drainer = Drainer::spawn_every(every).expect("spawned");
+        let (seen, at) = mpsc::channel();
+        drainer.serve(Box::new(move || seen.send(Instant::now()).is_ok()));
+        let times: Vec<Instant> = (0..4)
+            .map(|_| at.recv_timeout(Duration::from_secs(60)).expect("a drain"))
+            .collect();
+        drop(drainer);
+        // A busy machine makes the gaps longer, never shorter.
+        for pair in times.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= every,
+                "{:?} between drains",
+                pair[1] - pair[0]
+            );
+        }
     }
 
     #[test]
