@@ -633,7 +633,9 @@ where
         tokio::select! {
             () = tokio::time::sleep_until(end) => break,
             () = stop_early.notified() => break,
-            () = tokio::time::sleep_until(early.unwrap_or(end)), if symbolized.is_none() && early.is_some() => {
+            () = tokio::time::sleep_until(early.unwrap_or(end)),
+                if symbolized.is_none() && early.is_some() =>
+            {
                 let session = session.clone();
                 let (answer, answered) = std::sync::mpsc::sync_channel(1);
                 symbolized = Some(answered);
