@@ -105,11 +105,7 @@ pub mod __private {
     /// The startup panic's message when the profiling routes collide with a route of the
     /// router they are merged into.
     fn overlap_message(prefix: &str, axum: &(dyn std::any::Any + Send)) -> String {
-        let axum = axum
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| axum.downcast_ref::<&str>().copied())
-            .unwrap_or("a route collided");
+        let axum = crate::offload::panic_message(axum).unwrap_or("a route collided");
         format!(
             "#[pprof_routes]: the router this function returns already has a route where the \
              profiling routes go, under `{prefix}` ({axum}). Either the function returns a \

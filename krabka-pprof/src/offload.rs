@@ -18,6 +18,14 @@ where
         .unwrap_or_else(|join| Err(failed(format!("the profiler's task failed: {join}"))))
 }
 
+/// A panic's message, if it carries one (`panic!` with a literal, or formatted).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> Option<&str> {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+}
+
 /// Runs `f` on the profiler's own thread (`krabka-worker`, one for the process's life)
 /// when that thread is idle, or on tokio's blocking pool when it is not: the work that
 /// builds profiles (closing a window, symbolizing, encoding, gzipping) allocates and frees
@@ -69,7 +77,7 @@ where
         Ok(Ok(result)) => result,
         Ok(Err(panic)) => Err(failed(format!(
             "the profiler's task failed: {}",
-            worker::describe(&*panic)
+            panic_message(&*panic).unwrap_or("a panic")
         ))),
         Err(_) => Err(failed(
             "the profiler's task failed: it was dropped".to_owned(),
@@ -209,15 +217,6 @@ mod worker {
                 .send(job)
                 .map_err(|back| back.0)
         }
-    }
-
-    /// A panic's message, as `std` prints it.
-    pub(super) fn describe(panic: &(dyn std::any::Any + Send)) -> String {
-        panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".to_owned())
     }
 }
 

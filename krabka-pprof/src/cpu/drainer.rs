@@ -11,10 +11,10 @@
 //! them in one arena, whatever the blocking pool does; and its drains keep their pace
 //! while the async runtime is busy.
 
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::sampler::DRAIN_EVERY;
 
@@ -25,46 +25,13 @@ pub(super) type Drain = Box<dyn FnMut() -> bool + Send>;
 /// The drain thread, from before its session exists until the session drops it: then it
 /// stops, and is joined unless it is the thread dropping it.
 pub(super) struct Drainer {
-    /// Hands the thread its work once the session exists; a drainer dropped before (its
-    /// request went away) lets the thread end without ever draining.
+    /// Hands the thread its work once the session exists; dropped, it stops the thread
+    /// (also one dropped before serving, whose request went away: it never drains).
     work: Mutex<Option<mpsc::SyncSender<Drain>>>,
-    stop: Arc<Stop>,
     thread: Option<JoinHandle<()>>,
     /// The process that spawned the thread: in a child made by `fork` it does not exist,
     /// and is not joined.
     pid: u32,
-}
-
-#[derive(Default)]
-struct Stop {
-    stopped: Mutex<bool>,
-    wake: Condvar,
-}
-
-impl Stop {
-    /// Sleeps until `until` or until stopped; whether to go on.
-    fn sleep_until(&self, until: Instant) -> bool {
-        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if *stopped {
-                return false;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return true;
-            }
-            stopped = self
-                .wake
-                .wait_timeout(stopped, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-    }
-
-    fn stop(&self) {
-        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.wake.notify_all();
-    }
 }
 
 impl Drainer {
@@ -76,8 +43,6 @@ impl Drainer {
 
     fn spawn_every(every: Duration) -> std::io::Result<Drainer> {
         let (work, given) = mpsc::sync_channel::<Drain>(1);
-        let stop = Arc::new(Stop::default());
-        let stopping = stop.clone();
         let thread = std::thread::Builder::new()
             .name("krabka-drain".into())
             .spawn(move || {
@@ -86,7 +51,8 @@ impl Drainer {
                 };
                 // A period after the last drain ended: a slow drain (or a late wake-up)
                 // delays the next, and drains never come closer together than a period.
-                while stopping.sleep_until(Instant::now() + every) {
+                // Anything but a timeout is the drainer's drop.
+                while let Err(RecvTimeoutError::Timeout) = given.recv_timeout(every) {
                     if !drain() {
                         return;
                     }
@@ -94,21 +60,16 @@ impl Drainer {
             })?;
         Ok(Drainer {
             work: Mutex::new(Some(work)),
-            stop,
             thread: Some(thread),
             pid: std::process::id(),
         })
     }
 
     /// Starts draining: `drain` every period until it returns `false` or the drainer is
-    /// dropped.
+    /// dropped. Once: the thread takes one piece of work.
     pub(super) fn serve(&self, drain: Drain) {
-        let work = self
-            .work
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(work) = work {
+        let work = self.work.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(work) = work.as_ref() {
             // The thread waits for it; if it is gone, nothing is left to drain for.
             let _ = work.send(drain);
         }
@@ -117,20 +78,19 @@ impl Drainer {
 
 impl Drop for Drainer {
     fn drop(&mut self) {
-        // Its work first: a thread still waiting for it ends on the closed channel.
+        // The channel closes: the thread, asleep or waiting for its work, ends.
         drop(
             self.work
                 .get_mut()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take(),
         );
-        self.stop.stop();
         if let Some(thread) = self.thread.take()
             && thread.thread().id() != std::thread::current().id()
             && self.pid == std::process::id()
         {
-            // It is asleep, or about to see that it stopped: a drain in progress holds
-            // the session, which is not being dropped then.
+            // It is asleep, or about to see the channel closed: a drain in progress
+            // holds the session, which is not being dropped then.
             let _ = thread.join();
         }
     }
@@ -139,7 +99,9 @@ impl Drop for Drainer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
 
     #[test]
     fn it_drains_on_its_own_thread_until_dropped() {

@@ -126,11 +126,7 @@ impl Recorder {
 fn run(recorder: &'static Recorder) {
     loop {
         if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| record(recorder))) {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let what = crate::offload::panic_message(&*panic).unwrap_or_default();
             tracing::error!(panic = %what, "the recorder's loop panicked; it starts again");
             recorder.ring().pause(
                 SystemTime::now(),
