@@ -512,6 +512,7 @@ impl Sampler {
             clocks,
             labels: resolver,
             names,
+            objects,
             ..
         } = &mut *state;
         registry.clocks(clocks);
@@ -520,6 +521,9 @@ impl Sampler {
             .records
             .drain(batch, &mut |word| resolver.resolve(word));
         resolver.clear();
+        // SAFETY: the drain lock is held: this is the one writer of the published tables.
+        let unwinding = unsafe { session.unwinding.get() };
+        frames::drop_guessed_callers_of_all(batch, unwinding, objects);
         labels::sweep();
         for key in batch.keys() {
             names

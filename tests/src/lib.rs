@@ -2,7 +2,8 @@
 //! clients (`servers.rs`), profile decoding with `pprof::protos` and `go tool pprof`
 //! (`profiles.rs`), CPU burners that keep their own clocks (`burners.rs`), the
 //! functions whose names the tests look for (`hot.rs`), threads parked in known places
-//! for thread dumps (`parked.rs`), arbitrary query strings and what
+//! for thread dumps (`parked.rs`), threads behind code without unwind tables
+//! (`untabled.rs`), arbitrary query strings and what
 //! the contract says of each (`queries.rs`), the kernel's tick and the cores, measured
 //! (`machine.rs`). Here: what every test binary
 //! shares, the one-profile-at-a-time lock and the choice of sampler.
@@ -16,6 +17,8 @@ pub mod parked;
 mod profiles;
 pub mod queries;
 mod servers;
+#[cfg(target_arch = "x86_64")]
+pub mod untabled;
 
 pub use burners::*;
 pub use machine::*;

@@ -38,6 +38,7 @@ use super::dump::{
     WRITING, Wake, futex_wake, on_dump_signal, signal_value,
 };
 use super::fork::register_fork_handler;
+use super::frames::drop_guessed_callers;
 use super::memory::Memory;
 use super::scratch::{Slot, scratch_slots};
 use super::signals::{CPU_SIGNAL, DUMP_SIGNAL, StartError, install, is_free_for};
@@ -405,7 +406,9 @@ impl<'d> Collector<'d> {
             answers.push(if state == DONE {
                 // SAFETY: done: its handler has finished writing (acquire above).
                 let answer = unsafe { &*reply.answer.get() };
-                ThreadAnswer::Unwound(answer.stack())
+                let mut stack = answer.stack();
+                drop_guessed_callers(&mut stack, &self.dump.unwinding, self.objects);
+                ThreadAnswer::Unwound(stack)
             } else {
                 match ProcThread::status(reply.tid) {
                     Some(status) if status.blocks(DUMP_SIGNAL) => {

@@ -44,6 +44,7 @@
 )]
 
 use super::dump::Stack;
+use super::frames::drop_guessed_callers;
 use super::scratch::{FreshPages, MAX_STACK_COPY, Scratch};
 use super::unwind::{Cache, MAX_DEPTH, Unwinding};
 use crate::objects::Objects;
@@ -132,6 +133,7 @@ impl Asleep {
                     stack.frames.truncate(bad);
                     stack.complete = false;
                 }
+                drop_guessed_callers(&mut stack, unwinding, objects);
                 stack
             };
             // A thread that did not run in the meantime did not change its registers or
@@ -257,7 +259,7 @@ impl Asleep {
 /// call instruction (read through the dump's reader, so a library unloaded meanwhile is
 /// never touched).
 #[cfg(target_arch = "x86_64")]
-fn is_return_address(unwinding: &Unwinding, objects: &Objects, address: u64) -> bool {
+pub(super) fn is_return_address(unwinding: &Unwinding, objects: &Objects, address: u64) -> bool {
     let Some((_, object)) = objects.find(address) else {
         return false;
     };

@@ -1,10 +1,109 @@
 //! A recorded stack as profile frames, off the signal path: the seam between what the
 //! handler writes (`buffer.rs`: addresses and flags) and what `profile.rs` builds. Shared by
-//! CPU windows and thread dumps.
+//! CPU windows and thread dumps. Also where a stack loses the callers the unwinder guessed
+//! ([`trusted_len`]), before a drain files it and before a dump answers with it.
 
-use super::buffer::{FLAG_BLOCKLISTED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
+use std::collections::HashMap;
+
+use super::buffer::{
+    FLAG_BLOCKLISTED, FLAG_CALLERS_GUESSED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED,
+    StackKey, Tally,
+};
+use super::dump::Stack;
+use super::unwind::Unwinding;
 use crate::objects::Objects;
 use crate::profile::Frame;
+
+/// How many of `frames` (a stack as unwound, leaf first) are known, not guessed: all of
+/// them, unless one lies in the code of a loaded object whose unwind tables do not cover
+/// it ([`Unwinding::covers`]). framehop unwinds out of such a frame by the frame pointer
+/// (or, in the leaf, takes the word at the stack pointer for the return address), and
+/// code without unwind tables (musl's libc in a static binary, hand-written assembly)
+/// seldom keeps one: its callers would be whatever the stack held, shown as if they had
+/// called it. The stack ends with that frame. On x86_64 a leaf's caller read at the stack
+/// pointer is kept when it is a return address (just after a call instruction in loaded
+/// code): a leaf that pushed nothing, as a system call wrapper, returns there. Code in no
+/// object's tables (no tables at all, or unloaded since) is left as unwound.
+pub(crate) fn trusted_len(frames: &[u64], unwinding: &Unwinding, objects: &Objects) -> usize {
+    for (i, &address) in frames.iter().enumerate() {
+        let Some(&caller) = frames.get(i + 1) else {
+            break;
+        };
+        if caller == 0 {
+            break;
+        }
+        // Return addresses point after the call; minus one lands inside it.
+        let code = if i == 0 {
+            address
+        } else {
+            address.wrapping_sub(1)
+        };
+        if unwinding.covers(code) != Some(false) {
+            continue;
+        }
+        if i == 0 && leaf_returns_to(unwinding, objects, caller) {
+            continue;
+        }
+        return i + 1;
+    }
+    frames.len()
+}
+
+/// Whether a leaf without unwind tables returns to `caller`, the word at its stack pointer.
+#[cfg(target_arch = "x86_64")]
+fn leaf_returns_to(unwinding: &Unwinding, objects: &Objects, caller: u64) -> bool {
+    super::asleep::is_return_address(unwinding, objects, caller)
+}
+
+/// Whether a leaf without unwind tables returns to `caller`: not known here (on aarch64
+/// framehop takes the link register, which a function that has called since holds stale).
+#[cfg(not(target_arch = "x86_64"))]
+fn leaf_returns_to(_unwinding: &Unwinding, _objects: &Objects, _caller: u64) -> bool {
+    false
+}
+
+/// `stack` without the callers the unwinder guessed ([`trusted_len`]), marked
+/// [`FLAG_CALLERS_GUESSED`] and not whole if it had any.
+pub(crate) fn drop_guessed_callers(stack: &mut Stack, unwinding: &Unwinding, objects: &Objects) {
+    let keep = trusted_len(&stack.frames, unwinding, objects);
+    if keep < stack.frames.len() {
+        stack.frames.truncate(keep);
+        // What was cut includes where a stack too deep was cut.
+        stack.flags = stack.flags & !FLAG_TRUNCATED | FLAG_CALLERS_GUESSED;
+        stack.complete = false;
+    }
+}
+
+/// [`drop_guessed_callers`] for every stack of a drain: a cut stack is filed under its
+/// known frames, with whatever else was cut to the same. Each address is looked up once
+/// per unwinder ([`Unwinding::covers`]), so a drain of stacks seen before costs a map
+/// lookup per frame.
+pub(crate) fn drop_guessed_callers_of_all(
+    stacks: &mut HashMap<StackKey, Tally>,
+    unwinding: &Unwinding,
+    objects: &Objects,
+) {
+    let cut: Vec<(StackKey, usize)> = stacks
+        .keys()
+        .filter_map(|key| {
+            let keep = trusted_len(&key.frames, unwinding, objects);
+            (keep < key.frames.len()).then(|| (key.clone(), keep))
+        })
+        .collect();
+    for (key, keep) in cut {
+        let Some(tally) = stacks.remove(&key) else {
+            continue;
+        };
+        let known = StackKey {
+            flags: key.flags & !FLAG_TRUNCATED | FLAG_CALLERS_GUESSED,
+            frames: key.frames[..keep].into(),
+            ..key
+        };
+        let sum = stacks.entry(known).or_default();
+        sum.samples += tally.samples;
+        sum.periods += tally.periods;
+    }
+}
 
 /// A stack the sampler recorded (leaf first) as profile frames: return addresses minus
 /// one, so that each lands inside its call, then a marker for each of `flags` (`FLAG_*`)
@@ -19,6 +118,16 @@ pub(crate) fn stack_frames(addresses: &[u64], flags: u8, objects: &Objects) -> V
         // Return addresses point after the call; minus one lands inside it.
         .map(|(i, &address)| Frame::Code(if i == 0 { address } else { address - 1 }))
         .collect();
+    if flags & FLAG_CALLERS_GUESSED != 0 {
+        let object = match frames.last() {
+            Some(Frame::Code(address)) => objects.find(*address),
+            _ => None,
+        };
+        let object = object.map_or("this code", |(_, o)| o.short_name());
+        frames.push(Frame::Marker(format!(
+            "[callers not unwound: no unwind table covers {object} here]"
+        )));
+    }
     if flags & FLAG_BLOCKLISTED != 0 {
         let library = addresses
             .first()
@@ -46,7 +155,151 @@ pub(crate) fn stack_frames(addresses: &[u64], flags: u8, objects: &Objects) -> V
 
 #[cfg(test)]
 mod tests {
+    use super::super::memory::Memory;
     use super::*;
+
+    // Code no unwind table covers: assembly without CFI directives, a call whose return
+    // address follows it.
+    #[cfg(target_arch = "x86_64")]
+    std::arch::global_asm!(
+        ".text",
+        ".globl krabka_frames_test_untabled",
+        "krabka_frames_test_untabled:",
+        "nop",
+        "call krabka_frames_test_untabled",
+        ".globl krabka_frames_test_untabled_return",
+        "krabka_frames_test_untabled_return:",
+        "ret",
+    );
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe extern "C" {
+        fn krabka_frames_test_untabled();
+        fn krabka_frames_test_untabled_return();
+    }
+
+    /// Addresses of this test binary: inside a Rust function (covered), as a PC and as a
+    /// return address; inside the assembly (not covered), as a PC, and its return address
+    /// (just after a call).
+    #[cfg(target_arch = "x86_64")]
+    fn addresses() -> (u64, u64, u64, u64) {
+        let rust = trusted_len as *const () as u64;
+        let untabled = krabka_frames_test_untabled as *const () as u64;
+        let returns = krabka_frames_test_untabled_return as *const () as u64;
+        (rust + 4, rust + 5, untabled + 1, returns)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn unwind_tables_cover_rust_code_and_not_assembly_without_cfi() {
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let (rust, _, untabled, returns) = addresses();
+        assert_eq!(unwinding.covers(rust), Some(true));
+        assert_eq!(unwinding.covers(untabled), Some(false));
+        assert_eq!(unwinding.covers(returns - 1), Some(false));
+        assert_eq!(unwinding.covers(8), None, "no object there");
+        assert_eq!(
+            unwinding.covers(untabled),
+            Some(false),
+            "remembered, the same"
+        );
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_stack_ends_at_the_first_frame_no_unwind_table_covers() {
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let (rust, rust_return, untabled, returns) = addresses();
+        let len = |frames: &[u64]| trusted_len(frames, &unwinding, &objects);
+        assert_eq!(len(&[rust, rust_return, rust_return]), 3, "all covered");
+        assert_eq!(
+            len(&[rust, returns, rust_return, 7]),
+            2,
+            "cut after the uncovered"
+        );
+        assert_eq!(
+            len(&[rust, rust_return, returns]),
+            3,
+            "an uncovered last frame"
+        );
+        assert_eq!(
+            len(&[rust, returns, 0, 7]),
+            4,
+            "a zero ends the stack anyway"
+        );
+        // A leaf in uncovered code: its caller was read at the stack pointer, kept when
+        // it follows a call.
+        assert_eq!(
+            len(&[untabled, rust_return, rust_return]),
+            1,
+            "not after a call"
+        );
+        assert_eq!(
+            len(&[untabled, returns, rust_return]),
+            2,
+            "after a call, uncovered"
+        );
+        assert_eq!(len(&[8, 16, 24]), 3, "no object's tables: left as unwound");
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_drain_files_cut_stacks_under_their_known_frames_marked() {
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let (rust, rust_return, _, returns) = addresses();
+        let key = |flags, frames: &[u64]| StackKey {
+            tid: 3,
+            flags,
+            labels: Default::default(),
+            frames: frames.into(),
+        };
+        let tally = |samples, periods| Tally { samples, periods };
+        let mut stacks = HashMap::from([
+            (key(0, &[rust, returns, 100]), tally(1, 2)),
+            (key(FLAG_TRUNCATED, &[rust, returns, 200]), tally(3, 4)),
+            (key(0, &[rust, rust_return]), tally(5, 6)),
+        ]);
+        let mut stack = Stack {
+            frames: vec![rust, returns, 100],
+            flags: FLAG_TRUNCATED,
+            complete: true,
+        };
+        drop_guessed_callers(&mut stack, &unwinding, &objects);
+        assert_eq!(
+            stack,
+            Stack {
+                frames: vec![rust, returns],
+                flags: FLAG_CALLERS_GUESSED,
+                complete: false,
+            }
+        );
+        drop_guessed_callers_of_all(&mut stacks, &unwinding, &objects);
+        assert_eq!(
+            stacks,
+            HashMap::from([
+                (key(FLAG_CALLERS_GUESSED, &[rust, returns]), tally(4, 6)),
+                (key(0, &[rust, rust_return]), tally(5, 6)),
+            ])
+        );
+        let frames = stack_frames(&[rust, returns], FLAG_CALLERS_GUESSED, &objects);
+        let name = objects
+            .find(returns - 1)
+            .map(|(_, o)| o.short_name())
+            .unwrap();
+        assert_eq!(
+            frames,
+            [
+                Frame::Code(rust),
+                Frame::Code(returns - 1),
+                Frame::Marker(format!(
+                    "[callers not unwound: no unwind table covers {name} here]"
+                )),
+            ]
+        );
+    }
 
     #[test]
     fn a_zero_return_address_ends_the_stack() {

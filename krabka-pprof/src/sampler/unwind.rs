@@ -6,7 +6,9 @@
 //! of the interrupted context. One [`Unwinding`] serves CPU samples and thread dumps alike;
 //! a session builds a new one when libraries are loaded or unloaded.
 
+use std::collections::HashMap;
 use std::ops::{Deref, Range};
+use std::sync::Mutex;
 
 use framehop::{
     AllocationPolicy, CacheNative, ExplicitModuleSectionInfo, Module, UnwindRegsNative,
@@ -19,6 +21,11 @@ use crate::objects::{LoadedObject, Objects};
 
 /// Deepest stack recorded, in frames; a deeper one ends in a `[truncated]` frame.
 pub(crate) const MAX_DEPTH: usize = 128;
+
+/// How many addresses an unwinder remembers [`Unwinding::covers`] of (16 bytes and the
+/// map's overhead each): more than the return addresses of a large service's hot stacks;
+/// past it, it starts over.
+const MAX_COVERED: usize = 1 << 14;
 
 /// Bytes of a loaded object's memory, for framehop.
 #[derive(Clone, Copy)]
@@ -127,6 +134,10 @@ fn eh_frame_len(bytes: &[u8]) -> usize {
 /// ever unmapped); a library's are copied into memory the unwinder owns, so that the
 /// app's `dlclose` unloads it whenever it likes and the handler never reads its pages.
 struct Tables {
+    /// The object's addresses, as loaded.
+    range: Range<u64>,
+    /// Where its code begins, as loaded: the base of text-relative pointers.
+    text: u64,
     hdr: MemorySlice,
     hdr_address: u64,
     eh_frame: MemorySlice,
@@ -138,6 +149,8 @@ struct Tables {
 impl Tables {
     fn of(object: &LoadedObject, memory: &Memory) -> Option<Tables> {
         let hdr = object.eh_frame_hdr.clone()?;
+        let range = object.range.clone();
+        let text = object.text().map_or(range.start, |text| text.avma.start);
         let permanent = object.is_vdso
             || object.file.as_deref() == Some(std::path::Path::new("/proc/self/exe"));
         let hdr_len = usize::try_from(hdr.end - hdr.start).ok()?;
@@ -152,6 +165,8 @@ impl Tables {
                 .iter()
                 .find(|s| s.avma.contains(&eh_frame_start))?;
             return Some(Tables {
+                range,
+                text,
                 hdr: hdr_bytes,
                 hdr_address: hdr.start,
                 eh_frame: MemorySlice {
@@ -175,6 +190,8 @@ impl Tables {
             eh_frame = eh_frame[..len].into();
         }
         Some(Tables {
+            range,
+            text,
             hdr: MemorySlice {
                 ptr: hdr_copy.as_ptr(),
                 len: hdr_copy.len(),
@@ -234,10 +251,15 @@ fn code_address_mask(objects: &Objects) -> u64 {
 /// the unwind tables, the blocklisted code, the stack reader and the code address mask.
 pub(crate) struct Unwinding {
     unwinder: Unwinder,
-    /// What the unwinder's modules read; dropped after it.
-    _tables: Vec<Tables>,
+    /// What the unwinder's modules read (and [`covers`](Self::covers) searches); dropped
+    /// after it.
+    tables: Vec<Tables>,
     /// Code ranges of blocklisted objects, sorted.
     blocked: Box<[Range<u64>]>,
+    /// What [`covers`](Self::covers) found, by address; off the signal path only (the
+    /// handler never touches it), and gone with the unwinder, which a session builds
+    /// anew when libraries come and go.
+    covered: Mutex<HashMap<u64, Option<bool>>>,
     pub(crate) memory: Memory,
     /// Bits of a return address that are address (the rest may hold a pointer
     /// authentication code on aarch64).
@@ -261,8 +283,9 @@ impl Unwinding {
         let (unwinder, tables) = unwinder_for(objects, &memory);
         Unwinding {
             unwinder,
-            _tables: tables,
+            tables,
             blocked: blocked_ranges(objects, blocklist),
+            covered: Mutex::default(),
             memory,
             code_mask: code_address_mask(objects),
         }
@@ -277,6 +300,50 @@ impl Unwinding {
             Some(FLAG_NO_STACK_READ)
         } else {
             None
+        }
+    }
+
+    /// Whether an unwind table covers the code at `address` (a PC, or a return address
+    /// minus one): `Some(false)` for code of a loaded object whose tables have no entry for
+    /// it, where framehop unwinds by the frame pointer (or, in the leaf, the word at the
+    /// stack pointer), a guess in code that keeps none (musl's libc, hand-written
+    /// assembly); `None` where no object's tables could tell (none loaded there, no
+    /// search table, a table gimli cannot read). Off the signal path: gimli parses the
+    /// entry once per address, and remembers up to [`MAX_COVERED`] of them.
+    pub(crate) fn covers(&self, address: u64) -> Option<bool> {
+        let mut covered = self.covered.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&known) = covered.get(&address) {
+            return known;
+        }
+        if covered.len() >= MAX_COVERED {
+            covered.clear();
+        }
+        let found = self.look_up(address);
+        covered.insert(address, found);
+        found
+    }
+
+    /// [`covers`](Self::covers), looked up in the tables.
+    fn look_up(&self, address: u64) -> Option<bool> {
+        use gimli::{BaseAddresses, EhFrame, EhFrameHdr, NativeEndian, UnwindSection as _};
+        let tables = self.tables.iter().find(|t| t.range.contains(&address))?;
+        let bases = BaseAddresses::default()
+            .set_eh_frame_hdr(tables.hdr_address)
+            .set_eh_frame(tables.eh_frame_address)
+            .set_text(tables.text);
+        let size = size_of::<usize>() as u8;
+        let hdr = EhFrameHdr::new(&tables.hdr, NativeEndian)
+            .parse(&bases, size)
+            .ok()?;
+        let mut eh_frame = EhFrame::new(&tables.eh_frame, NativeEndian);
+        eh_frame.set_address_size(size);
+        match hdr
+            .table()?
+            .fde_for_address(&eh_frame, &bases, address, EhFrame::cie_from_offset)
+        {
+            Ok(_) => Some(true),
+            Err(gimli::Error::NoUnwindInfoForAddress) => Some(false),
+            Err(_) => None,
         }
     }
 

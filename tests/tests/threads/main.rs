@@ -573,3 +573,91 @@ async fn the_thread_routes_obey_the_guard_like_every_route() {
         }
     }
 }
+
+/// The names of a `debug=2` block's frames (and markers), leaf first: the lines after the
+/// header that are not addresses.
+fn frame_lines(block: &str) -> Vec<&str> {
+    block
+        .lines()
+        .skip(1)
+        .filter(|line| !line.starts_with('\t'))
+        .collect()
+}
+
+/// Asserts that `frames` (leaf first) pass through `function`, then end at the code
+/// without unwind tables with the marker that says its callers are not shown, and that
+/// the decoy the unwinder would have guessed is not among them.
+#[cfg(target_arch = "x86_64")]
+fn assert_ends_at_untabled_code<S: AsRef<str> + std::fmt::Debug>(
+    frames: &[S],
+    function: &str,
+    what: &str,
+) {
+    use krabka_pprof_tests::untabled::{DECOY, TRAMPOLINE};
+    let names: Vec<&str> = frames.iter().map(AsRef::as_ref).collect();
+    let at = (names.iter().position(|n| *n == TRAMPOLINE))
+        .unwrap_or_else(|| panic!("{what}: no {TRAMPOLINE} in {names:?}"));
+    assert!(
+        names[..at].iter().any(|n| n.ends_with(function)),
+        "{what}: {function} below the trampoline: {names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.ends_with(DECOY)),
+        "{what}: the guessed caller is shown: {names:?}"
+    );
+    assert_eq!(
+        names.len(),
+        at + 2,
+        "{what}: the trampoline, then one marker, end the stack: {names:?}"
+    );
+    assert!(
+        names[at + 1].starts_with("[callers not unwound: no unwind table covers "),
+        "{what}: the marker says why the stack ends: {names:?}"
+    );
+}
+
+/// Code without unwind tables (musl's libc in a static binary; here a trampoline in
+/// assembly that leaves a decoy frame record where its frame pointer points) ends the
+/// stack, marked: the unwinder could go on past it only by guessing from the stack, and
+/// would show the decoy as its caller. Checked in a dump of a thread read asleep, of one
+/// signalled while it runs, and in a CPU profile of the running one.
+#[cfg(target_arch = "x86_64")]
+#[tokio::test]
+async fn code_without_unwind_tables_ends_the_stack_marked_and_no_guessed_caller_is_shown() {
+    use krabka_pprof_tests::untabled::{self, PARKED_IN, SPINNING_IN};
+    let _serial = serial().await;
+    let parked = untabled::parked();
+    wait_until_asleep(parked);
+    let spinner = untabled::Spinner::start();
+    let server = TestServer::start(app);
+    // The spinner reports its id before it enters the trampoline: dump until it is there.
+    let mut dump = String::new();
+    for _ in 0..100 {
+        dump = text(&server, "/debug/pprof/threads?debug=2").await;
+        if thread_block(&dump, spinner.tid).contains(SPINNING_IN) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asleep = thread_block(&dump, parked);
+    assert!(asleep.contains("[sleeping"), "{asleep}");
+    assert_ends_at_untabled_code(&frame_lines(asleep), PARKED_IN, "read asleep");
+    let running = thread_block(&dump, spinner.tid);
+    assert_ends_at_untabled_code(&frame_lines(running), SPINNING_IN, "signalled");
+
+    let response = (client().get(server.url("/debug/pprof/profile?seconds=1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    let behind: Vec<Vec<String>> = (stacks(&profile).into_iter())
+        .map(|(names, _)| names)
+        .filter(|names| names.iter().any(|n| n.ends_with(SPINNING_IN)))
+        .collect();
+    assert!(!behind.is_empty(), "the spinner was sampled");
+    for names in &behind {
+        assert_ends_at_untabled_code(names, SPINNING_IN, "sampled");
+    }
+    drop(spinner);
+}
