@@ -25,9 +25,10 @@ pub(crate) const FLAG_TRUNCATED: u8 = 8;
 /// The thread has a seccomp filter of its own and no pipe was open yet to copy its stack
 /// through: not unwound past what plain loads could read.
 pub(crate) const FLAG_FILTERED: u8 = 16;
-/// Set off the signal path, never by a handler (`frames.rs`): the stack was cut after a
-/// frame in code no unwind table covers, whose callers the unwinder could only guess.
-pub(crate) const FLAG_CALLERS_GUESSED: u8 = 64;
+/// Set off the signal path, never by a handler (`frames.rs`): the stack ends at a frame
+/// in code no unwind table covers, whose callers the unwinder could only guess (and those
+/// it guessed are cut).
+pub(crate) const FLAG_CALLERS_UNKNOWN: u8 = 64;
 /// A label word follows the weight word (never a marker: dropped from the key's flags).
 const FLAG_LABELS: u8 = 32;
 

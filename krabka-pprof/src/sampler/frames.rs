@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::buffer::{
-    FLAG_BLOCKLISTED, FLAG_CALLERS_GUESSED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED,
+    FLAG_BLOCKLISTED, FLAG_CALLERS_UNKNOWN, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED,
     StackKey, Tally,
 };
 use super::dump::Stack;
@@ -14,23 +14,27 @@ use super::unwind::Unwinding;
 use crate::objects::Objects;
 use crate::profile::Frame;
 
-/// How many of `frames` (a stack as unwound, leaf first) are known, not guessed: all of
-/// them, unless one lies in the code of a loaded object whose unwind tables do not cover
-/// it ([`Unwinding::covers`]). framehop unwinds out of such a frame by the frame pointer
-/// (or, in the leaf, takes the word at the stack pointer for the return address), and
-/// code without unwind tables (musl's libc in a static binary, hand-written assembly)
-/// seldom keeps one: its callers would be whatever the stack held, shown as if they had
-/// called it. The stack ends with that frame. On x86_64 a leaf's caller read at the stack
-/// pointer is kept when it is a return address (just after a call instruction in loaded
-/// code): a leaf that pushed nothing, as a system call wrapper, returns there. Code in no
-/// object's tables (no tables at all, or unloaded since) is left as unwound.
-pub(crate) fn trusted_len(frames: &[u64], unwinding: &Unwinding, objects: &Objects) -> usize {
+/// How many of `frames` (a stack as unwound, leaf first) are known, not guessed, and
+/// whether the last of those lies in code no unwind table covers, so that its callers
+/// are unknown. All of them are known unless one lies in the code of a loaded object
+/// whose unwind tables do not cover it ([`Unwinding::covers`]): framehop unwinds out of
+/// such a frame by the frame pointer (or, in the leaf, takes the word at the stack
+/// pointer for the return address), and code without unwind tables (musl's libc in a
+/// static binary, hand-written assembly) seldom keeps one, so its callers would be
+/// whatever the stack held, shown as if they had called it. The stack ends with that
+/// frame. On x86_64 a leaf's caller read at the stack pointer is kept when it is a return
+/// address (just after a call instruction in loaded code): a leaf that pushed nothing, as
+/// a system call wrapper, returns there. Code in no object's tables (no tables at all, or
+/// unloaded since) is left as unwound. A return address of zero ends the stack, as in
+/// [`stack_frames`].
+pub(crate) fn trusted_len(
+    frames: &[u64],
+    unwinding: &Unwinding,
+    objects: &Objects,
+) -> (usize, bool) {
     for (i, &address) in frames.iter().enumerate() {
-        let Some(&caller) = frames.get(i + 1) else {
-            break;
-        };
-        if caller == 0 {
-            break;
+        if i > 0 && address == 0 {
+            return (i, false);
         }
         // Return addresses point after the call; minus one lands inside it.
         let code = if i == 0 {
@@ -41,12 +45,13 @@ pub(crate) fn trusted_len(frames: &[u64], unwinding: &Unwinding, objects: &Objec
         if unwinding.covers(code) != Some(false) {
             continue;
         }
-        if i == 0 && leaf_returns_to(unwinding, objects, caller) {
+        let caller = frames.get(i + 1).copied().filter(|&caller| caller != 0);
+        if i == 0 && caller.is_some_and(|caller| leaf_returns_to(unwinding, objects, caller)) {
             continue;
         }
-        return i + 1;
+        return (i + 1, true);
     }
-    frames.len()
+    (frames.len(), false)
 }
 
 /// Whether a leaf without unwind tables returns to `caller`, the word at its stack pointer.
@@ -63,13 +68,13 @@ fn leaf_returns_to(_unwinding: &Unwinding, _objects: &Objects, _caller: u64) -> 
 }
 
 /// `stack` without the callers the unwinder guessed ([`trusted_len`]), marked
-/// [`FLAG_CALLERS_GUESSED`] and not whole if it had any.
+/// [`FLAG_CALLERS_UNKNOWN`] and not whole if it ends in code no unwind table covers.
 pub(crate) fn drop_guessed_callers(stack: &mut Stack, unwinding: &Unwinding, objects: &Objects) {
-    let keep = trusted_len(&stack.frames, unwinding, objects);
-    if keep < stack.frames.len() {
+    let (keep, unknown) = trusted_len(&stack.frames, unwinding, objects);
+    if unknown {
         stack.frames.truncate(keep);
         // What was cut includes where a stack too deep was cut.
-        stack.flags = stack.flags & !FLAG_TRUNCATED | FLAG_CALLERS_GUESSED;
+        stack.flags = stack.flags & !FLAG_TRUNCATED | FLAG_CALLERS_UNKNOWN;
         stack.complete = false;
     }
 }
@@ -86,8 +91,8 @@ pub(crate) fn drop_guessed_callers_of_all(
     let cut: Vec<(StackKey, usize)> = stacks
         .keys()
         .filter_map(|key| {
-            let keep = trusted_len(&key.frames, unwinding, objects);
-            (keep < key.frames.len()).then(|| (key.clone(), keep))
+            let (keep, unknown) = trusted_len(&key.frames, unwinding, objects);
+            unknown.then(|| (key.clone(), keep))
         })
         .collect();
     for (key, keep) in cut {
@@ -95,7 +100,7 @@ pub(crate) fn drop_guessed_callers_of_all(
             continue;
         };
         let known = StackKey {
-            flags: key.flags & !FLAG_TRUNCATED | FLAG_CALLERS_GUESSED,
+            flags: key.flags & !FLAG_TRUNCATED | FLAG_CALLERS_UNKNOWN,
             frames: key.frames[..keep].into(),
             ..key
         };
@@ -118,7 +123,7 @@ pub(crate) fn stack_frames(addresses: &[u64], flags: u8, objects: &Objects) -> V
         // Return addresses point after the call; minus one lands inside it.
         .map(|(i, &address)| Frame::Code(if i == 0 { address } else { address - 1 }))
         .collect();
-    if flags & FLAG_CALLERS_GUESSED != 0 {
+    if flags & FLAG_CALLERS_UNKNOWN != 0 {
         let object = match frames.last() {
             Some(Frame::Code(address)) => objects.find(*address),
             _ => None,
@@ -213,35 +218,54 @@ mod tests {
         let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
         let (rust, rust_return, untabled, returns) = addresses();
         let len = |frames: &[u64]| trusted_len(frames, &unwinding, &objects);
-        assert_eq!(len(&[rust, rust_return, rust_return]), 3, "all covered");
+        assert_eq!(
+            len(&[rust, rust_return, rust_return]),
+            (3, false),
+            "all covered"
+        );
         assert_eq!(
             len(&[rust, returns, rust_return, 7]),
-            2,
-            "cut after the uncovered"
+            (2, true),
+            "cut after it"
         );
         assert_eq!(
             len(&[rust, rust_return, returns]),
-            3,
-            "an uncovered last frame"
+            (3, true),
+            "uncovered, the last"
         );
         assert_eq!(
             len(&[rust, returns, 0, 7]),
-            4,
-            "a zero ends the stack anyway"
+            (2, true),
+            "uncovered before a zero"
+        );
+        assert_eq!(
+            len(&[rust, rust_return, 0, 7]),
+            (2, false),
+            "a zero ends it"
         );
         // A leaf in uncovered code: its caller was read at the stack pointer, kept when
         // it follows a call.
         assert_eq!(
             len(&[untabled, rust_return, rust_return]),
-            1,
-            "not after a call"
+            (1, true),
+            "not a return"
         );
         assert_eq!(
             len(&[untabled, returns, rust_return]),
-            2,
-            "after a call, uncovered"
+            (2, true),
+            "a return, uncovered"
         );
-        assert_eq!(len(&[8, 16, 24]), 3, "no object's tables: left as unwound");
+        assert_eq!(
+            len(&[untabled, rust_return - 1]),
+            (1, true),
+            "not a return, last"
+        );
+        assert_eq!(len(&[untabled]), (1, true), "alone");
+        assert_eq!(
+            len(&[8, 16, 24]),
+            (3, false),
+            "no object's tables: left as unwound"
+        );
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -272,7 +296,7 @@ mod tests {
             stack,
             Stack {
                 frames: vec![rust, returns],
-                flags: FLAG_CALLERS_GUESSED,
+                flags: FLAG_CALLERS_UNKNOWN,
                 complete: false,
             }
         );
@@ -280,11 +304,11 @@ mod tests {
         assert_eq!(
             stacks,
             HashMap::from([
-                (key(FLAG_CALLERS_GUESSED, &[rust, returns]), tally(4, 6)),
+                (key(FLAG_CALLERS_UNKNOWN, &[rust, returns]), tally(4, 6)),
                 (key(0, &[rust, rust_return]), tally(5, 6)),
             ])
         );
-        let frames = stack_frames(&[rust, returns], FLAG_CALLERS_GUESSED, &objects);
+        let frames = stack_frames(&[rust, returns], FLAG_CALLERS_UNKNOWN, &objects);
         let name = objects
             .find(returns - 1)
             .map(|(_, o)| o.short_name())

@@ -495,16 +495,23 @@ fn krabka_in_vfork() {
     drop(stack);
 }
 
-// `vfork` from code without unwind tables (hand-written assembly, as JIT code is): the
-// stack of a thread parked in it cannot be read from where it sleeps, and it takes no
-// signal. The return address is kept in a register across the call, as glibc's `vfork`
-// keeps it, since the child runs on this stack; the child sleeps two minutes at most,
-// dying with this thread (PR_SET_PDEATHSIG), with raw system calls only.
+// `vfork` from code whose unwind rule needs a register that neither a sleeping thread's
+// `syscall` file nor the unwinder has (its frame found from `r12`, as JIT code may keep
+// its frame): the stack of a thread parked in it cannot be read from where it sleeps,
+// and it takes no signal. (Code with no unwind table at all would be read: as far as its
+// frame, its callers unknown, which is what a signal would answer too.) The child runs on
+// this stack below the stack pointer, sleeps two minutes at most, dying with this thread
+// (PR_SET_PDEATHSIG), with raw system calls only.
 #[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
-    ".globl krabka_vfork_without_unwind_tables",
-    "krabka_vfork_without_unwind_tables:",
-    "pop rdi",
+    ".globl krabka_vfork_unwound_from_r12",
+    "krabka_vfork_unwound_from_r12:",
+    ".cfi_startproc",
+    "push r12",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset r12, -16",
+    "mov r12, rsp",
+    ".cfi_def_cfa r12, 16",
     "mov eax, 58", // vfork
     "syscall",
     "test eax, eax",
@@ -524,18 +531,24 @@ std::arch::global_asm!(
     "mov eax, 60",
     "syscall",
     "2:",
-    "push rdi",
+    "mov rsp, r12",
+    ".cfi_def_cfa rsp, 16",
+    "pop r12",
+    ".cfi_def_cfa_offset 8",
+    ".cfi_restore r12",
     "ret",
+    ".cfi_endproc",
 );
 
 #[cfg(target_arch = "x86_64")]
 unsafe extern "C" {
     /// Returns the child's pid once it exits.
-    fn krabka_vfork_without_unwind_tables() -> libc::c_long;
+    fn krabka_vfork_unwound_from_r12() -> libc::c_long;
 }
 
 /// Two threads parked in `vfork`: one through glibc's `clone` (`vfork-clone`), one
-/// through code without unwind tables (`vfork-asm`; elsewhere than on x86_64, glibc's too).
+/// through code whose frame is found from a register the unwinder does not have
+/// (`vfork-asm`; elsewhere than on x86_64, glibc's too).
 fn start_vforked() {
     std::thread::Builder::new()
         .name("vfork-clone".into())
@@ -546,10 +559,10 @@ fn start_vforked() {
         .spawn(|| {
             #[cfg(target_arch = "x86_64")]
             {
-                // SAFETY: the stub keeps its return address in a register across the
-                // vfork and leaves the stack as it found it; its child makes raw system
-                // calls only, below this thread's stack pointer.
-                let pid = unsafe { krabka_vfork_without_unwind_tables() };
+                // SAFETY: the stub keeps r12 for its caller and leaves the stack as it
+                // found it; its child makes raw system calls only, below this thread's
+                // stack pointer.
+                let pid = unsafe { krabka_vfork_unwound_from_r12() };
                 let mut status = 0;
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
