@@ -130,7 +130,7 @@ pub(crate) fn stack_frames(addresses: &[u64], flags: u8, objects: &Objects) -> V
         };
         let object = object.map_or("this code", |(_, o)| o.short_name());
         frames.push(Frame::Marker(format!(
-            "[callers not unwound: no unwind table covers {object} here]"
+            "[callers unknown: no unwind table covers {object} here]"
         )));
     }
     if flags & FLAG_BLOCKLISTED != 0 {
@@ -319,7 +319,7 @@ mod tests {
                 Frame::Code(rust),
                 Frame::Code(returns - 1),
                 Frame::Marker(format!(
-                    "[callers not unwound: no unwind table covers {name} here]"
+                    "[callers unknown: no unwind table covers {name} here]"
                 )),
             ]
         );

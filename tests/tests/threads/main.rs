@@ -104,7 +104,7 @@ fn ends_in_musl_libc<S: AsRef<str>>(frames: &[S]) -> bool {
     let Some((last, libc)) = frames.split_last() else {
         return false;
     };
-    (last.as_ref()).starts_with("[callers not unwound: no unwind table covers ")
+    (last.as_ref()).starts_with("[callers unknown: no unwind table covers ")
         && !libc.is_empty()
         && (libc.iter()).all(|f| !f.as_ref().contains("::") && !f.as_ref().starts_with('['))
 }
@@ -281,7 +281,7 @@ async fn debug_1_groups_identical_stacks_largest_group_first() {
     }
     if cfg!(target_env = "musl") {
         // With every thread asleep in musl's nanosleep, its callers unknown.
-        assert!(trio.contains("[callers not unwound: "), "{trio}");
+        assert!(trio.contains("[callers unknown: "), "{trio}");
     } else {
         assert!(trio.starts_with("3 @ 0x"), "{trio}");
         assert!(
@@ -423,7 +423,7 @@ async fn text_and_flamegraph_views_show_the_parked_threads() {
         krabka_pprof_tests::assert_valid_xml(&svg);
         // With musl, asleep in musl's nanosleep, its callers unknown.
         let sleeper = if cfg!(target_env = "musl") {
-            "callers not unwound"
+            "callers unknown"
         } else {
             cast.sleeper.function
         };
@@ -660,7 +660,7 @@ fn assert_ends_at_untabled_code<S: AsRef<str> + std::fmt::Debug>(
         "{what}: the trampoline, then one marker, end the stack: {names:?}"
     );
     assert!(
-        names[at + 1].starts_with("[callers not unwound: no unwind table covers "),
+        names[at + 1].starts_with("[callers unknown: no unwind table covers "),
         "{what}: the marker says why the stack ends: {names:?}"
     );
 }
