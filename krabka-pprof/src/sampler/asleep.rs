@@ -44,7 +44,6 @@
 )]
 
 use super::dump::Stack;
-use super::frames::drop_guessed_callers;
 use super::scratch::{FreshPages, MAX_STACK_COPY, Scratch};
 use super::unwind::{Cache, MAX_DEPTH, Unwinding};
 use crate::objects::Objects;
@@ -133,7 +132,7 @@ impl Asleep {
                     stack.frames.truncate(bad);
                     stack.complete = false;
                 }
-                drop_guessed_callers(&mut stack, unwinding, objects);
+                super::frames::drop_guessed_callers(&mut stack, unwinding, objects);
                 stack
             };
             // A thread that did not run in the meantime did not change its registers or
