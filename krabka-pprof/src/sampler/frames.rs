@@ -164,10 +164,16 @@ mod tests {
     use super::*;
 
     // Code no unwind table covers: assembly without CFI directives, a call whose return
-    // address follows it.
+    // address follows it; just before it, a function with unwind tables whose last
+    // instruction is a call, so that its return address is the uncovered one's first byte.
     #[cfg(target_arch = "x86_64")]
     std::arch::global_asm!(
         ".text",
+        "krabka_frames_test_tabled:",
+        ".cfi_startproc",
+        "nop",
+        "call krabka_frames_test_untabled",
+        ".cfi_endproc",
         ".globl krabka_frames_test_untabled",
         "krabka_frames_test_untabled:",
         "nop",
@@ -194,6 +200,13 @@ mod tests {
         (rust + 4, rust + 5, untabled + 1, returns)
     }
 
+    /// The first byte of the uncovered code: a PC there is uncovered, and a return address
+    /// there returns from the covered function's last call.
+    #[cfg(target_arch = "x86_64")]
+    fn untabled_start() -> u64 {
+        krabka_frames_test_untabled as *const () as u64
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn unwind_tables_cover_rust_code_and_not_assembly_without_cfi() {
@@ -203,6 +216,12 @@ mod tests {
         assert_eq!(unwinding.covers(rust), Some(true));
         assert_eq!(unwinding.covers(untabled), Some(false));
         assert_eq!(unwinding.covers(returns - 1), Some(false));
+        assert_eq!(unwinding.covers(untabled_start()), Some(false));
+        assert_eq!(
+            unwinding.covers(untabled_start() - 1),
+            Some(true),
+            "the call before"
+        );
         assert_eq!(unwinding.covers(8), None, "no object there");
         assert_eq!(
             unwinding.covers(untabled),
@@ -265,6 +284,23 @@ mod tests {
             len(&[8, 16, 24]),
             (3, false),
             "no object's tables: left as unwound"
+        );
+        assert_eq!(
+            len(&[0, rust_return]),
+            (2, false),
+            "a leaf at zero is a frame"
+        );
+        // A PC is looked up where it is, a return address one byte before: in the call.
+        let start = untabled_start();
+        assert_eq!(
+            len(&[rust, start, rust_return]),
+            (3, false),
+            "returns after a call"
+        );
+        assert_eq!(
+            len(&[start, rust_return]),
+            (1, true),
+            "a PC at the first byte"
         );
     }
 
