@@ -336,14 +336,17 @@ mod tests {
                 complete: false,
             }
         );
+        let once = stack.clone();
+        drop_guessed_callers(&mut stack, &unwinding, &objects);
+        assert_eq!(stack, once, "cut twice is cut once");
         drop_guessed_callers_of_all(&mut stacks, &unwinding, &objects);
-        assert_eq!(
-            stacks,
-            HashMap::from([
-                (key(FLAG_CALLERS_UNKNOWN, &[rust, returns]), tally(4, 6)),
-                (key(0, &[rust, rust_return]), tally(5, 6)),
-            ])
-        );
+        let expected = HashMap::from([
+            (key(FLAG_CALLERS_UNKNOWN, &[rust, returns]), tally(4, 6)),
+            (key(0, &[rust, rust_return]), tally(5, 6)),
+        ]);
+        assert_eq!(stacks, expected);
+        drop_guessed_callers_of_all(&mut stacks, &unwinding, &objects);
+        assert_eq!(stacks, expected, "cut twice is cut once");
         let frames = stack_frames(&[rust, returns], FLAG_CALLERS_UNKNOWN, &objects);
         let name = objects
             .find(returns - 1)
