@@ -260,6 +260,9 @@ pub(crate) struct Unwinding {
     /// handler never touches it), and gone with the unwinder, which a session builds
     /// anew when libraries come and go.
     covered: Mutex<HashMap<u64, Option<bool>>>,
+    /// How often [`covers`](Self::covers) read the tables (test builds only).
+    #[cfg(test)]
+    looked_up: std::sync::atomic::AtomicUsize,
     pub(crate) memory: Memory,
     /// Bits of a return address that are address (the rest may hold a pointer
     /// authentication code on aarch64).
@@ -286,6 +289,8 @@ impl Unwinding {
             tables,
             blocked: blocked_ranges(objects, blocklist),
             covered: Mutex::default(),
+            #[cfg(test)]
+            looked_up: Default::default(),
             memory,
             code_mask: code_address_mask(objects),
         }
@@ -325,6 +330,8 @@ impl Unwinding {
 
     /// [`covers`](Self::covers), looked up in the tables.
     fn look_up(&self, address: u64) -> Option<bool> {
+        #[cfg(test)]
+        (self.looked_up).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         use gimli::{BaseAddresses, EhFrame, EhFrameHdr, NativeEndian, UnwindSection as _};
         let tables = self.tables.iter().find(|t| t.range.contains(&address))?;
         let bases = BaseAddresses::default()
@@ -534,6 +541,28 @@ mod tests {
             "{}",
             libc_tables.eh_frame.len
         );
+    }
+
+    #[test]
+    fn each_address_is_looked_up_once_and_what_is_remembered_is_bounded() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let code = Unwinding::covers as *const () as u64;
+        assert_eq!(unwinding.covers(code + 1), Some(true));
+        assert_eq!(unwinding.covers(code + 1), Some(true));
+        let looked_up = || unwinding.looked_up.load(Relaxed);
+        assert_eq!(looked_up(), 1, "the second from memory");
+        assert_eq!(unwinding.covers(8), None);
+        assert_eq!(unwinding.covers(code + 1), Some(true));
+        assert_eq!(looked_up(), 2, "both remembered");
+        // Addresses below every mapping: in no object.
+        for address in (2..=MAX_COVERED as u64 * 2).map(|i| i * 8) {
+            assert_eq!(unwinding.covers(address), None);
+        }
+        let remembered = unwinding.covered.lock().unwrap().len();
+        assert!((1..=MAX_COVERED).contains(&remembered), "{remembered}");
+        assert_eq!(looked_up(), 1 + 2 * MAX_COVERED);
     }
 
     #[test]
