@@ -60,7 +60,9 @@
 //! into each open window's map from stack to count and weight (`buffer.rs`). A window
 //! opened or closed at a swap gets exactly the records written while it was open. Memory
 //! is therefore bounded by the buffer size and the distinct stacks of the open windows,
-//! not by their length. `sampler/frames.rs` turns a recorded stack into profile frames.
+//! not by their length. `sampler/frames.rs` turns a recorded stack into profile frames,
+//! and cuts a stack after the first frame no unwind table covers, whose callers could
+//! only be guessed.
 //!
 //! Stopping deletes the timers, clears the session pointer, waits until no handler is
 //! running, and only then frees the session. The handler stays installed between

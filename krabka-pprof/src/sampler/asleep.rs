@@ -31,9 +31,11 @@
 //! through return addresses that each follow a call, gives the frame pointer the unwind
 //! starts with (the frames below the stopped one never changed it). Every stack read so
 //! is held to that: it ends at the first address no call returns to (a leaf in code
-//! without unwind tables is unwound by the rule of the function before it, into garbage). A stack that still
-//! does not unwind to its outermost frame is asked for with a signal after all, and this
-//! part kept in case no answer comes; so are the threads of a glibc built with frame
+//! without unwind tables is unwound by the rule of the function before it, into garbage),
+//! and after the first frame no unwind table covers (`frames.rs`), where it counts as
+//! whole: a signal would answer the same. A stack that still does not unwind to its
+//! outermost frame is asked for with a signal after all, and this part kept in case no
+//! answer comes; so are the threads of a glibc built with frame
 //! pointers, whose wrappers need it for the leaf itself. On aarch64 a leaf function's
 //! return address is in the link register and its frame in x29, neither of which the file
 //! gives: there every thread is asked with a signal.

@@ -67,9 +67,16 @@ fn leaf_returns_to(_unwinding: &Unwinding, _objects: &Objects, _caller: u64) -> 
     false
 }
 
+/// The flags of a stack that was never unwound (its PC alone, and why): nothing to cut,
+/// and its marker already says why its callers are missing.
+const NOT_UNWOUND: u8 = FLAG_BLOCKLISTED | FLAG_NO_SCRATCH | FLAG_NO_STACK_READ;
+
 /// `stack` without the callers the unwinder guessed ([`trusted_len`]), marked
 /// [`FLAG_CALLERS_UNKNOWN`] and not whole if it ends in code no unwind table covers.
 pub(crate) fn drop_guessed_callers(stack: &mut Stack, unwinding: &Unwinding, objects: &Objects) {
+    if stack.flags & NOT_UNWOUND != 0 {
+        return;
+    }
     let (keep, unknown) = trusted_len(&stack.frames, unwinding, objects);
     if unknown {
         stack.frames.truncate(keep);
@@ -90,6 +97,7 @@ pub(crate) fn drop_guessed_callers_of_all(
 ) {
     let cut: Vec<(StackKey, usize)> = stacks
         .keys()
+        .filter(|key| key.flags & NOT_UNWOUND == 0)
         .filter_map(|key| {
             let (keep, unknown) = trusted_len(&key.frames, unwinding, objects);
             unknown.then(|| (key.clone(), keep))
@@ -113,8 +121,9 @@ pub(crate) fn drop_guessed_callers_of_all(
 /// A stack the sampler recorded (leaf first) as profile frames: return addresses minus
 /// one, so that each lands inside its call, then a marker for each of `flags` (`FLAG_*`)
 /// saying why the stack is shorter than the thread's. A return address of zero ends the
-/// stack: code without unwind tables (musl's libc, in a static binary) leaves the unwinder
-/// guessing its caller from a stack word, and a zero there is no caller.
+/// stack: code in no object's unwind tables leaves the unwinder guessing its caller from
+/// a stack word, and a zero there is no caller (code in an object's, but not covered by
+/// them, was cut before: [`trusted_len`]).
 pub(crate) fn stack_frames(addresses: &[u64], flags: u8, objects: &Objects) -> Vec<Frame> {
     let mut frames: Vec<Frame> = addresses
         .iter()
@@ -321,6 +330,7 @@ mod tests {
             (key(0, &[rust, returns, 100]), tally(1, 2)),
             (key(FLAG_TRUNCATED, &[rust, returns, 200]), tally(3, 4)),
             (key(0, &[rust, rust_return]), tally(5, 6)),
+            (key(FLAG_NO_SCRATCH, &[returns - 1]), tally(7, 8)),
         ]);
         let mut stack = Stack {
             frames: vec![rust, returns, 100],
@@ -336,6 +346,14 @@ mod tests {
                 complete: false,
             }
         );
+        let mut refused = Stack {
+            frames: vec![returns - 1],
+            flags: FLAG_BLOCKLISTED,
+            complete: true,
+        };
+        let before = refused.clone();
+        drop_guessed_callers(&mut refused, &unwinding, &objects);
+        assert_eq!(refused, before, "a stack never unwound is left as it is");
         let once = stack.clone();
         drop_guessed_callers(&mut stack, &unwinding, &objects);
         assert_eq!(stack, once, "cut twice is cut once");
@@ -343,6 +361,7 @@ mod tests {
         let expected = HashMap::from([
             (key(FLAG_CALLERS_UNKNOWN, &[rust, returns]), tally(4, 6)),
             (key(0, &[rust, rust_return]), tally(5, 6)),
+            (key(FLAG_NO_SCRATCH, &[returns - 1]), tally(7, 8)),
         ]);
         assert_eq!(stacks, expected);
         drop_guessed_callers_of_all(&mut stacks, &unwinding, &objects);
