@@ -80,7 +80,12 @@ async fn memcpy_time_is_under_its_rust_caller_by_default() {
         .each_ref()
         .map(|c| c.load(Ordering::Relaxed) as f64);
     let functions = ["split_fifty", "copy_forty", "split_twenty"];
-    let parts = assert_split(&profile, functions, measured, [40.0, 40.0, 20.0], 10.0)
+    // The copy's CPU per round depends on the memory bandwidth, which other work on the
+    // machine takes: its share drifts further from its nominal 40 % than a compute loop's
+    // (50.3 % in one CI run beside two builds). 15 points still fails a workload gone
+    // wrong (a function that never runs); the profile is held to 3 points of the
+    // measured split either way.
+    let parts = assert_split(&profile, functions, measured, [40.0, 40.0, 20.0], 15.0)
         .unwrap_or_else(|why| {
             // The split cannot be judged here; where memcpy's samples go still can.
             skip(
