@@ -66,7 +66,7 @@ impl Cast {
     }
 }
 
-fn gettid() -> u32 {
+pub(crate) fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }

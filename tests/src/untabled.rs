@@ -93,11 +93,6 @@ fn krabka_spinning_behind_untabled_code(stop: &AtomicBool) {
     }
 }
 
-fn current_tid() -> u32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
-}
-
 /// The id of the process's one thread asleep behind the trampoline for its life, started on
 /// first use; returns once it is on its way to sleep (wait for it with
 /// [`wait_until_asleep`](crate::parked::wait_until_asleep)).
@@ -108,7 +103,7 @@ pub fn parked() -> u32 {
         std::thread::Builder::new()
             .name("krabka-untabled".to_owned())
             .spawn(move || {
-                ready.send(current_tid()).unwrap();
+                ready.send(crate::parked::gettid()).unwrap();
                 krabka_enters_untabled_code(&mut krabka_asleep_behind_untabled_code);
             })
             .expect("spawn the thread behind code without tables");
@@ -131,7 +126,7 @@ impl Spinner {
         let thread = std::thread::Builder::new()
             .name("krabka-untabled-spin".to_owned())
             .spawn(move || {
-                ready.send(current_tid()).unwrap();
+                ready.send(crate::parked::gettid()).unwrap();
                 krabka_enters_untabled_code(&mut || krabka_spinning_behind_untabled_code(&flag));
             })
             .expect("spawn the spinner behind code without tables");
