@@ -308,6 +308,71 @@ mod tests {
     }
 
     #[test]
+    fn record_words_is_the_most_a_record_takes() {
+        for depth in [0, 1, 3, 128] {
+            let frames: Vec<u64> = (1..=depth as u64).collect();
+            let fits = Records::new(record_words(depth));
+            fits.write(7, 0, 0x0102_0000_0300, 1, &frames);
+            assert_eq!(
+                fits.lost().samples,
+                0,
+                "a labelled record of {depth} frames"
+            );
+            let short = Records::new(record_words(depth) - 1);
+            short.write(7, 0, 0x0102_0000_0300, 1, &frames);
+            assert_eq!(short.lost().samples, 1, "one word short, {depth} frames");
+        }
+    }
+
+    #[test]
+    fn a_late_handlers_record_is_folded_only_once_it_is_written_whole() {
+        // A handler that read `active` just before the swap reserves space in the buffer
+        // being drained, after the drain read its cursor, and is still writing while the
+        // drain folds what came before it. The drain must wait for it, then fold it.
+        let records = Records::new(64);
+        let old = &records.buffers[0];
+        records.write(7, 0, 0x0102_0000_0300, 1, &[1, 2]);
+        let mut stacks = HashMap::new();
+        std::thread::scope(|scope| {
+            let mut late = Some(scope);
+            // Called as the drain folds the first record (the labelled one): the late
+            // handler reserves its four words, writes its header and weight, and is
+            // descheduled before its frames.
+            let mut labels = |_| {
+                if let Some(scope) = late.take() {
+                    let previous = old.state.fetch_add(WRITER + 4, Ordering::AcqRel);
+                    let at = (previous & CURSOR_MASK) as usize;
+                    old.words[at].store(MAGIC << 56 | 2 << 32 | 8, Ordering::Relaxed);
+                    old.words[at + 1].store(1, Ordering::Relaxed);
+                    scope.spawn(move || {
+                        // The drain cannot be watched mid-fold: this head start makes a
+                        // drain that folded past its cursor read the frames before they
+                        // are written. A drain that waits is right however long it is.
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        old.words[at + 2].store(5, Ordering::Relaxed);
+                        old.words[at + 3].store(6, Ordering::Relaxed);
+                        old.state.fetch_sub(WRITER, Ordering::Release);
+                    });
+                }
+                SampleLabels::default()
+            };
+            records.drain(&mut stacks, &mut labels);
+        });
+        let mut frames: Vec<(u32, Vec<u64>)> = stacks
+            .keys()
+            .map(|key| (key.tid, key.frames.to_vec()))
+            .collect();
+        frames.sort_unstable();
+        assert_eq!(frames, [(7, vec![1, 2]), (8, vec![5, 6])]);
+        assert_eq!(
+            old.state.load(Ordering::Relaxed),
+            0,
+            "reset once both are folded"
+        );
+        assert!(old.words.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+    }
+
+    #[test]
     fn a_label_word_rides_with_its_record_and_is_resolved_at_the_drain() {
         let records = Records::new(64);
         records.write(7, FLAG_TRUNCATED, 0x0102_0000_0300, 1, &[4, 5]);

@@ -256,6 +256,107 @@ mod tests {
     }
 
     #[test]
+    fn every_probe_visits_each_entry_once_from_wherever_it_starts() {
+        // A lookup ends at an empty entry or after the whole table, and an entry can be
+        // anywhere a thread's probe leads, the table's last included (probes wrap).
+        for capacity in [4, 100] {
+            let threads = Threads::new(capacity);
+            let size = threads.size();
+            let mut starts = std::collections::HashSet::new();
+            for tid in 1..=2_000u32 {
+                let mut seen: Vec<usize> = threads
+                    .probe(tid)
+                    .map(|entry| {
+                        (entry as *const Thread as usize - threads.entries.as_ptr() as usize)
+                            / size_of::<Thread>()
+                    })
+                    .collect();
+                starts.insert(seen[0]);
+                seen.sort_unstable();
+                assert_eq!(
+                    seen,
+                    (0..size).collect::<Vec<_>>(),
+                    "thread {tid}'s probe in a table of {size}"
+                );
+            }
+            assert_eq!(starts.len(), size, "probes start at every entry");
+        }
+    }
+
+    #[test]
+    fn ids_no_thread_has_get_no_entry() {
+        let threads = Threads::new(4);
+        for tid in [5, 21] {
+            assert!(threads.add(tid).is_some());
+        }
+        threads.forget(21);
+        assert!(threads.add(0).is_none(), "0 marks an empty entry");
+        assert!(
+            threads.add(FORGOTTEN).is_none(),
+            "FORGOTTEN marks a tombstone"
+        );
+        assert!(threads.find(0).is_none(), "an empty entry is nobody's");
+        assert_eq!(threads.known().collect::<Vec<_>>(), [5]);
+    }
+
+    #[test]
+    fn a_table_at_its_limit_takes_a_thread_again_in_the_place_it_left() {
+        let threads = Threads::new(4);
+        let half = threads.size() / 2;
+        for tid in 1..=half as u32 {
+            assert!(threads.add(tid).is_some(), "thread {tid} of {half}");
+        }
+        assert!(
+            threads.add(half as u32 + 1).is_none(),
+            "half the table stays empty"
+        );
+        let known = threads
+            .add(1)
+            .expect("a thread with an entry is found at the limit too");
+        assert!(
+            std::ptr::eq(known, threads.find(1).unwrap()),
+            "its own entry"
+        );
+        threads.forget(3);
+        let again = threads
+            .add(3)
+            .expect("its tombstone is on its own probe path");
+        assert!(std::ptr::eq(again, threads.find(3).unwrap()));
+        assert_eq!(
+            threads.used.load(Ordering::Relaxed) as usize,
+            half,
+            "the tombstone reused, no empty entry taken"
+        );
+    }
+
+    #[test]
+    fn a_table_asks_to_be_rebuilt_before_its_entries_pass_half_of_it() {
+        let threads = Threads::new(4);
+        let half = threads.size() / 2;
+        assert_eq!(half, 32);
+        assert!(!threads.needs_rebuild(1), "a fresh table");
+        assert!(
+            !threads.needs_rebuild(half - 1),
+            "31 threads fit in 64 entries"
+        );
+        assert!(threads.needs_rebuild(half), "32 would fill half of it");
+        // Entries used, tombstones included: three quarters of the half is the limit, so
+        // that the threads a drain adds still fit before the next rebuild.
+        for tid in 1..=23 {
+            assert!(threads.add(tid).is_some());
+        }
+        assert!(!threads.needs_rebuild(23), "23 entries used");
+        assert!(threads.add(24).is_some());
+        for tid in 1..=20 {
+            threads.forget(tid);
+        }
+        assert!(
+            threads.needs_rebuild(4),
+            "24 entries used, 20 of them tombstones"
+        );
+    }
+
+    #[test]
     fn a_table_that_fills_with_tombstones_is_rebuilt_with_its_live_entries() {
         let mut threads = Threads::new(4);
         let first_size = threads.size();

@@ -192,7 +192,8 @@ mod tests {
             tid,
             flags: 0,
             labels: Default::default(),
-            frames: vec![0x1000, 0x2001].into_boxed_slice(),
+            frames: vec![0x1000 + u64::from(tid), 0x2001 + 0x10 * u64::from(tid)]
+                .into_boxed_slice(),
         }
     }
 
@@ -233,9 +234,15 @@ mod tests {
             &names,
         );
         assert!(later.is_empty(), "the batch is handed over");
-        assert_eq!(windows.addresses(2), [0x1000, 0x2000]);
+        assert_eq!(
+            windows.addresses(2),
+            [0x1002, 0x2020],
+            "the leaf as sampled, a return address minus one"
+        );
+        assert_eq!(windows.addresses(1), [0x1001, 0x1002, 0x2010, 0x2020]);
+        assert!(windows.addresses(3).is_empty(), "not open");
         let first = windows.close(1).expect("open");
-        assert_eq!(first.stacks.len(), 2);
+        assert_eq!(first.stacks, HashMap::from([(key(1), one), (key(2), one)]));
         assert_eq!(first.blocked, [(5, Duration::from_nanos(37))]);
         assert_eq!(first.unattributed, Duration::from_nanos(30));
         let mut named: Vec<(u32, &str)> = first.names.iter().map(|(&t, n)| (t, &**n)).collect();
