@@ -202,12 +202,95 @@ mod tests {
         let mut accounting = Accounting::new(PERIOD, MS(0));
         accounting.track(7, MS(0));
         let mut batch = HashMap::from([(key(7, 1), tally(6, 6)), (key(7, 2), tally(4, 4))]);
-        let drain = accounting.drain(&[(7, MS(100))], MS(100), &mut batch, &mut |_| false);
+        let mut asked = Vec::new();
+        let drain = accounting.drain(&[(7, MS(100))], MS(100), &mut batch, &mut |tid| {
+            asked.push(tid);
+            false
+        });
         assert_eq!(batch[&key(7, 1)], tally(6, 6));
         assert_eq!(batch[&key(7, 2)], tally(4, 4));
         assert_eq!(drain.unattributed, 0);
         assert_eq!(drain.ran, [7]);
         assert!(drain.blocked.is_empty() && drain.silent.is_empty());
+        assert!(
+            asked.is_empty(),
+            "its samples cover its CPU: not asked if it blocks"
+        );
+        // Its samples spent all of it: nothing carried to the next drain, where a signal
+        // that stands for more is held to that drain's CPU and a period of slack.
+        let mut batch = HashMap::from([(key(7, 1), tally(1, 50))]);
+        accounting.drain(&[(7, MS(130))], MS(130), &mut batch, &mut |_| false);
+        assert_eq!(batch[&key(7, 1)], tally(1, 4));
+    }
+
+    #[test]
+    fn late_samples_of_a_thread_that_exited_spend_what_its_clock_left_unspent() {
+        let mut accounting = Accounting::new(PERIOD, MS(0));
+        accounting.track(7, MS(0));
+        accounting.track(8, MS(0));
+        // Thread 7 used 100 ms and 5 of its samples were drained: 50 ms carried.
+        let mut batch = HashMap::from([(key(7, 1), tally(5, 5))]);
+        accounting.drain(
+            &[(7, MS(100)), (8, MS(0))],
+            MS(100),
+            &mut batch,
+            &mut |_| false,
+        );
+        // It exited; its last signal (5 periods: its timer's overrun), written just before
+        // that drain, comes now: the CPU its clock counted and no sample spent yet is
+        // its. Thread 8, alive, has none to give.
+        let mut batch = HashMap::from([(key(7, 2), tally(1, 5))]);
+        accounting.drain(&[(8, MS(0))], MS(100), &mut batch, &mut |_| false);
+        assert_eq!(batch[&key(7, 2)], tally(1, 5));
+    }
+
+    #[test]
+    fn a_clamp_takes_first_from_the_stack_with_the_most_periods_beyond_its_samples() {
+        // Not the stack with the most samples, nor the most periods per sample.
+        for (a, b, after) in [
+            (tally(20, 22), tally(1, 5), (tally(20, 22), tally(1, 4))),
+            (tally(2, 10), tally(1, 6), (tally(2, 9), tally(1, 6))),
+        ] {
+            let mut batch = HashMap::from([(key(7, 1), a), (key(7, 2), b), (key(8, 1), b)]);
+            assert_eq!(clamp(&mut batch, 7, 1), 1);
+            assert_eq!((batch[&key(7, 1)], batch[&key(7, 2)]), after);
+            assert_eq!(batch[&key(8, 1)], b, "another thread's stack is untouched");
+        }
+    }
+
+    #[test]
+    fn a_thread_is_asked_whether_it_blocks_only_past_two_unsampled_periods() {
+        let mut accounting = Accounting::new(PERIOD, MS(0));
+        accounting.track(7, MS(0));
+        accounting.track(8, MS(0));
+        let two_periods = 2 * PERIOD;
+        let mut asked = Vec::new();
+        accounting.drain(
+            &[(7, two_periods), (8, two_periods + Duration::from_nanos(1))],
+            MS(40),
+            &mut HashMap::new(),
+            &mut |tid| {
+                asked.push(tid);
+                false
+            },
+        );
+        assert_eq!(asked, [8]);
+    }
+
+    #[test]
+    fn a_thread_is_silent_from_five_unsampled_periods_on() {
+        let mut accounting = Accounting::new(PERIOD, MS(0));
+        accounting.track(7, MS(0));
+        accounting.track(8, MS(0));
+        let five = SILENT_PERIODS as u32 * PERIOD;
+        let drain = accounting.drain(
+            &[(7, five - Duration::from_nanos(1)), (8, five)],
+            MS(100),
+            &mut HashMap::new(),
+            &mut |_| false,
+        );
+        assert_eq!(drain.silent, [8]);
+        assert_eq!(drain.ran, [7, 8]);
     }
 
     #[test]
