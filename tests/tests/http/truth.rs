@@ -398,7 +398,9 @@ async fn short_lived_threads_are_counted() {
             spawned
         })
     };
+    let asked = Instant::now();
     let (profile, cpu_used) = profile_at(&server, 3, 99).await;
+    let answered = asked.elapsed();
     stop.store(true, Ordering::Relaxed);
     let spawned = spawner.join().unwrap();
 
@@ -440,10 +442,23 @@ async fn short_lived_threads_are_counted() {
             "short-lived threads' CPU is missing: {short:.0} ns of {truth:.0} ns"
         );
     }
+    // The process's CPU is read around the request, which takes longer than its 3 s
+    // window: what the process did before the window opened and after it closed (the
+    // answer's own building: symbols, encoding; the spawner's threads meanwhile) is in
+    // it and in no window, 60 to 80 ms here whether the machine is busy or not, which is
+    // 5 % of a quiet machine's window and 10 % of a busy one's, where the workload gets
+    // half a core. At most every core for that time, by the client's clock.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as f64;
+    let outside = answered
+        .saturating_sub(Duration::from_secs(3))
+        .as_secs_f64()
+        * 1e9
+        * cores;
     let process = cpu_used.as_nanos() as f64;
     assert!(
-        (all - process).abs() <= process * 0.1,
-        "Σ cpu/nanoseconds {all:.0}, the process used {process:.0} ns"
+        all <= process * 1.1 && all >= (process - outside) * 0.9,
+        "Σ cpu/nanoseconds {all:.0}, the process used {process:.0} ns around the request, \
+         which took {answered:?} for its 3 s window (up to {outside:.0} ns of CPU outside it)"
     );
 }
 
