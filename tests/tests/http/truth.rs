@@ -450,7 +450,7 @@ async fn short_lived_threads_are_counted() {
     // half a core. At most every core for that time, by the client's clock, and no more
     // than four (the spawner, its one thread, the server's answer and the client are all
     // that run here), so that a machine of many cores still tests the bound.
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get().min(4)) as f64;
+    let cores = cores().min(4) as f64;
     let outside = answered
         .saturating_sub(Duration::from_secs(3))
         .as_secs_f64()
