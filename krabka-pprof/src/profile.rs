@@ -102,7 +102,11 @@ impl Hasher for FrameHasher {
     }
 
     fn finish(&self) -> u64 {
-        self.0
+        // The multiply leaves the low bits a function of the word's low bits alone, and
+        // hashbrown picks a bucket by the low bits: code addresses 16 bytes apart would
+        // share a sixteenth of the buckets. The high bits are well mixed; rustc-hash 2
+        // rotates them down the same way.
+        self.0.rotate_left(26)
     }
 }
 

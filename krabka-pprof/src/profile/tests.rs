@@ -300,3 +300,90 @@ fn addresses_symbolized_early_give_the_profile_they_would_have_given_late() {
     assert_eq!(flags(&early), flags(&late));
     assert_eq!(late.location.len(), early.location.len());
 }
+
+#[test]
+fn the_profile_carries_its_meta_whole() {
+    let objects = Objects::current();
+    let mut builder = ProfileBuilder::new(&objects);
+    builder.add(
+        vec![Frame::Symbolized(vec![named("main", "src/main.rs", 3)])],
+        vec![3, 30_000_000],
+        Vec::new(),
+    );
+    let meta = Meta {
+        sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
+        period_type: ("cpu", "nanoseconds"),
+        period: 10_101_010,
+        time: std::time::UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_123_456_789),
+        duration: std::time::Duration::from_millis(2_500),
+        default_sample_type: Some("cpu"),
+        comments: vec!["one note".into(), "another".into()],
+    };
+    let profile = builder.finish(&meta, &|_| false);
+    let string = |i: i64| profile.string_table[i as usize].as_str();
+    let types: Vec<(&str, &str)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (string(t.ty), string(t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    let period_type = profile.period_type.as_ref().expect("a period type");
+    assert_eq!(
+        (string(period_type.ty), string(period_type.unit)),
+        ("cpu", "nanoseconds")
+    );
+    assert_eq!(profile.period, 10_101_010);
+    assert_eq!(profile.time_nanos, 1_700_000_000_123_456_789);
+    assert_eq!(profile.duration_nanos, 2_500_000_000);
+    assert_eq!(string(profile.default_sample_type), "cpu");
+    let comments: Vec<&str> = profile.comment.iter().map(|&c| string(c)).collect();
+    assert_eq!(comments, ["one note", "another"]);
+    assert_eq!(profile.sample[0].value, [3, 30_000_000]);
+}
+
+/// The frame maps' hasher gives distinct addresses distinct hashes through each of its
+/// entry points: a hasher that ignores what it is fed still makes a correct map, but
+/// one whose every lookup walks every key.
+#[test]
+fn the_frame_hasher_tells_addresses_apart_however_they_are_fed() {
+    use std::hash::Hasher;
+    let addresses: Vec<u64> = (0..1_000u64).map(|i| 0x5555_0000_0000 + i * 16).collect();
+    let distinct = |hash: &dyn Fn(u64) -> u64| {
+        addresses
+            .iter()
+            .map(|&a| hash(a))
+            .collect::<std::collections::HashSet<u64>>()
+            .len()
+    };
+    let by_u64 = |a: u64| {
+        let mut h = super::FrameHasher::default();
+        h.write_u64(a);
+        h.finish()
+    };
+    let by_usize = |a: u64| {
+        let mut h = super::FrameHasher::default();
+        h.write_usize(a as usize);
+        h.finish()
+    };
+    // Twelve bytes: two words, the address in the second, so the last short chunk counts.
+    let by_bytes = |a: u64| {
+        let mut bytes = [0u8; 12];
+        bytes[4..].copy_from_slice(&a.to_le_bytes());
+        let mut h = super::FrameHasher::default();
+        h.write(&bytes);
+        h.finish()
+    };
+    assert_eq!(distinct(&by_u64), addresses.len());
+    assert_eq!(distinct(&by_usize), addresses.len());
+    assert_eq!(distinct(&by_bytes), addresses.len());
+    // And the low bits, which pick a map's bucket, spread them too.
+    let buckets = addresses
+        .iter()
+        .map(|&a| by_u64(a) & 1023)
+        .collect::<std::collections::HashSet<u64>>()
+        .len();
+    assert!(
+        buckets > 500,
+        "{buckets} buckets of 1024 for 1000 addresses"
+    );
+}
