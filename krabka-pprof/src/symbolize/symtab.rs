@@ -431,6 +431,89 @@ mod tests {
         assert_eq!(resolve(object, &[0]), vec![None]);
     }
 
+    /// A 64-bit little-endian ELF header with `count` section headers of `entsize`
+    /// bytes right after it, section `i` of kind `i`, loaded at `0x1000 * i`.
+    fn elf_image(count: u16, entsize: u16) -> Vec<u8> {
+        let mut image = vec![0u8; 64];
+        image[..4].copy_from_slice(b"\x7fELF");
+        image[4] = 2;
+        image[5] = 1;
+        image[0x28..0x30].copy_from_slice(&64u64.to_le_bytes());
+        // A program header count whose high byte is not zero, beside the section
+        // header's fields, so that a field read a byte off is read wrong.
+        image[0x38..0x3a].copy_from_slice(&0x0303u16.to_le_bytes());
+        image[0x3a..0x3c].copy_from_slice(&entsize.to_le_bytes());
+        image[0x3c..0x3e].copy_from_slice(&count.to_le_bytes());
+        for i in 0..u64::from(count) {
+            let mut header = vec![0u8; usize::from(entsize)];
+            if header.len() >= 64 {
+                header[4..8].copy_from_slice(&(i as u32).to_le_bytes());
+                header[16..24].copy_from_slice(&(0x1000 * i).to_le_bytes());
+                header[24..32].copy_from_slice(&(0x10 * i).to_le_bytes());
+                header[32..40].copy_from_slice(&(i + 1).to_le_bytes());
+                header[40..44].copy_from_slice(&7u32.to_le_bytes());
+                header[56..64].copy_from_slice(&24u64.to_le_bytes());
+            }
+            image.extend_from_slice(&header);
+        }
+        image
+    }
+
+    #[test]
+    fn section_headers_are_read_from_a_crafted_image_and_anything_else_is_refused() {
+        // 258 sections: a count with a high byte of its own.
+        let image = elf_image(258, 64);
+        let found = sections(&Source::Memory(&image)).expect("a valid image");
+        assert_eq!(found.len(), 258);
+        let last = found[257];
+        assert_eq!(
+            (
+                last.kind,
+                last.addr,
+                last.offset,
+                last.size,
+                last.link,
+                last.entsize
+            ),
+            (257, 0x1000 * 257, 0x10 * 257, 258, 7, 24)
+        );
+        // Each check refuses on its own, whatever the others say.
+        let refused = |patch: &dyn Fn(&mut Vec<u8>)| {
+            let mut image = elf_image(3, 64);
+            patch(&mut image);
+            sections(&Source::Memory(&image)).is_none()
+        };
+        assert!(refused(&|image| image[0] = b'X'), "not ELF");
+        assert!(refused(&|image| image[4] = 1), "32-bit");
+        assert!(refused(&|image| image[5] = 2), "big-endian");
+        assert!(
+            refused(&|image| image[0x28..0x30].fill(0)),
+            "no section headers"
+        );
+        assert!(!refused(&|_| ()));
+        let short_entries = elf_image(3, 32);
+        assert!(
+            sections(&Source::Memory(&short_entries)).is_none(),
+            "entries too short"
+        );
+        let truncated = &image[..image.len() - 1];
+        assert!(sections(&Source::Memory(truncated)).is_none(), "cut short");
+    }
+
+    /// A read that crosses the image's end is refused, not filled from elsewhere: the
+    /// short read's rest is asked for past it, where nothing is.
+    #[test]
+    fn an_exact_read_past_the_end_of_the_image_is_refused() {
+        let image: Vec<u8> = (0..10).collect();
+        let source = Source::Memory(&image);
+        let mut buf = [0u8; 4];
+        assert_eq!(source.read_exact_at(&mut buf, 6), Some(()));
+        assert_eq!(buf, [6, 7, 8, 9]);
+        let mut buf = [0u8; 8];
+        assert_eq!(source.read_exact_at(&mut buf, 6), None);
+        assert_eq!(source.read_exact_at(&mut buf, 11), None);
+    }
+
     #[test]
     fn demangles_rust_names_without_hash() {
         assert_eq!(
