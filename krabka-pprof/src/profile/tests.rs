@@ -131,6 +131,9 @@ fn trimming_drops_allocator_locations_and_the_allocator_lines_inlined_into_the_s
     assert_ne!(trimmed.id, whole.id, "two locations");
     assert_eq!(trimmed.address, whole.address, "at one address");
     assert_eq!(trimmed.mapping_id, whole.mapping_id);
+    for (i, location) in profile.location.iter().enumerate() {
+        assert_eq!(location.id, i as u64 + 1, "a location's id is its place");
+    }
     // The program's function inlined into an allocator function is its own path.
     let mut builder = ProfileBuilder::new(&objects);
     let closure = Frame::Symbolized(vec![named("closure", "", 0), named("malloc", "", 0)]);
@@ -386,4 +389,26 @@ fn the_frame_hasher_tells_addresses_apart_however_they_are_fed() {
         buckets > 500,
         "{buckets} buckets of 1024 for 1000 addresses"
     );
+}
+
+#[test]
+fn a_samples_labels_keep_their_keys_and_their_text_or_number() {
+    let objects = Objects::current();
+    let mut builder = ProfileBuilder::new(&objects);
+    builder.add(
+        vec![Frame::Symbolized(vec![named("main", "src/main.rs", 3)])],
+        vec![1],
+        vec![
+            ("thread".into(), LabelValue::Str("worker-1".into())),
+            ("bytes".into(), LabelValue::Num(4096)),
+        ],
+    );
+    let profile = builder.finish(&meta(), &|_| false);
+    let string = |i: i64| profile.string_table[i as usize].as_str();
+    let labels: Vec<(&str, &str, i64)> = profile.sample[0]
+        .label
+        .iter()
+        .map(|l| (string(l.key), string(l.str), l.num))
+        .collect();
+    assert_eq!(labels, [("thread", "worker-1", 0), ("bytes", "", 4096)]);
 }

@@ -367,4 +367,45 @@ mod tests {
         );
         assert_eq!(parse_value(0), None);
     }
+
+    /// A dump asks as many threads as its signal value has slots for, and no more.
+    #[test]
+    fn a_dump_has_a_reply_slot_for_each_value_of_the_signals_slot_field() {
+        let last = MAX_DUMP_THREADS - 1;
+        assert_eq!(parse_value(signal_value(9, last)), Some((9, last)));
+        assert_eq!(
+            parse_value(signal_value(9, MAX_DUMP_THREADS)),
+            Some((9, 0)),
+            "one slot more would wrap to slot 0"
+        );
+    }
+
+    #[test]
+    fn a_wake_moves_the_word_a_sleeper_compares() {
+        let wake = Wake::default();
+        let before = wake.seen();
+        wake.wake();
+        let after = wake.seen();
+        assert_ne!(after, before);
+        wake.cancel();
+        assert!(wake.is_cancelled());
+        assert_ne!(wake.seen(), after, "a cancel wakes too");
+        // Asleep with the word already moved: back at once (the wake came first).
+        wake.sleep(before, Duration::from_secs(600));
+    }
+
+    /// Without a wake, a sleeper sleeps: a loop that sleeps until 50 ms have passed takes
+    /// a few turns (a signal may cut one short), not the millions of a sleep that does not.
+    #[test]
+    fn a_sleep_without_a_wake_waits_for_its_timeout() {
+        let wake = Wake::default();
+        let seen = wake.seen();
+        let start = std::time::Instant::now();
+        let mut turns = 0;
+        while let Some(left) = Duration::from_millis(50).checked_sub(start.elapsed()) {
+            wake.sleep(seen, left);
+            turns += 1;
+        }
+        assert!(turns < 100, "{turns} turns to sleep 50 ms");
+    }
 }
