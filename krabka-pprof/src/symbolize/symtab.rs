@@ -500,6 +500,76 @@ mod tests {
         assert!(sections(&Source::Memory(truncated)).is_none(), "cut short");
     }
 
+    /// An ELF64 symbol table entry: a function in section 1.
+    fn function_symbol(name_offset: u32, start: u64, size: u64) -> [u8; SYMBOL_SIZE] {
+        let mut entry = [0u8; SYMBOL_SIZE];
+        entry[..4].copy_from_slice(&name_offset.to_le_bytes());
+        entry[4] = STT_FUNC;
+        entry[6..8].copy_from_slice(&1u16.to_le_bytes());
+        entry[8..16].copy_from_slice(&start.to_le_bytes());
+        entry[16..24].copy_from_slice(&size.to_le_bytes());
+        entry
+    }
+
+    /// Scans `symbols`, the whole image, for `addresses`.
+    fn scan_of(
+        symbols: &[[u8; SYMBOL_SIZE]],
+        addresses: &[u64],
+    ) -> (Vec<Option<Candidate>>, Vec<Option<Start>>) {
+        let image = symbols.concat();
+        let table = Section {
+            kind: SHT_SYMTAB,
+            addr: 0,
+            offset: 0,
+            size: image.len() as u64,
+            link: 0,
+            entsize: SYMBOL_SIZE as u64,
+        };
+        let mut best = vec![None; addresses.len()];
+        let mut highest = vec![None; addresses.len()];
+        scan(
+            &Source::Memory(&image),
+            &table,
+            addresses,
+            &mut best,
+            &mut highest,
+        );
+        (best, highest)
+    }
+
+    /// The table is read in chunks of 2,048 entries; the last, shorter one ends where
+    /// the table (here, the image) does.
+    #[test]
+    fn a_table_longer_than_a_chunk_is_read_to_its_last_entry() {
+        let symbols: Vec<_> = (0..2_100u32)
+            .map(|i| function_symbol(i, 0x1000 + 16 * u64::from(i), 16))
+            .collect();
+        let (best, _) = scan_of(&symbols, &[0x1000 + 16 * 2_099 + 4]);
+        let found = best[0].expect("the last entry's function");
+        assert_eq!((found.name_offset, found.size), (2_099, 16));
+    }
+
+    /// In a gap below an address, the function starting highest is kept, and at one
+    /// start a sized symbol wins over an alias without a size, whichever comes first.
+    #[test]
+    fn a_gaps_highest_start_is_kept_and_a_sized_symbol_wins_over_its_alias() {
+        let alias = function_symbol(1, 0x1800, 0);
+        let sized = function_symbol(2, 0x1800, 0x10);
+        let lower = function_symbol(3, 0x1000, 0x20);
+        for symbols in [[alias, sized, lower], [sized, alias, lower]] {
+            let (best, highest) = scan_of(&symbols, &[0x2000]);
+            assert!(best[0].is_none(), "no function contains 0x2000");
+            let gap = highest[0].expect("a start below 0x2000");
+            assert_eq!(
+                (gap.start, gap.sized, gap.section, gap.name_offset),
+                (0x1800, true, 1, 2)
+            );
+        }
+        let (_, highest) = scan_of(&[lower, alias], &[0x2000]);
+        let gap = highest[0].expect("a start below 0x2000");
+        assert_eq!((gap.start, gap.sized, gap.name_offset), (0x1800, false, 1));
+    }
+
     /// A read that crosses the image's end is refused, not filled from elsewhere: the
     /// short read's rest is asked for past it, where nothing is.
     #[test]
