@@ -570,6 +570,21 @@ mod tests {
         assert_eq!((gap.start, gap.sized, gap.name_offset), (0x1800, false, 1));
     }
 
+    /// An address is in the smallest function that contains it, whichever the table
+    /// lists first (of two the same, the first); a function ends before its end.
+    #[test]
+    fn the_smallest_function_containing_an_address_is_its_own() {
+        let outer = function_symbol(1, 0x1000, 0x100);
+        let inner = function_symbol(2, 0x1010, 0x10);
+        let twin = function_symbol(3, 0x1010, 0x10);
+        for symbols in [vec![outer, inner, twin], vec![twin, outer, inner]] {
+            let first = if symbols[0] == twin { 3 } else { 2 };
+            let (best, _) = scan_of(&symbols, &[0x1014, 0x1020, 0x1100]);
+            let names: Vec<Option<u32>> = best.iter().map(|b| b.map(|b| b.name_offset)).collect();
+            assert_eq!(names, [Some(first), Some(1), None]);
+        }
+    }
+
     /// A read that crosses the image's end is refused, not filled from elsewhere: the
     /// short read's rest is asked for past it, where nothing is.
     #[test]
