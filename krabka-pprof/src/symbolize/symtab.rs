@@ -585,6 +585,35 @@ mod tests {
         }
     }
 
+    /// A name is read to its NUL however long (in reads that grow), and one without a
+    /// NUL stops at the table's end or at 64 KiB, whichever comes first.
+    #[test]
+    fn names_are_read_to_their_nul_and_capped_without_one() {
+        let name_of = |table: &[u8], offset: u32| {
+            let strings = Section {
+                kind: 3,
+                addr: 0,
+                offset: 0,
+                size: table.len() as u64,
+                link: 0,
+                entsize: 0,
+            };
+            read_name(&Source::Memory(table), &strings, offset)
+        };
+        let mut table = b"\0short\0".to_vec();
+        let long = "x".repeat(300);
+        table.extend_from_slice(long.as_bytes());
+        table.push(0);
+        assert_eq!(name_of(&table, 1).as_deref(), Some("short"));
+        assert_eq!(name_of(&table, 7).as_deref(), Some(long.as_str()));
+        assert_eq!(name_of(&table, 0).as_deref(), Some(""));
+        assert_eq!(name_of(&table, table.len() as u32 + 1), None);
+        let unended = b"abc".to_vec();
+        assert_eq!(name_of(&unended, 0).as_deref(), Some("abc"));
+        let huge = vec![b'a'; 70_000];
+        assert_eq!(name_of(&huge, 0).map(|n| n.len()), Some(1 << 16));
+    }
+
     /// A read that crosses the image's end is refused, not filled from elsewhere: the
     /// short read's rest is asked for past it, where nothing is.
     #[test]
