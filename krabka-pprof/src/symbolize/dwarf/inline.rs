@@ -444,3 +444,89 @@ pub(crate) fn functions(chain: &[Scope], row: Option<Row>) -> Vec<FunctionLine> 
     }
     functions
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_are_sorted_and_those_that_overlap_or_touch_are_joined() {
+        let mut spans = vec![7..9, 0..2, 2..3, 5..6, 8..12, 20..21];
+        merge(&mut spans);
+        assert_eq!(spans, [0..3, 5..6, 7..12, 20..21]);
+        let mut apart = vec![4..5, 0..1];
+        merge(&mut apart);
+        assert_eq!(apart, [0..1, 4..5]);
+    }
+
+    fn scope(
+        depth: isize,
+        raw: &str,
+        decl: Option<(&str, i64)>,
+        call: Option<(&str, i64)>,
+    ) -> Scope {
+        Scope {
+            depth,
+            origin: Rc::new(Origin {
+                raw: raw.to_owned(),
+                decl: decl.map(|(file, line)| (file.to_owned(), line)),
+            }),
+            call: call.map(|(file, line)| (file.to_owned(), line)),
+        }
+    }
+
+    /// A chain (outermost first) read out innermost first: each function at the line of
+    /// the call in it, the innermost at the row's; a function's first line only where its
+    /// declaration is in the file the line is in; line 0 or no file named by the
+    /// declaration's file.
+    #[test]
+    fn a_chain_gives_each_function_its_line_and_its_first_line_where_files_agree() {
+        let chain = [
+            scope(1, "outer", Some(("src/main.rs", 10)), None),
+            scope(
+                2,
+                "middle",
+                Some(("src/lib.rs", 40)),
+                Some(("src/main.rs", 12)),
+            ),
+            scope(
+                3,
+                "_ZN5inner17h0123456789abcdefE",
+                Some(("src/inner.rs", 5)),
+                Some(("src/other.rs", 44)),
+            ),
+        ];
+        let lines: Vec<(String, String, i64, i64)> =
+            functions(&chain, Some(("src/inner.rs".into(), 7)))
+                .into_iter()
+                .map(|f| (f.name, f.filename, f.line, f.start_line))
+                .collect();
+        assert_eq!(
+            lines,
+            [
+                ("inner".to_owned(), "src/inner.rs".to_owned(), 7, 5),
+                ("middle".to_owned(), "src/other.rs".to_owned(), 44, 0),
+                ("outer".to_owned(), "src/main.rs".to_owned(), 12, 10),
+            ]
+        );
+        // Line 0, or a row without a file: the function's own file, its first line.
+        for row in [("src/elsewhere.rs".to_owned(), 0), (String::new(), 9)] {
+            let made_up = functions(&chain[..1], Some(row.clone()));
+            assert_eq!(
+                (
+                    made_up[0].filename.as_str(),
+                    made_up[0].line,
+                    made_up[0].start_line
+                ),
+                ("src/main.rs", row.1, 10),
+                "{row:?}"
+            );
+        }
+        // A line in a file of its own keeps it, and no first line of another file.
+        let own = functions(&chain[..1], Some(("src/elsewhere.rs".into(), 3)));
+        assert_eq!(
+            (own[0].filename.as_str(), own[0].start_line),
+            ("src/elsewhere.rs", 0)
+        );
+    }
+}
