@@ -903,3 +903,144 @@ fn sections_are_read_as_the_file_holds_them_and_only_where_they_are_read() {
         "bytes past the end of the file"
     );
 }
+
+/// A C library built by `cc` from `files` (name, text) with `flags`, in `dir`: its path,
+/// and the file address range of each function in `functions`.
+fn c_build(
+    dir: &Path,
+    name: &str,
+    files: &[(&str, &str)],
+    flags: &[&str],
+    functions: &[&str],
+) -> (PathBuf, Vec<std::ops::Range<u64>>) {
+    use object::{Object as _, ObjectSymbol as _};
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    let library = dir.join(name);
+    let status = Command::new("cc")
+        .current_dir(dir)
+        .args(["-shared", "-fPIC"])
+        .args(flags)
+        .arg("-o")
+        .arg(&library)
+        .args(
+            files
+                .iter()
+                .map(|(file, _)| file)
+                .filter(|f| f.ends_with(".c")),
+        )
+        .status()
+        .expect("cc runs: rustc links with it");
+    assert!(status.success(), "cc {flags:?}");
+    let bytes = std::fs::read(&library).unwrap();
+    let elf = object::File::parse(&*bytes).unwrap();
+    let ranges = functions
+        .iter()
+        .map(|function| {
+            let symbol = elf
+                .symbols()
+                .find(|s| s.name() == Ok(function))
+                .unwrap_or_else(|| panic!("{function}'s symbol"));
+            symbol.address()..symbol.address() + symbol.size()
+        })
+        .collect();
+    (library, ranges)
+}
+
+/// A link-time-optimised C library, as DWARF 4 and 5: the concrete functions refer to
+/// their names in other units (`DW_FORM_ref_addr`), the inlined call has a range list
+/// and a call site in a header of its own, neither the caller's file nor the callee's.
+#[test]
+fn an_lto_builds_inlined_calls_across_units_have_their_names_files_and_lines() {
+    let (objects, index, _) = probe();
+    let object = objects.get(index).unwrap();
+    let scratch = Scratch::new("lto");
+    let files: [(&str, &str); 4] = [
+        (
+            "krabka_a.c",
+            "unsigned long krabka_inner(unsigned long x);\n\
+             unsigned long krabka_outer(unsigned long rounds) {\n\
+             \x20   unsigned long x = 14;\n\
+             \x20   for (unsigned long i = 0; i < rounds; i++)\n\
+             \x20       x = krabka_inner(x ^ i);\n\
+             \x20   return x;\n\
+             }\n",
+        ),
+        (
+            "krabka_b.c",
+            "#include \"krabka_step.h\"\n\
+             unsigned long krabka_inner(unsigned long x) {\n\
+             \x20   unsigned long y = x * 3;\n\
+             #include \"krabka_call.h\"\n\
+             \x20   return (y >> 7) ^ (y << 3);\n\
+             }\n",
+        ),
+        (
+            "krabka_step.h",
+            "static inline unsigned long krabka_step(unsigned long y) {\n\
+             \x20   return (y * 2654435761u) ^ (y >> 13);\n\
+             }\n",
+        ),
+        ("krabka_call.h", "    y = krabka_step(y);\n"),
+    ];
+    for version in ["-gdwarf-4", "-gdwarf-5"] {
+        let (library, ranges) = c_build(
+            &scratch.0,
+            &format!("libkrabka_lto{version}.so"),
+            &files,
+            &[version, "-O2", "-flto"],
+            &["krabka_inner", "krabka_outer"],
+        );
+        let loaded = LoadedObject {
+            build_id: None,
+            ..as_if_loaded_from(object, &library)
+        };
+        let described = |levels: &Vec<FunctionLine>| -> Vec<(String, String, i64, i64)> {
+            levels
+                .iter()
+                .map(|l| {
+                    let file = l.filename.rsplit('/').next().unwrap_or_default().to_owned();
+                    (l.name.clone(), file, l.line, l.start_line)
+                })
+                .collect()
+        };
+        let own = |line: i64| ("krabka_inner".to_owned(), "krabka_b.c".to_owned(), line, 2);
+        let inlined = [
+            ("krabka_step".to_owned(), "krabka_step.h".to_owned(), 2, 1),
+            // At the call, in the header it stands in: no first line of that file.
+            ("krabka_inner".to_owned(), "krabka_call.h".to_owned(), 1, 0),
+        ];
+        let inner: Vec<u64> = ranges[0].clone().collect();
+        let chains: Vec<_> = resolve(&loaded, &inner).iter().map(described).collect();
+        let mut two_levels = 0;
+        for chain in &chains {
+            match chain.as_slice() {
+                [one] => assert_eq!(*one, own(one.2), "{version}: {chains:?}"),
+                two => {
+                    assert_eq!(two, inlined, "{version}: {chains:?}");
+                    two_levels += 1;
+                }
+            }
+        }
+        assert!(
+            two_levels > 0,
+            "{version}: the inlined call's range list: {chains:?}"
+        );
+        assert!(two_levels < chains.len(), "{version}: {chains:?}");
+        let outer: Vec<u64> = ranges[1].clone().collect();
+        for chain in resolve(&loaded, &outer).iter().map(described) {
+            assert_eq!(
+                chain,
+                [(
+                    "krabka_outer".to_owned(),
+                    "krabka_a.c".to_owned(),
+                    chain[0].2,
+                    2
+                )],
+                "{version}"
+            );
+            assert!((2..=7).contains(&chain[0].2), "{version}: {chain:?}");
+        }
+    }
+}
