@@ -318,3 +318,164 @@ fn values_scale_like_pprof() {
     assert_eq!(format_value(512, "bytes"), "512B");
     assert_eq!(format_value(1234, "count"), "1234");
 }
+
+/// `profile`'s string index of `s`, interned if new.
+fn intern_in(profile: &mut Profile, s: &str) -> i64 {
+    if let Some(i) = profile.string_table.iter().position(|x| x == s) {
+        return i as i64;
+    }
+    profile.string_table.push(s.to_owned());
+    (profile.string_table.len() - 1) as i64
+}
+
+/// Labels sample `i` of `profile` with `labels` (key, value).
+fn label_sample(profile: &mut Profile, i: usize, labels: &[(&str, &str)]) {
+    for (key, value) in labels {
+        let label = crate::profile::proto::Label {
+            key: intern_in(profile, key),
+            str: intern_in(profile, value),
+            ..Default::default()
+        };
+        profile.sample[i].label.push(label);
+    }
+}
+
+#[test]
+fn the_grouped_table_sums_each_label_value_heaviest_first_and_lists_each_groups_functions() {
+    let mut profile = profile_of(&[
+        (&["a_work", "main"], 30),
+        (&["b_work", "main"], 50),
+        (&["b_more", "main"], 20),
+        (&["unlabelled", "main"], 5),
+        (&["a_work", "main"], 4),
+    ]);
+    profile.duration_nanos = 2_000_000_000;
+    label_sample(&mut profile, 0, &[("tenant", "a")]);
+    label_sample(&mut profile, 1, &[("route", "/x"), ("tenant", "b")]);
+    label_sample(&mut profile, 2, &[("tenant", "b")]);
+    label_sample(&mut profile, 3, &[("route", "/y")]);
+    label_sample(&mut profile, 4, &[("tenant", "a")]);
+    let text = grouped_table(&profile, "tenant", Granularity::Functions, Some(0));
+    let expected = "\
+Type: samples
+Duration: 2s, Total samples = 109
+Grouped by label tenant: 3 groups
+      flat   flat%  group
+        70  64.22%  tenant=b
+        34  31.19%  tenant=a
+         5   4.59%  [no tenant]
+
+tenant=b: 70 (64.22% of the total)
+Showing nodes accounting for 70, 64.22% of 109 total
+      flat   flat%    sum%        cum    cum%
+        50  45.87%  45.87%         50  45.87%  b_work
+        20  18.35%  64.22%         20  18.35%  b_more
+         0      0%  64.22%         70  64.22%  main
+
+tenant=a: 34 (31.19% of the total)
+Showing nodes accounting for 34, 31.19% of 109 total
+      flat   flat%    sum%        cum    cum%
+        34  31.19%  31.19%         34  31.19%  a_work
+         0      0%  31.19%         34  31.19%  main
+
+[no tenant]: 5 (4.59% of the total)
+Showing nodes accounting for 5, 4.59% of 109 total
+      flat   flat%    sum%        cum    cum%
+         5   4.59%   4.59%          5   4.59%  unlabelled
+         0      0%   4.59%          5   4.59%  main
+";
+    assert_eq!(text, expected);
+
+    // The unlabelled stay last however heavy; no window, no duration line; a label
+    // with an empty value is no value.
+    profile.sample[3].value[0] = 500;
+    profile.duration_nanos = 0;
+    label_sample(&mut profile, 3, &[("tenant", "")]);
+    profile.sample[3].label.last_mut().unwrap().str = 0;
+    let text = grouped_table(&profile, "tenant", Granularity::Functions, Some(0));
+    let groups: Vec<&str> = text.lines().skip(3).take(3).collect();
+    assert_eq!(
+        groups,
+        [
+            "        70  11.59%  tenant=b",
+            "        34   5.63%  tenant=a",
+            "       500  82.78%  [no tenant]"
+        ],
+        "{text}"
+    );
+    assert!(
+        text.starts_with("Type: samples\nGrouped by label tenant: 3 groups\n"),
+        "{text}"
+    );
+
+    // Twenty groups are detailed; the rest are counted.
+    let stacks: Vec<(Vec<String>, i64)> = (0..22)
+        .map(|i| (vec![format!("work_{i}")], 100 + i as i64))
+        .collect();
+    let borrowed: Vec<(Vec<&str>, i64)> = stacks
+        .iter()
+        .map(|(s, v)| (s.iter().map(String::as_str).collect(), *v))
+        .collect();
+    let as_slices: Vec<(&[&str], i64)> = borrowed.iter().map(|(s, v)| (s.as_slice(), *v)).collect();
+    let mut many = profile_of(&as_slices);
+    for i in 0..22 {
+        label_sample(&mut many, i, &[("tenant", &format!("t{i:02}"))]);
+    }
+    let text = grouped_table(&many, "tenant", Granularity::Functions, Some(0));
+    assert!(
+        text.contains("Grouped by label tenant: 22 groups\n"),
+        "{text}"
+    );
+    assert_eq!(text.matches("\ntenant=").count(), 20, "{text}");
+    assert!(
+        !text.contains("\ntenant=t00:") && text.contains("\ntenant=t21:"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("\n2 more groups; `go tool pprof -tagfocus tenant=VALUE` shows any one\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn exactly_twenty_groups_are_all_detailed_and_none_counted() {
+    let stacks: Vec<String> = (0..20).map(|i| format!("work_{i}")).collect();
+    let as_slices: Vec<[&str; 1]> = stacks.iter().map(|s| [s.as_str()]).collect();
+    let with_values: Vec<(&[&str], i64)> = as_slices.iter().map(|s| (&s[..], 1)).collect();
+    let mut profile = profile_of(&with_values);
+    for i in 0..20 {
+        label_sample(&mut profile, i, &[("tenant", &format!("t{i:02}"))]);
+    }
+    let text = grouped_table(&profile, "tenant", Granularity::Functions, Some(0));
+    assert_eq!(text.matches("\ntenant=").count(), 20, "{text}");
+    assert!(!text.contains("more groups"), "{text}");
+}
+
+/// The lines view names a line only where it has a file and a line number; else the
+/// function alone.
+#[test]
+fn the_lines_view_names_a_line_only_with_its_file_and_number() {
+    let mut profile = profile_of(&[(&["both"], 3), (&["no_file"], 2), (&["line_zero"], 1)]);
+    let file = intern_in(&mut profile, "src/x.rs");
+    for (i, (filename, line)) in [(file, 7), (0, 8), (file, 0)].into_iter().enumerate() {
+        profile.function[i].filename = filename;
+        profile.location[i].line[0].line = line;
+    }
+    let text = top_table_by(&profile, 10, Granularity::Lines);
+    let names: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.contains("flat%"))
+        .skip(1)
+        .map(|l| l.split("  ").last().unwrap().trim())
+        .collect();
+    assert_eq!(names, ["both src/x.rs:7", "no_file", "line_zero"], "{text}");
+}
+
+#[test]
+fn the_top_table_says_how_many_nodes_it_leaves_out() {
+    let profile = profile_of(&[(&["a"], 3), (&["b"], 2), (&["c"], 1)]);
+    let text = top_table(&profile, 2);
+    assert!(text.contains("\nShowing top 2 nodes out of 3\n"), "{text}");
+    let text = top_table(&profile, 3);
+    assert!(!text.contains("Showing top"), "{text}");
+}
