@@ -412,4 +412,100 @@ mod tests {
         assert_eq!(source(0, 7), None, "kill(2) carries no value");
         assert_eq!(source(4242, 7), None, "no tag");
     }
+
+    /// The kernel's own list of this process's POSIX timers (`/proc/self/timers`):
+    /// how many notify thread `tid`.
+    fn kernel_timers_of(tid: u32) -> usize {
+        let listing = std::fs::read_to_string("/proc/self/timers").unwrap();
+        let suffix = format!("tid.{tid}");
+        listing
+            .lines()
+            .filter(|line| line.starts_with("notify:") && line.ends_with(&suffix))
+            .count()
+    }
+
+    /// A registry of its own (not the process's, which running sessions use), never armed:
+    /// no timer here ever fires. What it says it has is checked against the kernel's list.
+    #[test]
+    fn the_registry_gives_timers_to_the_threads_listed_and_deletes_those_gone() {
+        // A thread that blocks SIGPROF, parked until told to go.
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let parked = std::thread::spawn(move || {
+            // SAFETY: sigset_t is plain data, filled by sigemptyset and sigaddset; the
+            // mask is this thread's own.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&raw mut set);
+                libc::sigaddset(&raw mut set, libc::SIGPROF);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
+            }
+            tid_tx.send(crate::process::current_tid()).unwrap();
+            go_rx.recv().ok();
+        });
+        let blocking = tid_rx.recv().unwrap();
+        let me = crate::process::current_tid();
+        let mut registry = Registry {
+            timers: HashMap::new(),
+            period: None,
+            shortfall: None,
+            seed: seed(),
+        };
+        let mut alive = vec![me, blocking];
+        alive.sort_unstable();
+        let changes = registry.refresh(&alive);
+        assert_eq!(changes.timed, alive);
+        assert!(changes.exited.is_empty());
+        assert_eq!(registry.len(), 2);
+        assert!(registry.is_timed(me) && registry.is_timed(blocking));
+        assert!(!registry.is_timed(1), "pid 1 is no thread of this process");
+        assert_eq!((kernel_timers_of(me), kernel_timers_of(blocking)), (1, 1));
+        assert_eq!(registry.shortfall(), None);
+        let mut clocks = Vec::new();
+        registry.clocks(&mut clocks);
+        clocks.sort_unstable();
+        assert_eq!(clocks.iter().map(|c| c.0).collect::<Vec<_>>(), alive);
+        assert!(clocks.iter().all(|c| c.1 > Duration::ZERO), "{clocks:?}");
+
+        // Listed again: nothing new. A thread id no thread has: no timer, and no shortfall
+        // (the thread "exited" between the listing and now).
+        let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let ghost = (1..pid_max)
+            .rev()
+            .find(|tid| !std::path::Path::new(&format!("/proc/{tid}")).exists())
+            .unwrap();
+        let mut with_ghost = alive.clone();
+        with_ghost.push(ghost);
+        let changes = registry.refresh(&with_ghost);
+        assert!(changes.timed.is_empty() && changes.exited.is_empty());
+        assert!(!registry.is_timed(ghost));
+        assert_eq!(registry.shortfall(), None);
+
+        // Renewed: a new timer in place of the old, one still.
+        assert!(registry.renew(me));
+        assert_eq!(kernel_timers_of(me), 1);
+        assert!(!registry.renew(ghost), "no thread, no timer");
+        assert!(!registry.is_timed(ghost));
+
+        // A thread no longer listed loses its timer.
+        let changes = registry.refresh(&[blocking]);
+        assert_eq!(changes.exited, [me]);
+        assert_eq!(kernel_timers_of(me), 0);
+        assert_eq!(registry.len(), 1);
+
+        // The session's end deletes every timer but those of threads that block SIGPROF.
+        registry.refresh(&alive);
+        assert_eq!(kernel_timers_of(me), 1);
+        registry.disarm();
+        assert_eq!((kernel_timers_of(me), kernel_timers_of(blocking)), (0, 1));
+        assert!(registry.is_timed(blocking) && !registry.is_timed(me));
+        registry.refresh(&[]);
+        assert_eq!(kernel_timers_of(blocking), 0);
+        go_tx.send(()).unwrap();
+        parked.join().unwrap();
+    }
 }
