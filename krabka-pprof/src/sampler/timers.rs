@@ -424,10 +424,14 @@ mod tests {
             .count()
     }
 
-    /// A registry of its own (not the process's, which running sessions use), never armed:
-    /// no timer here ever fires. What it says it has is checked against the kernel's list.
+    /// A registry of its own (not the process's, which sessions use), never armed: no
+    /// timer here ever fires. What it says it has is checked against the kernel's list.
     #[test]
     fn the_registry_gives_timers_to_the_threads_listed_and_deletes_those_gone() {
+        // No session meanwhile: its registry would time these threads too.
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // A thread that blocks SIGPROF, parked until told to go.
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
