@@ -984,14 +984,35 @@ fn an_lto_builds_inlined_calls_across_units_have_their_names_files_and_lines() {
         ),
         ("krabka_call.h", "    y = krabka_step(y);\n"),
     ];
-    for version in ["-gdwarf-4", "-gdwarf-5"] {
-        let (library, ranges) = c_build(
+    // Each also with each function in a section of its own (the units' code ranges are
+    // then range lists, not one span), and each without `.debug_aranges` (as LLVM
+    // builds are: the units are placed by their own ranges instead).
+    let builds = ["-gdwarf-4", "-gdwarf-5"]
+        .into_iter()
+        .flat_map(|version| [(version, false), (version, true)])
+        .flat_map(|(version, sections)| [(version, sections, true), (version, sections, false)]);
+    for (version, sections, aranges) in builds {
+        let flags = [version, "-O2", "-flto", "-ffunction-sections"];
+        let flags = if sections { &flags[..] } else { &flags[..3] };
+        let (mut library, ranges) = c_build(
             &scratch.0,
-            &format!("libkrabka_lto{version}.so"),
+            &format!("libkrabka_lto{version}{sections}.so"),
             &files,
-            &[version, "-O2", "-flto"],
+            flags,
             &["krabka_inner", "krabka_outer"],
         );
+        if !aranges {
+            let without = scratch
+                .0
+                .join(format!("libkrabka_lto{version}{sections}-no-aranges.so"));
+            objcopy(&[
+                "--remove-section=.debug_aranges".as_ref(),
+                library.as_os_str(),
+                without.as_os_str(),
+            ]);
+            library = without;
+        }
+        let version = format!("{version}, function sections {sections}, aranges {aranges}");
         let loaded = LoadedObject {
             build_id: None,
             ..as_if_loaded_from(object, &library)
