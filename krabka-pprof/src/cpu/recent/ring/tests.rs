@@ -349,3 +349,83 @@ fn threads_of_one_name_are_one_and_the_merge_names_every_id() {
         .collect();
     assert_eq!(blocked, [("worker", S(3))]);
 }
+
+/// Two rings given the same pushes but one: what each holds, side by side (their deques
+/// grow alike, so the difference is what the one push differs in).
+fn bytes_of(pushes: Vec<(Collected, Option<String>)>) -> usize {
+    let mut ring = Ring::new(S(3600), 64 << 20);
+    for (collected, gap) in pushes {
+        ring.push(collected, gap);
+    }
+    ring.bytes()
+}
+
+#[test]
+fn a_slice_weighs_its_counts_its_blocked_threads_names_and_its_gap_note() {
+    let all: Vec<u64> = (1..=20).collect();
+    let with = |leaves: &[u64], name: &str, gap: &str| {
+        let mut second = slice(1.0, 1.0, leaves, 1);
+        second.names.insert(8, name.into());
+        second.blocked = vec![(8, Duration::from_millis(3))];
+        vec![
+            (slice(0.0, 1.0, &all, 1), None),
+            (second, Some(gap.to_owned())),
+        ]
+    };
+    let base = bytes_of(with(&all, "n", "g"));
+    assert_eq!(
+        base - bytes_of(with(&all[..10], "n", "g")),
+        10 * size_of::<super::Count>(),
+        "ten counts more"
+    );
+    assert_eq!(
+        bytes_of(with(&all, &"n".repeat(500), "g")) - base,
+        499,
+        "a longer name"
+    );
+    assert_eq!(
+        bytes_of(with(&all, "n", &"g".repeat(1000))) - base,
+        999,
+        "a longer note"
+    );
+    let without_blocked = {
+        let mut pushes = with(&all, "n", "g");
+        pushes[1].0.blocked.clear();
+        bytes_of(pushes)
+    };
+    assert_eq!(
+        base - without_blocked,
+        size_of::<(std::sync::Arc<str>, Duration)>() + 1,
+        "a blocked thread"
+    );
+}
+
+/// A session's objects are counted once, however many slices share them.
+#[test]
+fn the_objects_of_consecutive_slices_are_counted_once() {
+    let current = Objects::current();
+    let with = |first: &Objects, second: &Objects| {
+        let mut one = slice(0.0, 1.0, &[1], 1);
+        one.objects = first.clone();
+        let mut two = slice(1.0, 1.0, &[1], 1);
+        two.objects = second.clone();
+        bytes_of(vec![(one, None), (two, None)])
+    };
+    let none = Objects::default();
+    let weight = super::objects_weight(&current);
+    assert!(weight > 0);
+    assert_eq!(with(&none, &current) - with(&none, &none), weight);
+    // An empty list weighs nothing; the same list again, nothing more.
+    assert_eq!(with(&current, &current), with(&current, &none));
+    assert_eq!(with(&current, &current), with(&none, &current));
+}
+
+#[test]
+fn a_paused_recorder_says_why_until_the_next_slice() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    assert_eq!(ring.paused(), None);
+    ring.pause(at(0.0), "another profile runs".to_owned());
+    assert_eq!(ring.paused(), Some("another profile runs"));
+    ring.push(slice(1.0, 1.0, &[1], 1), None);
+    assert_eq!(ring.paused(), None);
+}
