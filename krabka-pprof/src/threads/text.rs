@@ -141,3 +141,169 @@ pub(crate) fn every_thread_text(dump: &ThreadDump) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::process::ProcThread;
+    use crate::profile::proto::{Function, Line, Location, Mapping, Sample};
+
+    /// A dump of four threads: two with one stack (a leaf with a function inlined into
+    /// it, then `main`), one in `main` alone, one that exited before it answered.
+    fn dump() -> ThreadDump {
+        let strings = [
+            "",
+            "inlined_step",
+            "leaf_work",
+            "main",
+            "/usr/lib/libwork.so",
+            "[exited]",
+        ];
+        let function = |id: u64, name: i64| Function {
+            id,
+            name,
+            ..Default::default()
+        };
+        let line = |function_id: u64| Line {
+            function_id,
+            line: 0,
+            column: 0,
+        };
+        let profile = Profile {
+            string_table: strings.iter().map(|s| (*s).to_owned()).collect(),
+            function: vec![
+                function(1, 1),
+                function(2, 2),
+                function(3, 3),
+                function(4, 5),
+            ],
+            mapping: vec![Mapping {
+                id: 1,
+                filename: 4,
+                ..Default::default()
+            }],
+            location: vec![
+                Location {
+                    id: 1,
+                    mapping_id: 1,
+                    address: 0x1010,
+                    line: vec![line(1), line(2)],
+                    ..Default::default()
+                },
+                Location {
+                    id: 2,
+                    mapping_id: 1,
+                    address: 0x2020,
+                    line: vec![line(3)],
+                    ..Default::default()
+                },
+                Location {
+                    id: 3,
+                    line: vec![line(4)],
+                    ..Default::default()
+                },
+            ],
+            sample: vec![
+                Sample {
+                    location_id: vec![2],
+                    value: vec![1],
+                    label: Vec::new(),
+                },
+                Sample {
+                    location_id: vec![1, 2],
+                    value: vec![2],
+                    label: Vec::new(),
+                },
+                Sample {
+                    location_id: vec![3],
+                    value: vec![1],
+                    label: Vec::new(),
+                },
+            ],
+            ..Profile::default()
+        };
+        let thread =
+            |tid: u32, name: &str, state: char, cpu_ms: u64, wchan: Option<&str>| ProcThread {
+                tid,
+                name: name.to_owned(),
+                state,
+                cpu: Duration::from_millis(cpu_ms),
+                wchan: wchan.map(str::to_owned),
+            };
+        let dumped = |proc: ProcThread, sample: usize, missing: Option<&str>| DumpedThread {
+            proc,
+            sample,
+            missing: missing.map(str::to_owned),
+        };
+        ThreadDump {
+            threads: vec![
+                dumped(thread(11, "main", 'S', 250, Some("ep_poll")), 0, None),
+                dumped(thread(12, "worker-a", 'R', 1500, None), 1, None),
+                dumped(
+                    thread(13, "worker-b", 'S', 20, Some("futex_wait_queue")),
+                    1,
+                    None,
+                ),
+                dumped(
+                    thread(14, "gone", 'Z', 0, None),
+                    2,
+                    Some("exited during the dump"),
+                ),
+            ],
+            profile,
+            deadline: Duration::from_secs(2),
+            answered: 3,
+        }
+    }
+
+    #[test]
+    fn debug_1_groups_threads_by_stack_largest_group_first() {
+        let text = grouped_text(&dump());
+        let expected = "threads profile: total 4, 3 answered within 2s
+
+2 @ 0x1010 0x2020
+# threads: worker-a (12), worker-b (13)
+#\t0x1010\tinlined_step
+#\t\tleaf_work
+#\t0x2020\tmain
+
+1 @ 0x2020
+# threads: main (11)
+#\t0x2020\tmain
+
+1 @ \n# threads: gone (14)
+#\t\t[exited]
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn debug_2_lists_every_thread_with_its_state_cpu_wait_and_stack() {
+        let text = every_thread_text(&dump());
+        let expected = "threads: total 4, 3 answered within 2s
+
+thread 11 \"main\" [sleeping in ep_poll, 0.250s CPU]:
+main
+\t0x2020 in libwork.so
+
+thread 12 \"worker-a\" [running, 1.500s CPU]:
+inlined_step
+leaf_work
+\t0x1010 in libwork.so
+main
+\t0x2020 in libwork.so
+
+thread 13 \"worker-b\" [sleeping in futex_wait_queue, 0.020s CPU]:
+inlined_step
+leaf_work
+\t0x1010 in libwork.so
+main
+\t0x2020 in libwork.so
+
+thread 14 \"gone\" [zombie, 0.000s CPU]: no stack: it exited during the dump
+";
+        assert_eq!(text, expected);
+    }
+}
