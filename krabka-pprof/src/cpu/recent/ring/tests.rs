@@ -429,3 +429,68 @@ fn a_paused_recorder_says_why_until_the_next_slice() {
     ring.push(slice(1.0, 1.0, &[1], 1), None);
     assert_eq!(ring.paused(), None);
 }
+
+/// The bytes the ring counts are the bytes it holds: each slice's weight, and each
+/// distinct object list once.
+fn assert_counts_what_it_holds(ring: &Ring) {
+    let mut lists: Vec<&std::sync::Arc<Objects>> = Vec::new();
+    for slice in &ring.slices {
+        if !lists
+            .iter()
+            .any(|l| std::sync::Arc::ptr_eq(l, &slice.objects))
+        {
+            lists.push(&slice.objects);
+        }
+    }
+    let held = ring.slices.iter().map(super::Slice::weight).sum::<usize>()
+        + lists
+            .iter()
+            .map(|l| super::objects_weight(l))
+            .sum::<usize>();
+    assert_eq!(ring.slice_bytes, held);
+}
+
+/// Slices with different stacks fold into one that sums each stack, what was lost, left
+/// unattributed, spent and blocked, and the ring's count of bytes follows.
+#[test]
+fn folded_slices_sum_every_stack_and_tally_and_the_bytes_follow() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    let objects = Objects::current();
+    let mut pushed_cpu = Duration::ZERO;
+    for second in 0..120u32 {
+        let leaves: &[u64] = if second % 2 == 0 {
+            &[0xa, 0xc]
+        } else {
+            &[0xb, 0xc, 0xd]
+        };
+        let mut collected = slice(f64::from(second), 1.0, leaves, 2);
+        collected.lost = Tally {
+            samples: 1,
+            periods: 3,
+        };
+        collected.unattributed = Duration::from_millis(1);
+        collected.blocked = vec![(7, Duration::from_millis(2))];
+        collected.objects = objects.clone();
+        pushed_cpu += collected.cpu_time;
+        ring.push(collected, None);
+        assert_counts_what_it_holds(&ring);
+    }
+    assert!(ring.kept().slices < 80, "{:?}", ring.kept());
+    let collected = ring.select(at(0.0), at(120.0)).collected.unwrap();
+    assert_eq!(
+        by_leaf(&collected),
+        HashMap::from([(0xa, 120), (0xb, 120), (0xc, 240), (0xd, 120)])
+    );
+    assert_eq!((collected.lost.samples, collected.lost.periods), (120, 360));
+    assert_eq!(collected.unattributed, Duration::from_millis(120));
+    assert_eq!(collected.cpu_time, pushed_cpu);
+    // Blocked threads are kept by name (an id stands for every thread of that name).
+    let [(id, blocked)] = collected.blocked[..] else {
+        panic!("{:?}", collected.blocked);
+    };
+    assert_eq!(
+        (&*collected.names[&id], blocked),
+        ("worker", Duration::from_millis(240))
+    );
+    assert_eq!(collected.duration, S(120));
+}
