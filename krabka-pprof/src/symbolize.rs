@@ -131,3 +131,36 @@ fn functions_at(symbol: Option<Symbol>, dwarf: Vec<FunctionLine>) -> Option<Vec<
     }
     Some(functions)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbolize_names_itself_as_the_query_spells_it() {
+        assert_eq!(Symbolize::Full.name(), "full");
+        assert_eq!(Symbolize::None.name(), "none");
+    }
+
+    /// Addresses looked up early are named, and remembered as tried whether named or
+    /// not, so that the profile built later looks none of them up again.
+    #[test]
+    fn addresses_resolved_early_are_named_and_remembered_as_tried() {
+        #[inline(never)]
+        fn named_here() -> u64 {
+            std::hint::black_box(7)
+        }
+        let objects = Objects::current();
+        let here = named_here as *const () as u64;
+        let resolved = Resolved::of(&objects, vec![here, 8]);
+        let functions = resolved.functions(here).expect("this test's function");
+        assert!(
+            functions.last().unwrap().name.ends_with("named_here"),
+            "{functions:?}"
+        );
+        assert!(resolved.has_tried(here));
+        assert!(resolved.has_tried(8), "tried, though nothing is there");
+        assert_eq!(resolved.functions(8), None);
+        assert!(!resolved.has_tried(here + 1));
+    }
+}

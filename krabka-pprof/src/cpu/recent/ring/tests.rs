@@ -494,3 +494,25 @@ fn folded_slices_sum_every_stack_and_tally_and_the_bytes_follow() {
     );
     assert_eq!(collected.duration, S(120));
 }
+
+/// The newest slice stays whatever the bounds say; a ring exactly at its memory bound
+/// drops nothing.
+#[test]
+fn the_newest_slice_stays_and_the_bound_is_inclusive() {
+    let mut tiny = Ring::new(S(600), 1);
+    let mut no_history = Ring::new(S(0), 64 << 20);
+    for second in 0..3u32 {
+        tiny.push(slice(f64::from(second), 1.0, &[0xa], 1), None);
+        no_history.push(slice(f64::from(second), 1.0, &[0xa], 1), None);
+    }
+    assert_eq!(tiny.kept().slices, 1);
+    assert_eq!(no_history.kept().slices, 1);
+    let pushes = || (0..2u32).map(|second| slice(f64::from(second), 1.0, &[0xa, 0xb], 1));
+    let exact = bytes_of(pushes().map(|c| (c, None)).collect());
+    let mut at_bound = Ring::new(S(600), exact);
+    for collected in pushes() {
+        at_bound.push(collected, None);
+    }
+    assert_eq!(at_bound.bytes(), exact);
+    assert_eq!(at_bound.kept().slices, 2);
+}
