@@ -1065,3 +1065,40 @@ fn an_lto_builds_inlined_calls_across_units_have_their_names_files_and_lines() {
         }
     }
 }
+
+/// Code the linker discarded (`--gc-sections`) keeps its line rows, at address 0: no
+/// address there is given its lines.
+#[test]
+fn the_lines_of_code_the_linker_discarded_name_no_address() {
+    let (objects, index, _) = probe();
+    let object = objects.get(index).unwrap();
+    let scratch = Scratch::new("discarded");
+    let (library, ranges) = c_build(
+        &scratch.0,
+        "libkrabka_gc.so",
+        &[(
+            "krabka_gc.c",
+            "static __attribute__((used)) unsigned long krabka_dropped(unsigned long x) {\n\
+             \x20   return x * 7 + 3;\n\
+             }\n\
+             unsigned long krabka_kept(unsigned long x) {\n\
+             \x20   return x * 5 + 1;\n\
+             }\n",
+        )],
+        &["-g", "-O1", "-ffunction-sections", "-Wl,--gc-sections"],
+        &["krabka_kept"],
+    );
+    let loaded = LoadedObject {
+        build_id: None,
+        ..as_if_loaded_from(object, &library)
+    };
+    let mut at: Vec<u64> = (0..8).collect();
+    at.extend(ranges[0].clone());
+    let found = resolve(&loaded, &at);
+    assert!(found[..8].iter().all(Vec::is_empty), "{:?}", &found[..8]);
+    for levels in &found[8..] {
+        let outermost = levels.last().expect("the kept function's lines");
+        assert_eq!(outermost.name, "krabka_kept");
+        assert!((4..=6).contains(&outermost.line), "{levels:?}");
+    }
+}
