@@ -44,3 +44,29 @@ fn blocking(file: &File) -> Option<()> {
     let set = unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
     (set == 0).then_some(())
 }
+
+#[cfg(all(test, elf))]
+mod tests {
+    use std::os::fd::AsRawFd as _;
+
+    use super::*;
+
+    /// A regular file is opened, and read as a regular file is: blocking again.
+    #[test]
+    fn a_regular_file_is_opened_for_blocking_reads_and_a_directory_is_not() {
+        let file = open_regular(Path::new("/proc/self/exe")).expect("this test binary");
+        // SAFETY: the descriptor is open (borrowed from `file`); F_GETFL reads its flags.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        assert!(flags >= 0);
+        assert_eq!(
+            flags & libc::O_NONBLOCK,
+            0,
+            "O_NONBLOCK cleared: {flags:#x}"
+        );
+        assert!(
+            open_regular(Path::new("/proc/self")).is_none(),
+            "a directory"
+        );
+        assert!(open_regular(Path::new("/nonexistent/krabka")).is_none());
+    }
+}
