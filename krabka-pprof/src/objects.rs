@@ -444,6 +444,8 @@ mod tests {
         let mut vdso = object("linux-vdso.so.1");
         vdso.is_vdso = true;
         assert!(vdso.is_named("vdso"));
+        assert!(!vdso.is_named("libc"), "the vDSO is named by `vdso` alone");
+        assert!(!named("/lib/x86_64-linux-gnu/libc.so.6", "vdso"));
     }
 
     #[cfg(target_os = "linux")]
