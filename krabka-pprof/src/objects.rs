@@ -425,6 +425,30 @@ mod tests {
         }
     }
 
+    /// A session's objects: the newest listing, and the older listing's objects that no
+    /// newer one overlaps (a library unloaded since), by address.
+    #[test]
+    fn merged_objects_keep_the_new_and_the_old_that_nothing_new_overlaps() {
+        let at = |name: &str, range: std::ops::Range<u64>| LoadedObject {
+            range,
+            ..object(name)
+        };
+        let newer = Objects {
+            list: vec![at("app", 0x1000..0x2000), at("libnew.so", 0x5000..0x6000)],
+        };
+        let older = Objects {
+            list: vec![
+                at("libgone.so", 0x3000..0x4000),
+                at("libreplaced.so", 0x1800..0x2800),
+                at("libedge.so", 0x2000..0x3000),
+                at("libunder.so", 0x0800..0x1001),
+            ],
+        };
+        let merged = newer.merged_with(&older);
+        let names: Vec<&str> = merged.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["app", "libedge.so", "libgone.so", "libnew.so"]);
+    }
+
     #[test]
     fn blocklist_entries_name_libraries_not_substrings() {
         let named = |path: &str, entry: &str| object(path).is_named(entry);

@@ -425,6 +425,13 @@ mod tests {
         drop(held);
         for i in 0..64 {
             drop(table.intern(set(&[("test", &i.to_string())]), false));
+            if i == 61 {
+                // 63 interns: a sweep looks at every slot, so it waits for 64 to pay.
+                assert!(
+                    table.resolve(handle).is_some(),
+                    "swept before the 64th intern"
+                );
+            }
         }
         assert!(table.resolve(handle).is_none(), "swept by the 64th intern");
         // A set per request, each dropped at once: the table stays small, whatever the count.
@@ -449,6 +456,7 @@ mod tests {
             .collect();
         let (sentinel, labels) = table.intern(set(&[("request", "one more")]), true);
         assert_eq!(labels.get("labels"), Some("[too many distinct label sets]"));
+        assert_eq!(table.resolve(sentinel).as_deref(), Some(&*labels));
         assert_eq!(
             table.intern(set(&[("request", "and another")]), true).0,
             sentinel
