@@ -429,7 +429,7 @@ mod tests {
     /// newer one overlaps (a library unloaded since), by address.
     #[test]
     fn merged_objects_keep_the_new_and_the_old_that_nothing_new_overlaps() {
-        let at = |name: &str, range: std::ops::Range<u64>| LoadedObject {
+        let at = |name: &str, range: Range<u64>| LoadedObject {
             range,
             ..object(name)
         };
