@@ -442,11 +442,22 @@ mod tests {
                 at("libreplaced.so", 0x1800..0x2800),
                 at("libedge.so", 0x2000..0x3000),
                 at("libunder.so", 0x0800..0x1001),
+                at("libbelow.so", 0x0400..0x1000),
             ],
         };
         let merged = newer.merged_with(&older);
         let names: Vec<&str> = merged.iter().map(|o| o.name.as_str()).collect();
-        assert_eq!(names, ["app", "libedge.so", "libgone.so", "libnew.so"]);
+        assert_eq!(
+            names,
+            [
+                "libbelow.so",
+                "app",
+                "libedge.so",
+                "libgone.so",
+                "libnew.so"
+            ],
+            "ranges that only touch do not overlap"
+        );
     }
 
     #[test]
