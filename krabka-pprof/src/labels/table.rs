@@ -405,6 +405,9 @@ mod tests {
             table.resolve(handle).is_some(),
             "unused at this sweep, not yet freed"
         );
+        // Another sweep in the same drain: still no drain began after the set's last use.
+        table.sweep(false);
+        assert!(table.resolve(handle).is_some(), "freed within one drain");
         drain(&mut table);
         assert!(
             table.resolve(handle).is_none(),
