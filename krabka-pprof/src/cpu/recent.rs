@@ -110,3 +110,33 @@ fn comment_first(profile: &mut Profile, notes: Vec<String>) {
     profile.string_table.extend(notes);
     profile.comment.splice(0..0, first..first + count);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the recorder says of the range comes before the profile's own comments, in
+    /// order, each its own string.
+    #[test]
+    fn the_recorders_notes_come_first_among_the_comments() {
+        let mut profile = Profile {
+            string_table: vec![String::new(), "sampled at 99 Hz".into(), "lost 0".into()],
+            comment: vec![1, 2],
+            ..Profile::default()
+        };
+        comment_first(
+            &mut profile,
+            vec!["covers 60 s".into(), "not sampled for 2 s".into()],
+        );
+        let comments: Vec<&str> = profile.comment.iter().map(|&c| profile.string(c)).collect();
+        assert_eq!(
+            comments,
+            [
+                "covers 60 s",
+                "not sampled for 2 s",
+                "sampled at 99 Hz",
+                "lost 0"
+            ]
+        );
+    }
+}

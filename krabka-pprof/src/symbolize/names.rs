@@ -35,3 +35,28 @@ pub(crate) fn demangle(raw: &str) -> String {
         Err(_) => raw.to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A function known by its symbol alone keeps the symbol as written (pprof's
+    /// `system_name`) beside its demangled name, and has no file or line.
+    #[test]
+    fn a_function_named_by_its_symbol_keeps_the_symbol_as_written() {
+        let function = FunctionLine::named(
+            "app::work".into(),
+            "_ZN3app4work17h0123456789abcdefE".into(),
+        );
+        assert_eq!(function.name, "app::work");
+        assert_eq!(function.system_name, "_ZN3app4work17h0123456789abcdefE");
+        assert_eq!(
+            (
+                function.filename.as_str(),
+                function.line,
+                function.start_line
+            ),
+            ("", 0, 0)
+        );
+    }
+}
