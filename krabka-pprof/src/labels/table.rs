@@ -467,6 +467,45 @@ mod tests {
         drop(kept);
     }
 
+    /// A drain's label word names a user set (low half) and a span's (high half); each
+    /// resolves to the very set interned, compared and hashed by that set's identity.
+    #[test]
+    fn a_label_word_resolves_to_the_sets_its_halves_name() {
+        let (user, user_set) = intern(set(&[("tenant", "resolver-test")]), true);
+        let (span, span_set) = intern(set(&[("span_id", "00000000000000aa")]), false);
+        let mut resolver = Resolver::default();
+        let both = resolver.resolve(u64::from(span) << 32 | u64::from(user));
+        assert!(Arc::ptr_eq(&both.user.as_ref().unwrap().0, &user_set));
+        assert!(Arc::ptr_eq(&both.span.as_ref().unwrap().0, &span_set));
+        assert_eq!(
+            both.pairs().collect::<Vec<_>>(),
+            [("span_id", "00000000000000aa"), ("tenant", "resolver-test")]
+        );
+        let user_only = resolver.resolve(u64::from(user));
+        assert!(user_only.span.is_none());
+        assert_eq!(resolver.resolve(0), SampleLabels::default());
+        // By identity: an equal set interned apart is another label set.
+        let (_, twin) = intern(set(&[("span_id", "00000000000000aa")]), false);
+        assert_ne!(Interned(twin.clone()), Interned(span_set.clone()));
+        assert_eq!(Interned(span_set.clone()), both.span.clone().unwrap());
+        let distinct: std::collections::HashSet<Interned> = [
+            Interned(twin),
+            Interned(span_set.clone()),
+            both.span.unwrap(),
+        ]
+        .into();
+        assert_eq!(distinct.len(), 2);
+        resolver.clear();
+        assert!(resolver.seen.is_empty(), "a cleared resolver holds no set");
+        // The process's table counts them, with their bytes, while they are held.
+        let (sets, bytes) = usage();
+        assert!(
+            sets >= 3 && bytes >= 6 + 13 + 2 * 23,
+            "{sets} sets, {bytes} bytes"
+        );
+        drop((user_set, span_set));
+    }
+
     #[test]
     fn another_processs_handles_resolve_to_nothing() {
         let mut parent = Table::new();
