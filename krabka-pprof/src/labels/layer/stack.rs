@@ -123,3 +123,52 @@ pub(crate) fn replaced(span: u64, old: Handle, new: Handle) {
 pub(crate) fn depth() -> usize {
     DEPTH.get()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The span half of this thread's word now.
+    fn span_half() -> Handle {
+        current::halves(current::word()).1
+    }
+
+    /// Nested deeper than the inline entries, exited once out of order inside the
+    /// allocated ones and then in order: every exit puts back what its span replaced.
+    #[test]
+    fn spans_nested_past_the_inline_entries_exit_to_what_they_replaced() {
+        std::thread::spawn(|| {
+            let deepest = INLINE as u64 + 8;
+            for span in 1..=deepest {
+                enter(span, span as Handle * 10);
+                assert_eq!(span_half(), span as Handle * 10);
+            }
+            assert_eq!(depth(), deepest as usize);
+            // Out of order, among the allocated entries: the word stays the innermost's,
+            // and the span entered just inside it inherits what it replaced.
+            let gone = INLINE as u64 + 3;
+            exit(gone);
+            assert_eq!(span_half(), deepest as Handle * 10);
+            assert_eq!(depth(), deepest as usize - 1);
+            for span in (1..=deepest).rev().filter(|&s| s != gone) {
+                exit(span);
+                let expected = if span == gone + 1 { gone - 1 } else { span - 1 };
+                assert_eq!(span_half(), expected as Handle * 10, "after span {span}");
+            }
+            assert_eq!(depth(), 0);
+            // Deep again: the allocated entries are used afresh, not appended past stale ones.
+            for span in 100..100 + deepest {
+                enter(span, span as Handle);
+            }
+            for span in (100..100 + deepest).rev() {
+                exit(span);
+                assert_eq!(
+                    span_half(),
+                    if span == 100 { 0 } else { span as Handle - 1 }
+                );
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
