@@ -392,6 +392,65 @@ mod tests {
             None,
             "unknown version"
         );
+        // Relative to the header itself (datarel), and the narrower absolute formats.
+        let field = |encoding: u8, value: &[u8]| {
+            let mut hdr = vec![1u8, encoding, 0x03, 0x3b];
+            hdr.extend(value);
+            eh_frame_address(&hdr, 0x1000)
+        };
+        assert_eq!(field(0x3b, &64i32.to_le_bytes()), Some(0x1000 + 64));
+        assert_eq!(
+            field(0x02, &0xfffeu16.to_le_bytes()),
+            Some(0xfffe),
+            "udata2"
+        );
+        assert_eq!(
+            field(0x03, &0x8000_0000u32.to_le_bytes()),
+            Some(0x8000_0000),
+            "udata4"
+        );
+        assert_eq!(
+            field(0x0a, &(-2i16).to_le_bytes()),
+            Some(u64::MAX - 1),
+            "sdata2"
+        );
+        assert_eq!(
+            field(0x0c, &(-8i64).to_le_bytes()),
+            Some(u64::MAX - 7),
+            "sdata8"
+        );
+        assert_eq!(field(0x5b, &0i32.to_le_bytes()), None, "an unknown base");
+        assert_eq!(field(0x0d, &[0; 8]), None, "an unknown format");
+        assert_eq!(field(0x03, &[0; 3]), None, "cut short");
+    }
+
+    /// The loader's counts move when a library is loaded, and not otherwise.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_loaders_counts_change_when_a_library_is_loaded() {
+        let dir = std::env::temp_dir().join(format!("krabka-pprof-loaded-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = dir.join("krabka_loaded.c");
+        std::fs::write(&source, "int krabka_loaded(void) { return 7; }\n").unwrap();
+        let library = dir.join("libkrabka_loaded.so");
+        let status = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&library)
+            .arg(&source)
+            .status()
+            .expect("cc runs: rustc links with it");
+        assert!(status.success());
+        let before = Loaded::now();
+        assert!(!before.changed(), "nothing loaded since");
+        let path = std::ffi::CString::new(library.to_str().unwrap()).unwrap();
+        // SAFETY: the path is a NUL-terminated string; the library has no constructors.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!handle.is_null());
+        assert!(before.changed(), "a library loaded");
+        assert!(!Loaded::now().changed());
+        // SAFETY: the handle came from dlopen, and nothing of the library is used after.
+        unsafe { libc::dlclose(handle) };
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
