@@ -394,6 +394,42 @@ mod tests {
         wake.sleep(before, Duration::from_secs(600));
     }
 
+    /// A collector asleep on the word (as the kernel shows it: in `futex`) is woken by a
+    /// wake, long before its timeout.
+    #[cfg(procfs)]
+    #[test]
+    fn a_wake_wakes_a_collector_asleep_on_the_word() {
+        use crate::process::{InKernel, ProcThread};
+        let wake = Arc::new(Wake::default());
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let timeout = Duration::from_secs(120);
+        let sleeper = {
+            let wake = wake.clone();
+            std::thread::spawn(move || {
+                let seen = wake.seen();
+                tid_tx.send(current_tid()).unwrap();
+                let start = std::time::Instant::now();
+                wake.sleep(seen, timeout);
+                start.elapsed()
+            })
+        };
+        let tid = tid_rx.recv().unwrap();
+        let looking = std::time::Instant::now();
+        while !matches!(
+            ProcThread::in_kernel(tid),
+            Some(InKernel::Asleep { nr, .. }) if nr == libc::SYS_futex
+        ) {
+            assert!(
+                looking.elapsed() < Duration::from_secs(60),
+                "the sleeper never slept"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        wake.wake();
+        let slept = sleeper.join().unwrap();
+        assert!(slept < timeout, "woken, not timed out: {slept:?}");
+    }
+
     /// Without a wake, a sleeper sleeps: a loop that sleeps until 50 ms have passed takes
     /// a few turns (a signal may cut one short), not the millions of a sleep that does not.
     #[test]
