@@ -448,6 +448,11 @@ fn assert_counts_what_it_holds(ring: &Ring) {
             .map(|l| super::objects_weight(l))
             .sum::<usize>();
     assert_eq!(ring.slice_bytes, held);
+    // And each slice holds each stack once, by id: what a lookup and the next merge
+    // rely on.
+    for slice in &ring.slices {
+        assert!(slice.counts.windows(2).all(|w| w[0].id < w[1].id));
+    }
 }
 
 /// Slices with different stacks fold into one that sums each stack, what was lost, left
@@ -470,7 +475,13 @@ fn folded_slices_sum_every_stack_and_tally_and_the_bytes_follow() {
         };
         collected.unattributed = Duration::from_millis(1);
         collected.blocked = vec![(7, Duration::from_millis(2))];
-        collected.objects = objects.clone();
+        // A quarter of the seconds see another list of objects (a library unloaded,
+        // say): the fold merges the two lists.
+        collected.objects = if second % 4 == 0 {
+            Objects::default()
+        } else {
+            objects.clone()
+        };
         pushed_cpu += collected.cpu_time;
         ring.push(collected, None);
         assert_counts_what_it_holds(&ring);
