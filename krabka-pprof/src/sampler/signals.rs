@@ -136,3 +136,64 @@ impl Running {
         self.1.store(false, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    extern "C" fn one(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+    extern "C" fn another(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+    /// A real-time signal nothing in this process uses: installed, it is this handler's and
+    /// not free for another's; the default is free for any.
+    #[test]
+    fn a_signal_is_free_until_another_handler_is_installed() {
+        let signal = libc::SIGRTMAX() - 3;
+        assert!(is_free_for(signal, one) && is_free_for(signal, another));
+        assert!(!is_installed(signal, one));
+        install(signal, one, libc::SIGPROF).unwrap();
+        assert!(is_installed(signal, one));
+        assert!(!is_installed(signal, another));
+        assert!(
+            is_free_for(signal, one),
+            "free for the handler already there"
+        );
+        assert!(!is_free_for(signal, another));
+        // SAFETY: puts the default action back; nothing sends this signal.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+        assert!(is_free_for(signal, another));
+    }
+
+    #[test]
+    fn a_wait_for_handlers_waits_for_them_and_gives_up_on_one_that_never_returns() {
+        let running = std::sync::Arc::new(Running::new());
+        assert!(running.wait_until_none(), "none running");
+        // A handler that returns after a while is waited for.
+        running.enter();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let leaver = {
+            let running = running.clone();
+            std::thread::spawn(move || {
+                started_rx.recv().unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                running.leave();
+            })
+        };
+        started_tx.send(()).unwrap();
+        assert!(running.wait_until_none(), "waited for the handler to leave");
+        leaver.join().unwrap();
+        // One that never returns: given up on after HANDLER_WAIT, and not waited for again.
+        running.enter();
+        assert!(!running.wait_until_none());
+        assert!(
+            !running.wait_until_none(),
+            "still one inside, not waited for again"
+        );
+        running.leave();
+        assert!(running.wait_until_none(), "none inside now");
+        // A new sampler starts counting afresh.
+        running.enter();
+        running.reset();
+        assert!(running.wait_until_none());
+    }
+}
