@@ -141,8 +141,14 @@ impl Running {
 mod tests {
     use super::*;
 
-    extern "C" fn one(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
-    extern "C" fn another(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+    // Bodies that differ, behind black_box: an optimised build folds identical functions
+    // (and ones whose only effect it can drop) into one address.
+    extern "C" fn one(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        std::hint::black_box(1u64);
+    }
+    extern "C" fn another(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        std::hint::black_box(2u64);
+    }
 
     /// A real-time signal nothing in this process uses: installed, it is this handler's and
     /// not free for another's; the default is free for any.
