@@ -425,21 +425,18 @@ mod tests {
     }
 
     /// The loader's counts move when a library is loaded, and not otherwise.
-    #[cfg(target_os = "linux")]
+    #[cfg(elf)]
     #[test]
     fn the_loaders_counts_change_when_a_library_is_loaded() {
-        let dir = std::env::temp_dir().join(format!("krabka-pprof-loaded-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let source = dir.join("krabka_loaded.c");
-        std::fs::write(&source, "int krabka_loaded(void) { return 7; }\n").unwrap();
-        let library = dir.join("libkrabka_loaded.so");
-        let status = std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&library)
-            .arg(&source)
-            .status()
-            .expect("cc runs: rustc links with it");
-        assert!(status.success());
+        use crate::symbolize::dwarf::tests::{Scratch, c_build};
+        let scratch = Scratch::new("loaded");
+        let (library, _) = c_build(
+            &scratch.0,
+            "libkrabka_loaded.so",
+            &[("krabka_loaded.c", "int krabka_loaded(void) { return 7; }\n")],
+            &[],
+            &[],
+        );
         let before = Loaded::now();
         assert!(!before.changed(), "nothing loaded since");
         let path = std::ffi::CString::new(library.to_str().unwrap()).unwrap();
@@ -450,7 +447,6 @@ mod tests {
         assert!(!Loaded::now().changed());
         // SAFETY: the handle came from dlopen, and nothing of the library is used after.
         unsafe { libc::dlclose(handle) };
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

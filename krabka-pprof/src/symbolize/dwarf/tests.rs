@@ -197,6 +197,15 @@ pub(crate) fn as_if_loaded_from(object: &LoadedObject, file: &Path) -> LoadedObj
     }
 }
 
+/// A library of this test's own at `file`, as if loaded where `object` is: its build ID
+/// is its own, not this binary's.
+fn as_if_library_loaded_from(object: &LoadedObject, file: &Path) -> LoadedObject {
+    LoadedObject {
+        build_id: None,
+        ..as_if_loaded_from(object, file)
+    }
+}
+
 #[test]
 fn a_file_replaced_on_disk_by_another_build_gives_no_lines() {
     let (objects, index, addresses) = probe();
@@ -726,33 +735,22 @@ fn crafted_range_lists_and_aranges_of_millions_of_ranges_keep_the_lookup_bounded
 /// small enough for its debug sections to inflate within the cap. Its path, and the
 /// file address of [`C_FUNCTION`] in it.
 fn c_library(dir: &Path) -> (PathBuf, u64) {
-    use object::{Object as _, ObjectSymbol as _};
-    let source = dir.join("krabka_lines.c");
-    std::fs::write(
-        &source,
-        "unsigned long krabka_c_function(unsigned long rounds) {\n\
-         \x20   unsigned long x = 14;\n\
-         \x20   for (unsigned long i = 0; i < rounds; i++)\n\
-         \x20       x = (x * 3) ^ (x >> 7) ^ i;\n\
-         \x20   return x;\n\
-         }\n",
-    )
-    .unwrap();
-    let library = dir.join("libkrabka_lines.so");
-    let status = Command::new("cc")
-        .args(["-shared", "-fPIC", "-g", "-O1", "-o"])
-        .arg(&library)
-        .arg(&source)
-        .status()
-        .expect("cc runs: rustc links with it");
-    assert!(status.success());
-    let bytes = std::fs::read(&library).unwrap();
-    let elf = object::File::parse(&*bytes).unwrap();
-    let function = elf
-        .symbols()
-        .find(|s| s.name() == Ok(C_FUNCTION))
-        .expect("the C function's symbol");
-    (library, function.address())
+    let (library, ranges) = c_build(
+        dir,
+        "libkrabka_lines.so",
+        &[(
+            "krabka_lines.c",
+            "unsigned long krabka_c_function(unsigned long rounds) {\n\
+             \x20   unsigned long x = 14;\n\
+             \x20   for (unsigned long i = 0; i < rounds; i++)\n\
+             \x20       x = (x * 3) ^ (x >> 7) ^ i;\n\
+             \x20   return x;\n\
+             }\n",
+        )],
+        &["-g", "-O1"],
+        &[C_FUNCTION],
+    );
+    (library, ranges[0].start)
 }
 
 const C_FUNCTION: &str = "krabka_c_function";
@@ -764,11 +762,7 @@ fn compressed_debug_sections_are_inflated_within_the_cap() {
     let scratch = Scratch::new("compressed");
     let (library, function) = c_library(&scratch.0);
     let at: Vec<u64> = (function..function + 8).collect();
-    // As if the library were loaded (its own build ID is not this binary's).
-    let loaded_from = |file: &Path| LoadedObject {
-        build_id: None,
-        ..as_if_loaded_from(object, file)
-    };
+    let loaded_from = |file: &Path| as_if_library_loaded_from(object, file);
     let plain = resolve(&loaded_from(&library), &at);
     for levels in &plain {
         let outermost = levels
@@ -906,7 +900,7 @@ fn sections_are_read_as_the_file_holds_them_and_only_where_they_are_read() {
 
 /// A C library built by `cc` from `files` (name, text) with `flags`, in `dir`: its path,
 /// and the file address range of each function in `functions`.
-fn c_build(
+pub(crate) fn c_build(
     dir: &Path,
     name: &str,
     files: &[(&str, &str)],
@@ -1013,10 +1007,7 @@ fn an_lto_builds_inlined_calls_across_units_have_their_names_files_and_lines() {
             library = without;
         }
         let version = format!("{version}, function sections {sections}, aranges {aranges}");
-        let loaded = LoadedObject {
-            build_id: None,
-            ..as_if_loaded_from(object, &library)
-        };
+        let loaded = as_if_library_loaded_from(object, &library);
         let described = |levels: &Vec<FunctionLine>| -> Vec<(String, String, i64, i64)> {
             levels
                 .iter()
@@ -1088,10 +1079,7 @@ fn the_lines_of_code_the_linker_discarded_name_no_address() {
         &["-g", "-O1", "-ffunction-sections", "-Wl,--gc-sections"],
         &["krabka_kept"],
     );
-    let loaded = LoadedObject {
-        build_id: None,
-        ..as_if_loaded_from(object, &library)
-    };
+    let loaded = as_if_library_loaded_from(object, &library);
     let mut at: Vec<u64> = (0..8).collect();
     at.extend(ranges[0].clone());
     let found = resolve(&loaded, &at);
