@@ -386,6 +386,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_command_line_is_the_arguments_each_ended_by_a_nul_but_the_last() {
+        // The test binary's own arguments, as the kernel keeps them (each ended by a NUL):
+        // `/cmdline` is that without the last NUL, as Go's.
+        let kernel = std::fs::read("/proc/self/cmdline").unwrap();
+        let expected = kernel.strip_suffix(b"\0").unwrap_or(&kernel);
+        assert_eq!(cmdline(), expected);
+    }
+
+    #[test]
     fn stat_fields_are_counted_from_the_last_parenthesis() {
         let stat = "42 (a) b) c) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0";
         let (state, cpu) = parse_stat(stat).expect("parses");

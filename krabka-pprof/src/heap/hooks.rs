@@ -545,12 +545,60 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_whose_hash_agrees_holds_a_stack_only_if_its_frames_do() {
+        let a = stack(&[0x10, 0x20]);
+        // One slot, claimed by `a`, then given the hash of another stack, as when two
+        // stacks' hashes agree: a stack of other frames, or of `a`'s first frame only,
+        // is not `a`'s, and has no room left.
+        for other in [stack(&[0x11, 0x20]), stack(&[0x10, 0x21]), stack(&[0x10])] {
+            let table = table(1);
+            table.count(&a, 4096);
+            table.slots[0].key.store(hash(&other), Ordering::Release);
+            table.count(&other, 4096);
+            let totals = table.totals();
+            assert_eq!(totals.overflow.samples, 1, "{other:?} counted as {a:?}");
+            table.count(&a, 4096);
+            assert_eq!(table.totals().overflow.samples, 2, "the key is no longer a's");
+        }
+        // A slot claimed by another thread that has yet to publish its frames is taken to
+        // hold the stack (its frames cannot be compared yet).
+        let table = table(1);
+        table.slots[0].key.store(hash(&a), Ordering::Release);
+        table.count(&a, 4096);
+        assert_eq!(table.totals().overflow.samples, 0, "counted in the claimed slot");
+        assert_eq!(table.slots[0].counts.read().samples, 1);
+    }
+
+    #[test]
+    fn a_sample_of_no_bytes_weighs_one_object() {
+        let table = table(4);
+        table.count(&stack(&[0x10]), 0);
+        let totals = table.totals();
+        assert_eq!(totals.slots.len(), 1);
+        let tally = totals.slots[0].1;
+        assert_eq!((tally.samples, tally.objects(), tally.bytes), (1, 1.0, 0));
+    }
+
+    #[test]
+    fn the_period_follows_jemalloc_and_ignores_what_is_no_period() {
+        let table = table(4);
+        assert_eq!(table.period(), 524_288.0);
+        table.set_period(4096.0);
+        assert_eq!(table.period(), 4096.0);
+        for bad in [0.0, -4096.0, f64::NAN, f64::INFINITY] {
+            table.set_period(bad);
+            assert_eq!(table.period(), 4096.0, "{bad} taken as the period");
+        }
+    }
+
+    #[test]
     fn a_full_table_counts_the_rest_as_overflow_and_never_loses_a_sample() {
         let table = table(64);
         for i in 0..200usize {
             table.count(&stack(&[0x1000 + i, 0x2000]), 4096);
         }
         let totals = table.totals();
+        assert_eq!(table.capacity(), 64, "the table says how many stacks it holds");
         assert_eq!(totals.slots.len(), 64, "every slot used");
         let counted: u64 = totals.slots.iter().map(|(_, t)| t.samples).sum();
         assert_eq!(counted + totals.overflow.samples, 200);
@@ -568,6 +616,11 @@ mod tests {
         assert_eq!(table.stack(totals.slots[0].0).len(), FRAMES_PER_SLOT * 40);
         assert_eq!(totals.overflow.samples, 1);
         assert_eq!(table.frames_used().0, FRAMES_PER_SLOT * 40);
+        // A stack that fills the pool to its last frame still fits.
+        let rest: Vec<usize> = (1 << 20..).take(FRAMES_PER_SLOT * 24).collect();
+        table.count(&stack(&rest), 4096);
+        assert_eq!(table.totals().slots.len(), 2, "the pool's last frames are used");
+        assert_eq!(table.frames_used().0, FRAMES_PER_SLOT * 64);
     }
 
     #[test]
