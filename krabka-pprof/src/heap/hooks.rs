@@ -558,14 +558,22 @@ mod tests {
             let totals = table.totals();
             assert_eq!(totals.overflow.samples, 1, "{other:?} counted as {a:?}");
             table.count(&a, 4096);
-            assert_eq!(table.totals().overflow.samples, 2, "the key is no longer a's");
+            assert_eq!(
+                table.totals().overflow.samples,
+                2,
+                "the key is no longer a's"
+            );
         }
         // A slot claimed by another thread that has yet to publish its frames is taken to
         // hold the stack (its frames cannot be compared yet).
         let table = table(1);
         table.slots[0].key.store(hash(&a), Ordering::Release);
         table.count(&a, 4096);
-        assert_eq!(table.totals().overflow.samples, 0, "counted in the claimed slot");
+        assert_eq!(
+            table.totals().overflow.samples,
+            0,
+            "counted in the claimed slot"
+        );
         assert_eq!(table.slots[0].counts.read().samples, 1);
     }
 
@@ -598,7 +606,11 @@ mod tests {
             table.count(&stack(&[0x1000 + i, 0x2000]), 4096);
         }
         let totals = table.totals();
-        assert_eq!(table.capacity(), 64, "the table says how many stacks it holds");
+        assert_eq!(
+            table.capacity(),
+            64,
+            "the table says how many stacks it holds"
+        );
         assert_eq!(totals.slots.len(), 64, "every slot used");
         let counted: u64 = totals.slots.iter().map(|(_, t)| t.samples).sum();
         assert_eq!(counted + totals.overflow.samples, 200);
@@ -619,7 +631,11 @@ mod tests {
         // A stack that fills the pool to its last frame still fits.
         let rest: Vec<usize> = (1 << 20..).take(FRAMES_PER_SLOT * 24).collect();
         table.count(&stack(&rest), 4096);
-        assert_eq!(table.totals().slots.len(), 2, "the pool's last frames are used");
+        assert_eq!(
+            table.totals().slots.len(),
+            2,
+            "the pool's last frames are used"
+        );
         assert_eq!(table.frames_used().0, FRAMES_PER_SLOT * 64);
     }
 
