@@ -422,6 +422,19 @@ mod tests {
             let ty: Type = syn::parse2(ty).unwrap();
             assert!(is_router(&ty), "{}", ty.to_token_stream());
         }
+        // In parentheses, and in the invisible group a `macro_rules!`'s `$ret:ty` makes.
+        let paren: Type = syn::parse2(quote!((Router<AppState>))).unwrap();
+        assert!(matches!(paren, Type::Paren(_)) && is_router(&paren));
+        let group = Type::Group(syn::TypeGroup {
+            group_token: Default::default(),
+            elem: Box::new(syn::parse2(quote!(axum::Router)).unwrap()),
+        });
+        assert!(is_router(&group));
+        let group_of_other = Type::Group(syn::TypeGroup {
+            group_token: Default::default(),
+            elem: Box::new(syn::parse2(quote!(String)).unwrap()),
+        });
+        assert!(!is_router(&group_of_other));
         let rejected = [
             quote!(String),
             quote!(impl Into<Router>),
@@ -461,5 +474,12 @@ mod tests {
             ),
         );
         assert!(out.contains("const fn"), "{out}");
+        let out = expand_str(
+            quote!(),
+            quote!(
+                fn app() -> Router [Router::new()]
+            ),
+        );
+        assert!(out.contains("expected the function body"), "{out}");
     }
 }

@@ -506,6 +506,118 @@ mod tests {
     }
 
     #[test]
+    fn every_state_letter_has_its_word() {
+        let words = [
+            ('R', "running"),
+            ('S', "sleeping"),
+            ('D', "disk sleep"),
+            ('T', "stopped"),
+            ('t', "tracing stop"),
+            ('Z', "zombie"),
+            ('X', "dead"),
+            ('I', "idle"),
+            ('?', "unknown state"),
+        ];
+        for (state, word) in words {
+            let thread = ProcThread {
+                tid: 1,
+                name: String::new(),
+                state,
+                cpu: Duration::ZERO,
+                wchan: None,
+            };
+            assert_eq!(thread.state_name(), word, "{state}");
+        }
+    }
+
+    #[test]
+    fn a_sleeping_threads_wchan_is_kept_and_a_running_ones_zero_is_not() {
+        // The reading thread runs: the kernel's `wchan` says "0", which is no place.
+        assert_eq!(ProcThread::read(current_tid()).unwrap().wchan, None);
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            tid_tx.send(current_tid()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        // Until the kernel has it asleep in `recv`'s futex wait (bounded: 10 s).
+        let start = std::time::Instant::now();
+        let asleep = loop {
+            let thread = ProcThread::read(tid).unwrap();
+            if thread.state == 'S' || start.elapsed() > Duration::from_secs(10) {
+                break thread;
+            }
+            std::thread::yield_now();
+        };
+        let kernel = std::fs::read_to_string(format!("/proc/self/task/{tid}/wchan")).unwrap();
+        stop_tx.send(()).unwrap();
+        sleeper.join().unwrap();
+        assert_eq!(asleep.state, 'S');
+        if kernel.trim() == "0" || kernel.trim().is_empty() {
+            // Kernels that hide it (kptr_restrict, some containers) say "0" for every thread.
+            assert_eq!(asleep.wchan, None);
+        } else {
+            assert!(asleep.wchan.is_some_and(|w| w != "0" && !w.is_empty()));
+        }
+    }
+
+    #[test]
+    fn a_thread_with_a_seccomp_filter_of_its_own_shows_it_and_the_others_do_not() {
+        let (mode_here, filters_here) =
+            ProcThread::seccomp(current_tid()).expect("this thread's status");
+        // SAFETY: PR_GET_SECCOMP has no arguments and no preconditions.
+        assert_eq!(mode_here as i32, unsafe {
+            libc::prctl(libc::PR_GET_SECCOMP)
+        });
+        let (mode, filters, kernel_mode) = std::thread::spawn(|| {
+            let mut allow_all = [libc::sock_filter {
+                code: (libc::BPF_RET | libc::BPF_K) as u16,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ALLOW,
+            }];
+            let program = libc::sock_fprog {
+                len: 1,
+                filter: allow_all.as_mut_ptr(),
+            };
+            // SAFETY: no_new_privs on this thread, then a filter program (allowing every
+            // call) that lives through the call; without TSYNC, on this thread alone.
+            unsafe {
+                assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+                assert_eq!(
+                    libc::prctl(
+                        libc::PR_SET_SECCOMP,
+                        libc::SECCOMP_MODE_FILTER,
+                        &raw const program,
+                    ),
+                    0,
+                    "installing an allow-all seccomp filter"
+                );
+            }
+            let (mode, filters) = ProcThread::seccomp(current_tid()).expect("its status");
+            // SAFETY: as above.
+            (mode, filters, unsafe { libc::prctl(libc::PR_GET_SECCOMP) })
+        })
+        .join()
+        .unwrap();
+        assert_eq!((mode, kernel_mode), (2, 2), "mode 2: a filter");
+        let counted = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .contains("Seccomp_filters:");
+        assert_eq!(
+            filters,
+            filters_here + u32::from(counted),
+            "one filter more, where the kernel counts them"
+        );
+        assert_eq!(
+            ProcThread::seccomp(current_tid()).unwrap().0,
+            mode_here,
+            "not this one"
+        );
+    }
+
+    #[test]
     fn this_threads_clock_id_is_the_kernels() {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
