@@ -498,6 +498,7 @@ mod tests {
                 assert!(list_threads().contains(&tid));
                 let me = ProcThread::read(tid).expect("readable");
                 assert_eq!(me.name, "krabka-listed");
+                assert_eq!(thread_name(tid).as_deref(), Some("krabka-listed"));
                 assert_eq!(me.state, 'R', "it is running while it reads itself");
             })
             .expect("spawns")

@@ -255,6 +255,20 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn counts_that_are_not_both_positive_are_nothing() {
+        for (objects, bytes) in [(0.0, 4096.0), (3.0, 0.0), (0.0, 0.0), (-1.0, 4096.0)] {
+            assert_eq!(
+                unbias(objects, bytes, 524_288, "line"),
+                Ok((0.0, 0.0)),
+                "{objects} objects of {bytes} bytes"
+            );
+        }
+        let (objects, bytes) = unbias(1.0, 524_288.0, 524_288, "line").unwrap();
+        let p = 1.0 - (-1.0f64).exp();
+        assert!((objects - 1.0 / p).abs() < 1e-9 && (bytes - 524_288.0 / p).abs() < 1e-6);
+    }
+
     const DUMP: &str = "heap_v2/524288
   t*: 30: 67108864 [0: 0]
   t0: 30: 67108864 [0: 0]
