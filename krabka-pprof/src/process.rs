@@ -507,6 +507,42 @@ mod tests {
     }
 
     #[test]
+    fn the_process_cpu_time_is_the_kernels_to_the_microsecond() {
+        let kernel = || {
+            let mut time = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: a valid clock id and a timespec to write.
+            assert_eq!(
+                unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut time) },
+                0
+            );
+            Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
+        };
+        // Some CPU time first, by the kernel's clock (a busy machine gives less per wall
+        // second): user time spun, system time from system calls; at most 10 s.
+        let spin = std::time::Instant::now();
+        while kernel() < Duration::from_millis(30) && spin.elapsed() < Duration::from_secs(10) {
+            std::hint::black_box(std::fs::metadata("/proc/self/stat").is_ok());
+        }
+        let before = kernel();
+        let read = process_cpu_time();
+        let after = kernel();
+        // getrusage's user and system times add up to the process's CPU clock, each cut
+        // to the microsecond: within it of the two readings around (and 1 ms of slack).
+        let slack = Duration::from_millis(1);
+        assert!(
+            read + slack >= before && read <= after + slack,
+            "{before:?} <= {read:?} <= {after:?}"
+        );
+        assert!(
+            before >= Duration::from_millis(30),
+            "the spin ran: {before:?}"
+        );
+    }
+
+    #[test]
     fn every_state_letter_has_its_word() {
         let words = [
             ('R', "running"),

@@ -494,12 +494,21 @@ MAPPED_LIBRARIES:
             ),
         ];
         assert_eq!(allocator_lines(&from_elem), 3);
-        // The program's own function called `alloc` is the program's.
+        // The program's own function called `alloc` is the program's; so are this
+        // crate's other files, and a program's own `heap/jemalloc.rs`.
         assert_eq!(
             allocator_lines(&[
                 line("alloc", "src/pool.rs"),
                 line("my_app::pool", "src/pool.rs")
             ]),
+            0
+        );
+        assert_eq!(
+            allocator_lines(&[line("start", "/src/krabka-pprof/src/cpu.rs")]),
+            0
+        );
+        assert_eq!(
+            allocator_lines(&[line("alloc", "/src/my_app/src/heap/jemalloc.rs")]),
             0
         );
     }
