@@ -685,3 +685,135 @@ where
     log_report(&report.0, report.1, report.2);
     rendered
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+
+    fn request(frequency: u32, force: bool, max_windows: u32) -> CpuRequest {
+        CpuRequest {
+            duration: Duration::from_secs(10),
+            frequency,
+            blocklist: &[],
+            force,
+            max_windows,
+            symbolize: crate::symbolize::Symbolize::Full,
+            split: Default::default(),
+        }
+    }
+
+    /// Windows open until `ends_in` from now, `forced` or not.
+    fn windows(open: &[(Duration, bool)]) -> Windows {
+        let now = Instant::now();
+        Windows {
+            open: open
+                .iter()
+                .enumerate()
+                .map(|(id, &(ends_in, forced))| Window {
+                    id: id as u64,
+                    ends_at: now + ends_in,
+                    stop_early: Arc::new(Notify::new()),
+                    forced,
+                    shared_with: 1,
+                })
+                .collect(),
+            ..Windows::default()
+        }
+    }
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// Whether `retry_after` says about `expected` (a little less: time passes).
+    fn about(retry_after: Duration, expected: Duration) -> bool {
+        retry_after <= expected && retry_after + Duration::from_secs(5) > expected
+    }
+
+    #[test]
+    fn a_request_joins_where_the_frequency_agrees_and_there_is_room() {
+        let two = windows(&[(S(30), false), (S(60), false)]);
+        assert!(refusal(&two, 99, &request(99, false, 3)).is_none());
+        assert!(
+            refusal(&two, 99, &request(99, true, 3)).is_none(),
+            "force with room"
+        );
+        assert!(refusal(&windows(&[]), 99, &request(99, false, 1)).is_none());
+    }
+
+    #[test]
+    fn another_frequency_is_refused_until_the_last_window_ends() {
+        let two = windows(&[(S(30), false), (S(60), false)]);
+        match refusal(&two, 99, &request(250, false, 3)) {
+            Some(CpuError::OtherFrequency {
+                running: 99,
+                retry_after,
+            }) => assert!(about(retry_after, S(60)), "{retry_after:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_full_session_is_refused_until_its_first_window_ends() {
+        let two = windows(&[(S(60), false), (S(30), false)]);
+        match refusal(&two, 99, &request(99, false, 2)) {
+            Some(CpuError::Full {
+                max_windows: 2,
+                retry_after,
+            }) => assert!(about(retry_after, S(30)), "{retry_after:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn force_does_not_overtake_a_forced_window_unless_it_can_join_it() {
+        let forced = windows(&[(S(60), true), (S(30), false)]);
+        for (asking, why) in [
+            (request(250, true, 3), "another frequency"),
+            (request(99, true, 2), "no room"),
+        ] {
+            match refusal(&forced, 99, &asking) {
+                Some(CpuError::ForcedRunning { retry_after }) => {
+                    assert!(about(retry_after, S(60)), "{why}: {retry_after:?}");
+                }
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+        // Where it can join, it joins; without force, the usual refusals.
+        assert!(refusal(&forced, 99, &request(99, true, 3)).is_none());
+        assert!(matches!(
+            refusal(&forced, 99, &request(250, false, 3)),
+            Some(CpuError::OtherFrequency { .. })
+        ));
+        // A forced request beside windows none of which was forced is refused as any.
+        let unforced = windows(&[(S(60), false)]);
+        assert!(matches!(
+            refusal(&unforced, 99, &request(250, true, 3)),
+            Some(CpuError::OtherFrequency { .. })
+        ));
+    }
+
+    #[test]
+    fn the_recorder_is_asked_to_leave_once_and_only_where_it_sits() {
+        let mut windows = Windows::default();
+        assert!(
+            !windows.ask_recorder(Leaving::Forced),
+            "no recorder sits here"
+        );
+        let asked = Arc::new(AtomicU32::new(0));
+        let counting = asked.clone();
+        windows.recorder = Some(Seat {
+            ask: Arc::new(move |why| {
+                assert_eq!(why, Leaving::OtherFrequency(250));
+                counting.fetch_add(1, Ordering::SeqCst);
+            }),
+            asked: false,
+        });
+        assert!(windows.ask_recorder(Leaving::OtherFrequency(250)));
+        assert!(
+            windows.ask_recorder(Leaving::OtherFrequency(250)),
+            "it still sits"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "asked once");
+    }
+}
