@@ -955,4 +955,74 @@ pub(crate) mod tests {
             kept.len()
         );
     }
+
+    #[test]
+    fn labels_are_read_where_this_crate_is_in_the_executable() {
+        // The test binary holds this crate: the handler may read its label word.
+        assert!(labels_readable(&Objects::current()));
+        // Where this crate's code is in no object known (or a library), it may not.
+        assert!(!labels_readable(&Objects::default()));
+    }
+
+    #[test]
+    fn a_thread_is_named_while_it_lives_and_unnamed_where_there_is_none() {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let named = std::thread::Builder::new()
+            .name("krabka-named".to_owned())
+            .spawn(move || {
+                tid_tx.send(crate::process::current_tid()).unwrap();
+                let _ = stop_rx.recv();
+            })
+            .unwrap();
+        let tid = tid_rx.recv().unwrap();
+        assert_eq!(thread_name(tid), "krabka-named");
+        stop_tx.send(()).unwrap();
+        named.join().unwrap();
+        // A thread id no thread has (pid_max is at most 2^22).
+        assert_eq!(thread_name(u32::MAX), UNNAMED_THREAD);
+    }
+
+    #[test]
+    fn only_a_filter_the_chooser_does_not_share_is_a_threads_own() {
+        let here = crate::process::current_tid();
+        let chooser = ProcThread::seccomp(here);
+        assert!(!has_own_filter(here, chooser), "the chooser's own filters");
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let filtered = std::thread::spawn(move || {
+            let mut allow_all = [libc::sock_filter {
+                code: (libc::BPF_RET | libc::BPF_K) as u16,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ALLOW,
+            }];
+            let program = libc::sock_fprog {
+                len: 1,
+                filter: allow_all.as_mut_ptr(),
+            };
+            // SAFETY: no_new_privs on this thread, then a filter program (allowing every
+            // call) that lives through the call; without TSYNC, on this thread alone.
+            unsafe {
+                assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+                assert_eq!(
+                    libc::prctl(
+                        libc::PR_SET_SECCOMP,
+                        libc::SECCOMP_MODE_FILTER,
+                        &raw const program,
+                    ),
+                    0
+                );
+            }
+            tid_tx.send(crate::process::current_tid()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        let own = has_own_filter(tid, chooser);
+        let theirs = has_own_filter(tid, ProcThread::seccomp(tid));
+        stop_tx.send(()).unwrap();
+        filtered.join().unwrap();
+        assert!(own, "a filter this thread installed is its own");
+        assert!(!theirs, "a chooser with the same filters does not count it");
+    }
 }

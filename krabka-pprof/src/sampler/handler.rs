@@ -351,6 +351,9 @@ mod tests {
             ]
         );
         assert_eq!(Costs::END, 1_000_000);
+        // The "longer" bucket follows the last coarse one, and is the histogram's last.
+        assert_eq!(Costs::bucket(Costs::END), Costs::bucket(Costs::END - 1) + 1);
+        assert_eq!(Costs::bucket(Costs::END) + 1, costs.histogram().len());
         // Each bucket's edge is above what it holds, and the edges only grow.
         for nanos in (0..1_100_000).step_by(499) {
             let bucket = Costs::bucket(nanos);
