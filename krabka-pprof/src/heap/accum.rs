@@ -62,8 +62,61 @@ fn hash(addresses: &[u64]) -> u64 {
 mod tests {
     use super::*;
 
+    /// The tests share the process's held counts: one at a time, each from none.
+    fn alone() -> std::sync::MutexGuard<'static, ()> {
+        static ALONE: Mutex<()> = Mutex::new(());
+        let guard = ALONE.lock().unwrap_or_else(PoisonError::into_inner);
+        *HIGHEST.lock().unwrap() = None;
+        guard
+    }
+
+    fn at(address: u64, objects: f64, bytes: f64) -> HeapStack {
+        HeapStack {
+            addresses: vec![address, 0xbeef],
+            objects: 0.0,
+            bytes: 0.0,
+            alloc_objects: objects,
+            alloc_bytes: bytes,
+        }
+    }
+
+    #[test]
+    fn each_stack_is_held_apart_and_stacks_that_allocated_nothing_are_left_out() {
+        let _alone = alone();
+        let (first, _) = cumulative(&[at(1, 100.0, 6400.0), at(2, 5.0, 320.0), at(3, 0.0, 0.0)]);
+        assert_eq!(first.len(), 2, "no bytes, no sample: {first:?}");
+        let (second, _) = cumulative(&[at(1, 100.0, 6400.0), at(2, 6.0, 384.0)]);
+        let counts: Vec<(f64, f64)> = second.iter().map(|s| (s.1, s.2)).collect();
+        assert_eq!(
+            counts,
+            [(100.0, 6400.0), (6.0, 384.0)],
+            "each its own highest"
+        );
+    }
+
+    #[test]
+    fn past_the_cap_new_stacks_are_given_as_the_dump_says_and_counted() {
+        let _alone = alone();
+        let many: Vec<HeapStack> = (0..MAX_HELD as u64 + 3)
+            .map(|i| at(0x1000 + i, 10.0, 640.0))
+            .collect();
+        let (counted, beyond) = cumulative(&many);
+        assert_eq!((counted.len(), beyond), (MAX_HELD + 3, 3));
+        // A stack beyond the cap is not held: a lower count is given as it is.
+        let last = MAX_HELD as u64 + 2;
+        let (again, beyond) = cumulative(&[at(0x1000 + last, 9.0, 700.0), at(0x1000, 9.0, 700.0)]);
+        assert_eq!(beyond, 1);
+        assert_eq!(
+            (again[0].1, again[1].1),
+            (9.0, 10.0),
+            "the held one stays at 10"
+        );
+        *HIGHEST.lock().unwrap() = None;
+    }
+
     #[test]
     fn a_stacks_counts_never_go_down() {
+        let _alone = alone();
         let stack = |objects: f64, bytes: f64| HeapStack {
             addresses: vec![0xdead, 0xbeef],
             objects: 0.0,
