@@ -284,3 +284,51 @@ fn recent_windows_and_ends() {
     let err = q("thread_ids=true").unwrap_err();
     assert!(err.contains("keeps threads by name"), "{err}");
 }
+
+#[test]
+fn threads_debug_format_and_deadline() {
+    let threads = |query: &str| ThreadsQuery::parse(Some(query));
+    let default = ThreadsQuery::parse(None).unwrap();
+    assert_eq!(default.answer, ThreadsAnswer::Profile(Format::Pprof));
+    assert_eq!(default.deadline, DUMP_DEADLINE);
+    assert_eq!(threads("debug=0").unwrap(), default);
+    assert_eq!(threads("debug=1").unwrap().answer, ThreadsAnswer::Grouped);
+    assert_eq!(threads("debug=2").unwrap().answer, ThreadsAnswer::Every);
+    assert_eq!(
+        threads("debug=0&format=text").unwrap().answer,
+        ThreadsAnswer::Profile(Format::Text)
+    );
+    for query in ["debug=1&format=text", "debug=2&format=pprof"] {
+        let err = threads(query).unwrap_err();
+        assert!(err.contains("takes no `format`"), "{query}: {err}");
+    }
+    assert!(
+        threads("debug=3")
+            .unwrap_err()
+            .contains("`debug` must be 0")
+    );
+    // The deadline: 1 ms to 10 s, both ends included.
+    for (query, deadline) in [
+        ("deadline=1ms", Duration::from_millis(1)),
+        ("deadline=250ms", Duration::from_millis(250)),
+        ("deadline=10s", Duration::from_secs(10)),
+    ] {
+        assert_eq!(threads(query).unwrap().deadline, deadline, "{query}");
+    }
+    for query in [
+        "deadline=0ms",
+        "deadline=10001ms",
+        "deadline=1m",
+        "deadline=soon",
+    ] {
+        let err = threads(query).unwrap_err();
+        assert!(err.contains("from 1ms to 10s"), "{query}: {err}");
+    }
+    // svg where the flamegraph feature is built, and a sentence that says so where not.
+    assert_eq!(
+        threads("format=svg").is_ok(),
+        cfg!(feature = "flamegraph"),
+        "{:?}",
+        threads("format=svg")
+    );
+}
