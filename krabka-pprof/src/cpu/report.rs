@@ -380,4 +380,92 @@ mod tests {
         ));
         assert!(!capped);
     }
+
+    /// The profile's comments.
+    fn comments(profile: &crate::profile::proto::Profile) -> Vec<String> {
+        profile
+            .comment
+            .iter()
+            .map(|&i| profile.string_table[i as usize].clone())
+            .collect()
+    }
+
+    #[test]
+    fn cpu_no_thread_accounts_for_is_a_marker_beyond_two_periods() {
+        let stack = Tally {
+            samples: 20,
+            periods: 20,
+        };
+        // 100 Hz: a period is 10 ms. Two periods of it are noise, 35 ms are shown.
+        for (unattributed, marker) in [(20, None), (35, Some(vec![4, 35_000_000]))] {
+            let mut collected = collected(stack, Tally::default());
+            collected.unattributed = Duration::from_millis(unattributed);
+            let (profile, _) = report_profile(collected);
+            assert_eq!(
+                marker_values(&profile, "[threads too short-lived to be sampled]"),
+                marker,
+                "{unattributed} ms"
+            );
+        }
+    }
+
+    #[test]
+    fn what_the_session_noticed_is_said_in_comments_and_nothing_else_is() {
+        let stack = Tally {
+            samples: 20,
+            periods: 20,
+        };
+        let quiet = comments(&report_profile(collected(stack, Tally::default())).0);
+        let mut noticed = collected(stack, Tally::default());
+        noticed.report = Report {
+            handler_replaced: true,
+            unwinder_rebuilds: 2,
+            labels: true,
+            foreign_signals: 4,
+            ..Report::default()
+        };
+        let loud = comments(
+            &super::report_profile(
+                noticed,
+                3,
+                crate::symbolize::Symbolize::Full,
+                crate::symbolize::Resolved::default(),
+                super::Split::default(),
+            )
+            .0,
+        );
+        let says = |comments: &[String], start: &str| comments.iter().any(|c| c.starts_with(start));
+        for start in [
+            "3 windows shared the sampler",
+            "another SIGPROF handler replaced",
+            "libraries were loaded or unloaded during the window: the unwinder followed them (2 times)",
+            "4 foreign SIGPROF signals ignored",
+        ] {
+            assert!(says(&loud, start), "{start}: {loud:?}");
+            assert!(!says(&quiet, start), "{start}: {quiet:?}");
+        }
+        // Labels: said unavailable where the report says so (the default), not otherwise.
+        assert!(says(&quiet, "labels unavailable"), "{quiet:?}");
+        assert!(!says(&loud, "labels unavailable"), "{loud:?}");
+    }
+
+    #[test]
+    fn every_sample_names_its_thread() {
+        let (profile, _) = report_profile(collected(
+            Tally {
+                samples: 20,
+                periods: 20,
+            },
+            Tally::default(),
+        ));
+        let thread = profile
+            .string_table
+            .iter()
+            .position(|s| s == "thread")
+            .expect("a thread label") as i64;
+        assert!(!profile.sample.is_empty());
+        for sample in &profile.sample {
+            assert!(sample.label.iter().any(|l| l.key == thread), "{sample:?}");
+        }
+    }
 }
