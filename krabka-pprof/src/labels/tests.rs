@@ -77,4 +77,13 @@ fn a_set_lists_its_labels_by_key_with_keys_made_nameable() {
         r#"{"a_b": "x=\"y\"", "user.thread": "mine", "z": "1"}"#
     );
     assert!(Labels::new(&[]).is_empty());
+    assert!(!labels.is_empty());
+    // Equal when their labels are, however they were written.
+    assert_eq!(
+        Labels::new(&[("thread", "mine"), ("a b", "x=\"y\""), ("z", "1")]),
+        labels
+    );
+    assert_ne!(Labels::new(&[("z", "1")]), labels);
+    assert_ne!(Labels::new(&[("z", "2")]), Labels::new(&[("z", "1")]));
+    assert_eq!(Labels::new(&[]), Labels::new(&[]));
 }
