@@ -87,3 +87,33 @@ fn a_set_lists_its_labels_by_key_with_keys_made_nameable() {
     assert_ne!(Labels::new(&[("z", "2")]), Labels::new(&[("z", "1")]));
     assert_eq!(Labels::new(&[]), Labels::new(&[]));
 }
+
+#[test]
+fn a_future_polled_under_another_poller_merges_over_that_one() {
+    let waker = std::task::Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    let mut seen = Vec::new();
+    let mut future = std::pin::pin!(
+        std::future::poll_fn(|_| {
+            seen.push(current());
+            Poll::<()>::Pending
+        })
+        .with_labels(&[("route", "/inner")])
+    );
+    assert_eq!(future.labels(), &Labels::new(&[("route", "/inner")]));
+    assert!(format!("{future:?}").contains(r#"labels: {"route": "/inner"}"#));
+    scope(&[("region", "eu")], || {
+        let _ = future.as_mut().poll(&mut cx);
+    });
+    scope(&[("region", "us")], || {
+        let _ = future.as_mut().poll(&mut cx);
+        let _ = future.as_mut().poll(&mut cx);
+    });
+    assert_eq!(
+        seen[0],
+        Labels::new(&[("route", "/inner"), ("region", "eu")])
+    );
+    let us = Labels::new(&[("route", "/inner"), ("region", "us")]);
+    assert_eq!(seen[1], us, "the merge follows the poller's labels");
+    assert_eq!(seen[2], us);
+}
