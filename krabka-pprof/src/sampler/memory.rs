@@ -414,6 +414,11 @@ mod tests {
     fn proc_self_mem_is_chosen_where_it_can_be_read() {
         let choice = Memory::choose();
         assert_eq!(choice.memory.name(), "/proc/self/mem", "{}", choice.why);
+        assert!(probe(&choice.memory).is_ok());
+        assert!(
+            probe(&Memory::Unreadable).is_err(),
+            "a reader that reads nothing"
+        );
     }
 
     fn this_process() -> Memory {
@@ -484,6 +489,7 @@ mod tests {
     #[test]
     fn a_pipe_copies_what_can_be_read_and_stops_at_a_hole() {
         let pipe = Pipe::closed();
+        assert!(!pipe.is_open());
         let source = [0x5au8; 64];
         let mut target = [0u8; 64];
         assert_eq!(
@@ -493,6 +499,16 @@ mod tests {
         );
         pipe.open();
         assert!(pipe.is_open());
+        // Never blocking (a full pipe must not stop a signal handler), never inherited.
+        let write = pipe.write.load(Ordering::Relaxed);
+        // SAFETY: fcntl reads the flags of a descriptor this pipe holds open.
+        let (status, descriptor) = unsafe {
+            (
+                libc::fcntl(write, libc::F_GETFL),
+                libc::fcntl(write, libc::F_GETFD),
+            )
+        };
+        assert!(status & libc::O_NONBLOCK != 0 && descriptor & libc::FD_CLOEXEC != 0);
         let mut checked = false;
         for _attempt in 0..5 {
             assert_eq!(pipe.copy(source.as_ptr() as u64, &mut target), 64);
