@@ -151,3 +151,138 @@ pub(super) fn build(
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::dump::HeapStack;
+    use super::*;
+
+    fn in_use(address: u64, objects: f64, bytes: f64) -> HeapStack {
+        HeapStack {
+            addresses: vec![address, 0x9000],
+            objects,
+            bytes,
+            alloc_objects: 0.0,
+            alloc_bytes: 0.0,
+        }
+    }
+
+    fn build_of(dump: &Parsed, alloc: Alloc, route: HeapRoute) -> Profile {
+        build(
+            dump,
+            alloc,
+            route,
+            Span::Now,
+            Symbolize::None,
+            None,
+            Vec::new(),
+        )
+    }
+
+    fn text(profile: &Profile, index: i64) -> &str {
+        &profile.string_table[index as usize]
+    }
+
+    /// Each sample's values, sorted.
+    fn values(profile: &Profile) -> Vec<Vec<i64>> {
+        let mut values: Vec<Vec<i64>> = profile.sample.iter().map(|s| s.value.clone()).collect();
+        values.sort();
+        values
+    }
+
+    fn types(profile: &Profile) -> Vec<&str> {
+        profile
+            .sample_type
+            .iter()
+            .map(|t| text(profile, t.ty))
+            .collect()
+    }
+
+    #[test]
+    fn without_counts_a_profile_has_the_two_in_use_types_and_no_empty_stack() {
+        let dump = Parsed {
+            period: 524_288,
+            stacks: vec![in_use(0x1000, 2.4, 100.0), in_use(0x2000, 0.0, 0.0)],
+        };
+        let profile = build_of(&dump, Alloc::None, HeapRoute::Allocs);
+        assert_eq!(types(&profile), ["inuse_objects", "inuse_space"]);
+        assert_eq!(values(&profile), [vec![2, 100]]);
+        assert_eq!(text(&profile, profile.default_sample_type), "inuse_space");
+        assert_eq!(profile.period, 524_288);
+    }
+
+    #[test]
+    fn counts_are_matched_to_stacks_in_use_by_address_and_the_rest_follow() {
+        let dump = Parsed {
+            period: 524_288,
+            stacks: vec![
+                in_use(0x1000, 2.0, 100.0),
+                in_use(0x2000, 1.0, 50.0),
+                in_use(0x4000, 0.0, 0.0),
+            ],
+        };
+        let counted = |cumulative| Alloc::Counted {
+            stacks: vec![
+                (vec![0x1000, 0x9000], 5.0, 500.0),
+                (vec![0x3000, 0x9000], 3.0, 300.0),
+                (vec![0x1000, 0x9000], 1.0, 100.0),
+                (vec![0x5000, 0x9000], 0.0, 0.0),
+            ],
+            overflow: (2, 4.0, 400.0),
+            cumulative,
+        };
+        let profile = build_of(&dump, counted(true), HeapRoute::Allocs);
+        assert_eq!(
+            types(&profile),
+            [
+                "alloc_objects",
+                "alloc_space",
+                "inuse_objects",
+                "inuse_space"
+            ]
+        );
+        // In use with counts (two entries, summed); in use without; counted and freed;
+        // the table's overflow under its marker. Nothing for a stack of zeros.
+        assert_eq!(
+            values(&profile),
+            [
+                vec![0, 0, 1, 50],
+                vec![3, 300, 0, 0],
+                vec![4, 400, 0, 0],
+                vec![6, 600, 2, 100],
+            ]
+        );
+        assert_eq!(text(&profile, profile.default_sample_type), "alloc_space");
+        let comments: Vec<&str> = profile.comment.iter().map(|&i| text(&profile, i)).collect();
+        assert!(
+            comments
+                .iter()
+                .any(|c| c.starts_with("1 stacks in use have no allocation counts")),
+            "{comments:?}"
+        );
+        // In a window, a stack in use that allocated nothing in it is no news; on /heap
+        // the in-use space is the default.
+        let window = build_of(&dump, counted(false), HeapRoute::Heap);
+        assert!(
+            window
+                .comment
+                .iter()
+                .all(|&i| !text(&window, i).contains("no allocation counts"))
+        );
+        assert_eq!(text(&window, window.default_sample_type), "inuse_space");
+        // No overflow, no marker.
+        let Alloc::Counted { stacks, .. } = counted(true) else {
+            unreachable!()
+        };
+        let without = build_of(
+            &dump,
+            Alloc::Counted {
+                stacks,
+                overflow: (0, 0.0, 0.0),
+                cumulative: true,
+            },
+            HeapRoute::Allocs,
+        );
+        assert_eq!(without.sample.len(), 3);
+    }
+}
