@@ -123,3 +123,38 @@ impl Slot {
             .is_ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_pages_are_as_long_as_asked_zeroed_and_writable() {
+        let mut pages = FreshPages::new(3 * 4096);
+        assert_eq!(pages.len(), 3 * 4096);
+        assert!(pages.iter().all(|&b| b == 0));
+        pages[4096] = 0x5a;
+        pages[3 * 4096 - 1] = 0xa5;
+        assert_eq!(
+            (pages[4096], pages[3 * 4096 - 1], pages[0]),
+            (0x5a, 0xa5, 0)
+        );
+    }
+
+    #[test]
+    fn a_slot_is_taken_by_one_handler_until_it_is_given_back() {
+        let slot = Slot::new();
+        assert!(slot.try_take());
+        assert!(!slot.try_take(), "held");
+        slot.busy.store(false, Ordering::Release);
+        assert!(slot.try_take(), "given back");
+    }
+
+    #[test]
+    fn slots_are_the_cpus_and_two_more_from_4_to_16() {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let slots = scratch_slots();
+        assert!((4..=16).contains(&slots), "{slots}");
+        assert!(slots >= (cpus + 2).min(16), "{slots} slots for {cpus} CPUs");
+    }
+}
