@@ -58,3 +58,28 @@ impl<T> Drop for Published<T> {
 unsafe impl<T: Send + Sync> Send for Published<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send + Sync> Sync for Published<T> {}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_replaced_value_is_freed_once_no_handler_runs_and_the_last_with_its_owner() {
+        let running = Running::new();
+        let (first, second) = (Arc::new(1), Arc::new(2));
+        let published = Published::new(first.clone());
+        published.replace(second.clone(), &running);
+        // SAFETY: the one writer, reading what it published.
+        assert_eq!(**unsafe { published.get() }, 2);
+        assert_eq!(
+            Arc::strong_count(&first),
+            1,
+            "no handler ran: the old one is freed"
+        );
+        assert_eq!(Arc::strong_count(&second), 2);
+        drop(published);
+        assert_eq!(Arc::strong_count(&second), 1, "freed with its owner");
+    }
+}
