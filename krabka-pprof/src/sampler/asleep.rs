@@ -322,6 +322,44 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+
+    /// `instruction` as the last bytes before an address, after `nop`s.
+    fn ending_with(instruction: &[u8]) -> [u8; 8] {
+        let mut before = [0x90; 8];
+        before[8 - instruction.len()..].copy_from_slice(instruction);
+        before
+    }
+
+    #[test]
+    fn the_bytes_before_a_return_address_are_a_call_of_one_of_its_encodings() {
+        let calls: [&[u8]; 10] = [
+            &[0xe8, 0x10, 0x20, 0x30, 0x40],             // call rel32
+            &[0xff, 0xd0],                               // call *%rax
+            &[0x41, 0xff, 0xd3],                         // call *%r11 (REX.B)
+            &[0xff, 0x10],                               // call *(%rax)
+            &[0xff, 0x50, 0x08],                         // call *0x8(%rax)
+            &[0xff, 0x90, 0x78, 0x56, 0x34, 0x12],       // call *0x12345678(%rax)
+            &[0xff, 0x14, 0x24],                         // call *(%rsp)
+            &[0xff, 0x54, 0x24, 0x08],                   // call *0x8(%rsp)
+            &[0xff, 0x14, 0xc5, 0x00, 0x10, 0x00, 0x00], // call *0x1000(,%rax,8)
+            &[0xff, 0x15, 0x34, 0x12, 0x00, 0x00],       // call *0x1234(%rip)
+        ];
+        for call in calls {
+            assert!(follows_a_call(&ending_with(call)), "{call:02x?}");
+        }
+        let others: [&[u8]; 7] = [
+            &[0xff, 0xe0],                         // jmp *%rax
+            &[0xff, 0x20],                         // jmp *(%rax)
+            &[0xe8, 0x10, 0x20, 0x30],             // a call's first four bytes only
+            &[0xff, 0x50],                         // call *disp8(%rax) without its disp8
+            &[0xff, 0x14, 0x24, 0x00],             // call *(%rsp) and one byte more
+            &[0xff, 0x14, 0xc5, 0x00, 0x10, 0x00], // call *disp32(,%rax,8) cut short
+            &[0xc3],                               // ret
+        ];
+        for other in others {
+            assert!(!follows_a_call(&ending_with(other)), "{other:02x?}");
+        }
+    }
     use crate::objects::Objects;
     use crate::process::{InKernel, ProcThread, current_tid};
     use crate::sampler::memory::Memory;
