@@ -169,6 +169,8 @@ fn slices_older_than_recent_are_dropped_with_what_only_they_used() {
     }
     let kept = ring.kept();
     assert_eq!(kept.slices, 10, "ten seconds kept");
+    // What the dropped slices weighed was taken off the ring's count of bytes.
+    assert_counts_what_it_holds(&ring);
     assert_eq!(kept.span, S(10));
     assert_eq!(
         kept.stacks, 11,
