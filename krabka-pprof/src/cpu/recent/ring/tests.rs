@@ -529,3 +529,24 @@ fn the_newest_slice_stays_and_the_bound_is_inclusive() {
     assert_eq!(at_bound.bytes(), exact);
     assert_eq!(at_bound.kept().slices, 2);
 }
+
+/// A fold merges a slice whose stacks came before those of the slice it joins: the
+/// merged counts stay in id order (what the next merge and a lookup rely on).
+#[test]
+fn a_fold_keeps_the_counts_in_id_order_whichever_slice_had_a_stack_first() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    // 0xa gets the first id, 0xb the second; the slice after the gap has only 0xb, and
+    // the one it folds with only 0xa.
+    ring.push(slice(0.0, 1.0, &[0xa, 0xb], 2), None);
+    ring.push(slice(1.0, 1.0, &[0xb], 2), Some("yielded".to_owned()));
+    ring.push(slice(2.0, 1.0, &[0xa], 2), None);
+    // A minute and more later: the three are old enough to fold.
+    ring.push(slice(70.0, 1.0, &[0xc], 2), None);
+    assert!(ring.slices.len() < 4, "folded: {}", ring.slices.len());
+    assert_counts_what_it_holds(&ring);
+    let collected = ring.select(at(0.0), at(71.0)).collected.unwrap();
+    assert_eq!(
+        by_leaf(&collected),
+        HashMap::from([(0xa, 4), (0xb, 4), (0xc, 2)])
+    );
+}
