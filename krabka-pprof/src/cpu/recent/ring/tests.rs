@@ -549,4 +549,8 @@ fn a_fold_keeps_the_counts_in_id_order_whichever_slice_had_a_stack_first() {
         by_leaf(&collected),
         HashMap::from([(0xa, 4), (0xb, 4), (0xc, 2)])
     );
+    // Each sample here stands for one period: the periods are summed as the samples are.
+    for tally in collected.stacks.values() {
+        assert_eq!(tally.periods, tally.samples, "{tally:?}");
+    }
 }
