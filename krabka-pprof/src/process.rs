@@ -514,10 +514,8 @@ mod tests {
                 tv_nsec: 0,
             };
             // SAFETY: a valid clock id and a timespec to write.
-            assert_eq!(
-                unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut time) },
-                0
-            );
+            let read = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut time) };
+            assert_eq!(read, 0);
             Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
         };
         // Some CPU time first, by the kernel's clock (a busy machine gives less per wall
