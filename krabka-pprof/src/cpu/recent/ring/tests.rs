@@ -554,3 +554,61 @@ fn a_fold_keeps_the_counts_in_id_order_whichever_slice_had_a_stack_first() {
         assert_eq!(tally.periods, tally.samples, "{tally:?}");
     }
 }
+
+/// Two slices' reports merge as one window's would have read: counts summed, the
+/// handler's median weighted by the samples unwound, the worst p99, flags kept.
+#[test]
+fn reports_merge_weighted_by_samples_and_summed() {
+    let mut into = Report {
+        unwound: 300,
+        direct: 200,
+        complete: 250,
+        handler_nanos: (1000, 5000),
+        mean_depth: 10.0,
+        foreign_signals: 2,
+        unwinder_rebuilds: 1,
+        threads_timed: 4,
+        reader: "/proc/self/mem",
+        ..Report::default()
+    };
+    let newer = Report {
+        unwound: 100,
+        direct: 50,
+        complete: 60,
+        handler_nanos: (3000, 4000),
+        mean_depth: 30.0,
+        foreign_signals: 3,
+        unwinder_rebuilds: 2,
+        threads_timed: 6,
+        reader: "process_vm_readv",
+        handler_replaced: true,
+        ..Report::default()
+    };
+    super::merge_report(&mut into, &newer);
+    assert_eq!(
+        (into.unwound, into.direct, into.complete),
+        (400, 250, 310),
+        "summed"
+    );
+    assert_eq!(
+        into.handler_nanos,
+        (1500, 5000),
+        "(1000 * 300 + 3000 * 100) / 400"
+    );
+    assert!((into.mean_depth - 15.0).abs() < 1e-9, "{}", into.mean_depth);
+    assert_eq!((into.foreign_signals, into.unwinder_rebuilds), (5, 3));
+    assert_eq!((into.threads_timed, into.reader), (6, "process_vm_readv"));
+    assert!(into.handler_replaced);
+    // A replaced handler stays said; a slice that unwound nothing moves no average.
+    super::merge_report(&mut into, &Report::default());
+    assert!(into.handler_replaced);
+    assert_eq!(into.handler_nanos, (1500, 5000));
+    assert!((into.mean_depth - 15.0).abs() < 1e-9);
+    let mut empty = Report::default();
+    super::merge_report(&mut empty, &Report::default());
+    assert_eq!(
+        empty.handler_nanos,
+        (0, 0),
+        "no samples: no division by zero"
+    );
+}
