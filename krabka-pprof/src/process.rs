@@ -382,8 +382,37 @@ pub(crate) fn seccomp_mode() -> u32 {
 }
 
 #[cfg(all(test, procfs))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Installs a seccomp filter that allows every call on the calling thread alone (no
+    /// `TSYNC`), after `no_new_privs` on it: a thread with a filter of its own.
+    pub(crate) fn install_allow_all_seccomp_filter() {
+        let mut allow_all = [libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        }];
+        let program = libc::sock_fprog {
+            len: 1,
+            filter: allow_all.as_mut_ptr(),
+        };
+        // SAFETY: no_new_privs on this thread, then a filter program (allowing every call)
+        // that lives through the call; without TSYNC, on this thread alone.
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            assert_eq!(
+                libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &raw const program,
+                ),
+                0,
+                "installing an allow-all seccomp filter"
+            );
+        }
+    }
 
     #[test]
     fn the_command_line_is_the_arguments_each_ended_by_a_nul_but_the_last() {
@@ -606,30 +635,7 @@ mod tests {
             libc::prctl(libc::PR_GET_SECCOMP)
         });
         let (mode, filters, kernel_mode) = std::thread::spawn(|| {
-            let mut allow_all = [libc::sock_filter {
-                code: (libc::BPF_RET | libc::BPF_K) as u16,
-                jt: 0,
-                jf: 0,
-                k: libc::SECCOMP_RET_ALLOW,
-            }];
-            let program = libc::sock_fprog {
-                len: 1,
-                filter: allow_all.as_mut_ptr(),
-            };
-            // SAFETY: no_new_privs on this thread, then a filter program (allowing every
-            // call) that lives through the call; without TSYNC, on this thread alone.
-            unsafe {
-                assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-                assert_eq!(
-                    libc::prctl(
-                        libc::PR_SET_SECCOMP,
-                        libc::SECCOMP_MODE_FILTER,
-                        &raw const program,
-                    ),
-                    0,
-                    "installing an allow-all seccomp filter"
-                );
-            }
+            install_allow_all_seccomp_filter();
             let (mode, filters) = ProcThread::seccomp(current_tid()).expect("its status");
             // SAFETY: as above.
             (mode, filters, unsafe { libc::prctl(libc::PR_GET_SECCOMP) })

@@ -991,29 +991,7 @@ pub(crate) mod tests {
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let filtered = std::thread::spawn(move || {
-            let mut allow_all = [libc::sock_filter {
-                code: (libc::BPF_RET | libc::BPF_K) as u16,
-                jt: 0,
-                jf: 0,
-                k: libc::SECCOMP_RET_ALLOW,
-            }];
-            let program = libc::sock_fprog {
-                len: 1,
-                filter: allow_all.as_mut_ptr(),
-            };
-            // SAFETY: no_new_privs on this thread, then a filter program (allowing every
-            // call) that lives through the call; without TSYNC, on this thread alone.
-            unsafe {
-                assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-                assert_eq!(
-                    libc::prctl(
-                        libc::PR_SET_SECCOMP,
-                        libc::SECCOMP_MODE_FILTER,
-                        &raw const program,
-                    ),
-                    0
-                );
-            }
+            crate::process::tests::install_allow_all_seccomp_filter();
             tid_tx.send(crate::process::current_tid()).unwrap();
             let _ = stop_rx.recv();
         });
