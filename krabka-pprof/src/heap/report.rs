@@ -219,6 +219,7 @@ mod tests {
                 in_use(0x1000, 2.0, 100.0),
                 in_use(0x2000, 1.0, 50.0),
                 in_use(0x4000, 0.0, 0.0),
+                in_use(0x6000, 1.0, 20.0),
             ],
         };
         let counted = |cumulative| Alloc::Counted {
@@ -241,11 +242,12 @@ mod tests {
                 "inuse_space"
             ]
         );
-        // In use with counts (two entries, summed); in use without; counted and freed;
-        // the table's overflow under its marker. Nothing for a stack of zeros.
+        // In use with counts (two entries, summed); in use without (two); counted and
+        // freed; the table's overflow under its marker. Nothing for a stack of zeros.
         assert_eq!(
             values(&profile),
             [
+                vec![0, 0, 1, 20],
                 vec![0, 0, 1, 50],
                 vec![3, 300, 0, 0],
                 vec![4, 400, 0, 0],
@@ -257,7 +259,7 @@ mod tests {
         assert!(
             comments
                 .iter()
-                .any(|c| c.starts_with("1 stacks in use have no allocation counts")),
+                .any(|c| c.starts_with("2 stacks in use have no allocation counts")),
             "{comments:?}"
         );
         // In a window, a stack in use that allocated nothing in it is no news; on /heap
@@ -283,6 +285,31 @@ mod tests {
             },
             HeapRoute::Allocs,
         );
-        assert_eq!(without.sample.len(), 3);
+        assert_eq!(without.sample.len(), 4);
+        // Every stack that holds bytes has counts of its own: nothing to say about them.
+        let Alloc::Counted { stacks, .. } = counted(true) else {
+            unreachable!()
+        };
+        let all_counted = Parsed {
+            period: 524_288,
+            stacks: vec![in_use(0x1000, 2.0, 100.0), in_use(0x4000, 0.0, 0.0)],
+        };
+        let profile = build_of(
+            &all_counted,
+            Alloc::Counted {
+                stacks,
+                overflow: (0, 0.0, 0.0),
+                cumulative: true,
+            },
+            HeapRoute::Allocs,
+        );
+        assert!(
+            profile
+                .comment
+                .iter()
+                .all(|&i| !text(&profile, i).contains("no allocation counts")),
+            "{:?}",
+            profile.comment
+        );
     }
 }
