@@ -667,3 +667,202 @@ impl<'d> gimli::Reader for Paged<'d> {
         Ok(byte)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+    use std::os::unix::fs::FileExt as _;
+
+    use gimli::{Reader as _, Section as _};
+
+    use super::super::file::{Placement, Stored};
+    use super::super::tests::Scratch;
+    use super::*;
+
+    /// Bytes no compressor shrinks, the same on every run.
+    fn noise(n: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect()
+    }
+
+    /// A file of `bytes` after `at` bytes of 0xAA and before 100 of 0xBB, opened to read.
+    fn file_with(scratch: &Scratch, at: usize, bytes: &[u8]) -> File {
+        let path = scratch.0.join("file");
+        let mut all = vec![0xAA; at];
+        all.extend_from_slice(bytes);
+        all.extend_from_slice(&[0xBB; 100]);
+        std::fs::write(&path, all).unwrap();
+        File::open(&path).unwrap()
+    }
+
+    fn plain(len: usize) -> Placement {
+        Placement {
+            offset: 0,
+            size: len as u64,
+            stored: Stored::Plain,
+        }
+    }
+
+    /// How many pages of the section's region are in memory, by the kernel's word
+    /// (`mincore`).
+    fn pages_in(section: &Section<'_>) -> usize {
+        // SAFETY: sysconf reads a constant of the system.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+        let mut in_memory = vec![0u8; section.len.div_ceil(page)];
+        // SAFETY: the region is a live map of `len` bytes starting on a page; the vector
+        // has a byte for each of its pages.
+        let rc = unsafe {
+            libc::mincore(
+                section.bytes.as_ptr().cast(),
+                section.len,
+                in_memory.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        in_memory.iter().filter(|b| **b & 1 == 1).count()
+    }
+
+    #[test]
+    fn what_is_read_is_resident_until_its_section_is_given_back() {
+        let scratch = Scratch::new("resident");
+        let bytes = noise(64 * 1024);
+        let file = file_with(&scratch, 0, &bytes);
+        let mut used: Vec<Section<'_>> = USED.iter().map(|_| Section::empty()).collect();
+        let line = USED
+            .iter()
+            .position(|id| *id == SectionId::DebugLine)
+            .unwrap();
+        used[line] = Section::new(&file, plain(bytes.len())).unwrap();
+        let sections = Sections {
+            used,
+            empty: Section::empty(),
+        };
+        let dwarf = sections.dwarf();
+        let mut reader = *dwarf.debug_line.reader();
+        assert_eq!(format!("{reader:?}"), "Paged { start: 0, len: 65536 }");
+        reader.skip(20_000).unwrap();
+        let mut six = [0u8; 6];
+        reader.read_slice(&mut six).unwrap();
+        assert_eq!(six, bytes[20_000..][..6]);
+        // One block read, one page written.
+        assert_eq!(sections.resident(), BLOCK);
+        assert!(pages_in(&sections.used[line]) >= 1);
+
+        // Another section given back: this one's stays.
+        sections.release(SectionId::DebugInfo);
+        assert_eq!(sections.resident(), BLOCK);
+        sections.release(SectionId::DebugLine);
+        assert_eq!(sections.resident(), 0);
+        assert_eq!(pages_in(&sections.used[line]), 0, "pages given back");
+        // Read again as the file holds it.
+        let mut again = *dwarf.debug_line.reader();
+        again.skip(20_000).unwrap();
+        again.read_slice(&mut six).unwrap();
+        assert_eq!(six, bytes[20_000..][..6]);
+    }
+
+    #[test]
+    fn an_empty_read_reads_nothing_and_the_budget_can_be_spent_to_its_last_byte() {
+        let scratch = Scratch::new("budget");
+        let bytes = noise(5000);
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        let mut reader = Paged::whole(&section);
+        reader.skip(100).unwrap();
+        reader.read_slice(&mut []).unwrap();
+        assert_eq!(section.resident(), 0, "an empty read made a block resident");
+
+        let mut block = [0u8; 4096];
+        let mut reads = 0u64;
+        while reads < 1 << 20 && Paged::whole(&section).read_slice(&mut block).is_ok() {
+            reads += 1;
+        }
+        let budget = budget_of(bytes.len());
+        assert_eq!(reads, budget / 4096);
+        // What is left of the budget can still be read, and not a byte more.
+        let mut rest = vec![0u8; (budget % 4096) as usize];
+        Paged::whole(&section).read_slice(&mut rest).unwrap();
+        assert!(Paged::whole(&section).read_slice(&mut [0u8]).is_err());
+    }
+
+    #[test]
+    fn bytes_in_memory_are_read_from_memory_and_the_rest_from_the_file_as_it_is_now() {
+        let scratch = Scratch::new("kept");
+        let bytes = noise(3 * BLOCK);
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        let mut first = Paged::whole(&section);
+        first.read_slice(&mut [0u8; 6]).unwrap();
+        assert_eq!(section.resident(), BLOCK, "the first block only");
+        // The last ten bytes of the first block, and one five bytes into the second,
+        // rewritten in the file with a byte none of them held.
+        let around = &bytes[BLOCK - 10..BLOCK + 6];
+        let new = (0..=255u8).find(|b| !around.contains(b)).unwrap();
+        let writable = std::fs::OpenOptions::new()
+            .write(true)
+            .open(scratch.0.join("file"))
+            .unwrap();
+        writable
+            .write_all_at(&[new; 10], (BLOCK - 10) as u64)
+            .unwrap();
+        writable.write_all_at(&[new], (BLOCK + 5) as u64).unwrap();
+        // A reader of the ten finds what was read, in memory; one that goes on finds the
+        // new byte where the file holds it now.
+        let mut end_of_block = Paged::whole(&section);
+        end_of_block.skip(BLOCK - 10).unwrap();
+        let mut ten = end_of_block;
+        ten.truncate(10).unwrap();
+        assert!(ten.find(new).is_err(), "read from the file again");
+        assert_eq!(end_of_block.find(new).unwrap(), 15);
+    }
+
+    #[test]
+    fn a_compressed_section_is_inflated_from_its_stream_and_no_further() {
+        let scratch = Scratch::new("zlib");
+        // Several times what the inflater reads from the file at once.
+        let bytes = noise(200_000);
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(&bytes).unwrap();
+        let stream = encoder.finish().unwrap();
+        let file = file_with(&scratch, 37, &stream);
+        let zlib = |len: usize| Placement {
+            offset: 0,
+            size: bytes.len() as u64,
+            stored: Stored::Zlib {
+                at: 37,
+                len: len as u64,
+            },
+        };
+        let section = Section::new(&file, zlib(stream.len())).expect("inflated");
+        let mut read = vec![0u8; bytes.len()];
+        Paged::whole(&section).read_slice(&mut read).unwrap();
+        assert!(read == bytes, "the inflated bytes differ");
+        assert_eq!(section.resident(), 0, "in memory, not read from the file");
+        // A stream cut short by its length is read no further: an unfinished stream, no
+        // section.
+        assert!(Section::new(&file, zlib(stream.len() / 2)).is_none());
+        // One said to go on past the file's end ends where the stream ends.
+        let past = Section::new(&file, zlib(stream.len() + 1000)).expect("inflated");
+        assert_eq!(past.len, bytes.len());
+    }
+
+    #[test]
+    fn a_read_of_the_file_stops_at_its_end_and_at_once_where_it_cannot_be_read() {
+        let scratch = Scratch::new("read");
+        let bytes = noise(1000);
+        let file = file_with(&scratch, 0, &bytes);
+        let mut into = vec![0u8; 2000];
+        assert_eq!(read_fully(&file, &mut into, 500), 600);
+        assert_eq!(into[..500], bytes[500..]);
+        // A directory opens, and every read of it fails (EISDIR): not a retry, nothing.
+        let directory = File::open(&scratch.0).unwrap();
+        assert_eq!(read_fully(&directory, &mut into, 0), 0);
+    }
+}
