@@ -824,6 +824,59 @@ mod tests {
     }
 
     #[test]
+    fn a_read_takes_its_own_blocks_and_reads_ahead_as_far_as_the_reads_before_it_went() {
+        let scratch = Scratch::new("ahead");
+        let bytes = noise(40 * BLOCK);
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        let read_at = |at: usize, n: usize| {
+            let mut reader = Paged::whole(&section);
+            reader.skip(at).unwrap();
+            let mut into = vec![0u8; n];
+            reader.read_slice(&mut into).unwrap();
+            assert!(into == bytes[at..at + n], "{n} bytes at {at}");
+            section.resident() / BLOCK
+        };
+        // Bytes that end where their block ends: that block alone.
+        assert_eq!(read_at(BLOCK - 6, 6), 1);
+        // Reads that go on from the blocks before them read as many again, up to 16.
+        let ahead: Vec<usize> = [1, 2, 4, 8, 16, 32]
+            .into_iter()
+            .map(|block| read_at(block * BLOCK, 1))
+            .collect();
+        assert_eq!(ahead, [2, 4, 8, 16, 32, 40]);
+
+        // A read over three blocks of a fresh section reads those three.
+        let fresh = Section::new(&file, plain(bytes.len())).unwrap();
+        let mut reader = Paged::whole(&fresh);
+        reader.skip(100).unwrap();
+        let mut into = vec![0u8; 2 * BLOCK + 100];
+        reader.read_slice(&mut into).unwrap();
+        assert!(into == bytes[100..][..into.len()]);
+        assert_eq!(fresh.resident(), 3 * BLOCK);
+    }
+
+    #[test]
+    fn a_string_is_read_up_to_64_kib() {
+        let scratch = Scratch::new("strings");
+        let mut bytes = vec![b'a'; MAX_STRING + 10];
+        bytes.push(0);
+        let short = bytes.len();
+        bytes.extend_from_slice(&[b'b'; 100]);
+        bytes.push(0);
+        let longest = bytes.len();
+        bytes.extend_from_slice(&vec![b'c'; MAX_STRING - 1]);
+        bytes.push(0);
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        let strings = Paged::whole(&section);
+        assert_eq!(strings.string_at(0), None, "longer than 64 KiB");
+        assert_eq!(strings.string_at(short), Some("b".repeat(100)));
+        assert_eq!(strings.string_at(longest), Some("c".repeat(MAX_STRING - 1)));
+        assert_eq!(strings.string_at(bytes.len()), None, "past the end");
+    }
+
+    #[test]
     fn a_compressed_section_is_inflated_from_its_stream_and_no_further() {
         let scratch = Scratch::new("zlib");
         // Several times what the inflater reads from the file at once.
