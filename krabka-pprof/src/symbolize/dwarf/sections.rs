@@ -802,8 +802,8 @@ mod tests {
         first.read_slice(&mut [0u8; 6]).unwrap();
         assert_eq!(section.resident(), BLOCK, "the first block only");
         // The last ten bytes of the first block, and one five bytes into the second,
-        // rewritten in the file with a byte none of them held.
-        let around = &bytes[BLOCK - 10..BLOCK + 6];
+        // rewritten in the file with a byte none of them (nor the 90 before) held.
+        let around = &bytes[BLOCK - 100..BLOCK + 6];
         let new = (0..=255u8).find(|b| !around.contains(b)).unwrap();
         let writable = std::fs::OpenOptions::new()
             .write(true)
@@ -874,6 +874,92 @@ mod tests {
         assert_eq!(strings.string_at(short), Some("b".repeat(100)));
         assert_eq!(strings.string_at(longest), Some("c".repeat(MAX_STRING - 1)));
         assert_eq!(strings.string_at(bytes.len()), None, "past the end");
+    }
+
+    #[test]
+    fn the_last_block_of_a_section_counts_whole_once_read() {
+        let scratch = Scratch::new("last");
+        let bytes = noise(BLOCK + 904);
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        let mut tail = Paged::whole(&section);
+        tail.skip(bytes.len() - 6).unwrap();
+        let mut six = [0u8; 6];
+        tail.read_slice(&mut six).unwrap();
+        assert_eq!(six, bytes[bytes.len() - 6..]);
+        assert_eq!(section.resident(), BLOCK);
+        assert!(is_set(&section.filled, 1), "the last block is in");
+        assert!(!is_set(&section.filled, 0));
+    }
+
+    #[test]
+    fn units_are_listed_from_their_lengths_and_a_section_cut_inside_a_header_lists_none() {
+        let scratch = Scratch::new("units");
+        let mut bytes = Vec::new();
+        for (length, wide) in [(10u64, false), (20, false), (30, true), (8, false)] {
+            if wide {
+                bytes.extend_from_slice(&0xffff_ffffu32.to_le_bytes());
+                bytes.extend_from_slice(&length.to_le_bytes());
+            } else {
+                bytes.extend_from_slice(&(length as u32).to_le_bytes());
+            }
+            bytes.extend(std::iter::repeat_n(0x11, length as usize));
+        }
+        let whole = bytes.len();
+        bytes.extend_from_slice(&[0; 4]);
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(whole)).unwrap();
+        let starts = |section: &Section<'_>| {
+            Paged::whole(section)
+                .unit_starts()
+                .map(|starts| starts.iter().map(|s| s.0).collect::<Vec<_>>())
+        };
+        assert_eq!(starts(&section), Some(vec![0, 14, 38, 80]));
+        // Four bytes more: the start of a header with no room for one.
+        let cut = Section::new(&file, plain(whole + 4)).unwrap();
+        assert_eq!(starts(&cut), None);
+        // A length the format reserves.
+        let mut reserved = 0xffff_fff0u32.to_le_bytes().to_vec();
+        reserved.extend_from_slice(&[0; 12]);
+        let file = file_with(&scratch, 0, &reserved);
+        let section = Section::new(&file, plain(reserved.len())).unwrap();
+        assert_eq!(starts(&section), None);
+
+        // No more than MAX_UNITS, however many there are.
+        let units: Vec<u8> =
+            std::iter::repeat_n([8u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], MAX_UNITS + 2)
+                .flatten()
+                .collect();
+        let file = file_with(&scratch, 0, &units);
+        let section = Section::new(&file, plain(units.len())).unwrap();
+        let listed = starts(&section).unwrap();
+        assert_eq!(listed.len(), MAX_UNITS);
+        assert_eq!(listed[MAX_UNITS - 1], 12 * (MAX_UNITS - 1));
+    }
+
+    #[test]
+    fn a_readers_offsets_are_its_distance_from_the_sections_start() {
+        let scratch = Scratch::new("offsets");
+        let bytes = noise(100);
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        let whole = Paged::whole(&section);
+        let mut ten = whole;
+        ten.skip(10).unwrap();
+        assert_eq!(whole.endian(), LittleEndian);
+        assert_eq!(ten.offset_from(&whole), 10);
+        assert_eq!(ten.offset_id().0 - whole.offset_id().0, 10);
+        assert_eq!(whole.lookup_offset_id(ten.offset_id()), Some(10));
+        assert_eq!(ten.lookup_offset_id(whole.offset_id()), None);
+        let end = ReaderOffsetId(whole.offset_id().0 + 100);
+        assert_eq!(whole.lookup_offset_id(end), Some(100));
+        assert_eq!(ten.lookup_offset_id(end), Some(90));
+        let past = ReaderOffsetId(end.0 + 1);
+        assert_eq!(whole.lookup_offset_id(past), None);
+        let mut emptied = ten;
+        emptied.empty();
+        assert_eq!((emptied.len(), ten.len()), (0, 90));
+        assert!(emptied.read_u8().is_err());
     }
 
     #[test]
