@@ -963,6 +963,115 @@ mod tests {
     }
 
     #[test]
+    fn compressed_sections_inflate_to_4_mib_together_and_not_a_byte_more() {
+        let scratch = Scratch::new("cap");
+        let zeros = vec![0u8; MAX_INFLATED as usize];
+        let mut encoder =
+            flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(&zeros).unwrap();
+        let stream = encoder.finish().unwrap();
+        let file = file_with(&scratch, 0, &stream);
+        let debug_file = |size: u64| {
+            let mut layout = super::super::file::Layout::default();
+            let info = USED.iter().position(|id| *id == SectionId::DebugInfo);
+            layout.sections[info.unwrap()] = Some(Placement {
+                offset: 0,
+                size,
+                stored: Stored::Zlib {
+                    at: 0,
+                    len: stream.len() as u64,
+                },
+            });
+            DebugFile {
+                file: file.try_clone().unwrap(),
+                layout,
+            }
+        };
+        let at_the_cap = debug_file(MAX_INFLATED);
+        let sections = Sections::load(&at_the_cap).expect("4 MiB inflate");
+        assert_eq!(sections.dwarf().debug_info.reader().len(), zeros.len());
+        assert!(Sections::load(&debug_file(MAX_INFLATED + 1)).is_none());
+    }
+
+    #[test]
+    fn a_file_cut_short_gives_the_bytes_it_holds_and_fails_past_them() {
+        let scratch = Scratch::new("cut");
+        let bytes = noise(300);
+        let file = file_with(&scratch, 0, &bytes);
+        // The section said to be longer than the file (300 bytes and 100 of 0xBB).
+        let section = Section::new(&file, plain(2 * BLOCK)).unwrap();
+        let mut inside = Paged::whole(&section);
+        inside.skip(100).unwrap();
+        let mut six = [0u8; 6];
+        inside.read_slice(&mut six).unwrap();
+        assert_eq!(six, bytes[100..106]);
+        assert_eq!(section.resident(), 0, "a block cut short is not kept");
+        let mut past = Paged::whole(&section);
+        past.skip(500).unwrap();
+        assert!(past.clone().read_slice(&mut six).is_err());
+        assert!(
+            past.find(0).is_err(),
+            "found in bytes the file does not hold"
+        );
+    }
+
+    #[test]
+    fn an_empty_section_has_no_strings_and_no_units() {
+        let empty = Section::empty();
+        let reader = Paged::whole(&empty);
+        assert_eq!(reader.string_at(0), None);
+        assert_eq!(reader.unit_starts(), Some(Vec::new()));
+        assert!(reader.find(0).is_err());
+    }
+
+    #[test]
+    fn strings_and_finds_read_from_memory_what_is_in_it_and_from_the_file_the_rest() {
+        let scratch = Scratch::new("find");
+        let mut bytes = noise(3 * BLOCK);
+        bytes[..4].copy_from_slice(b"old\0");
+        // A byte absent from the reads' first 300 bytes and from the end of block 0.
+        let new = (1..=255u8)
+            .find(|b| !bytes[..300].contains(b) && !bytes[BLOCK - 10..BLOCK + 10].contains(b))
+            .unwrap();
+        let first = |from: usize| from + bytes[from..].iter().position(|b| *b == new).unwrap();
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        // Not in memory: read 256 bytes at a time.
+        assert_eq!(Paged::whole(&section).find(new).unwrap(), first(0));
+        assert_eq!(section.resident(), 0, "find kept what it read");
+        // All in memory: a block at a time, from where the reader starts.
+        let mut all = vec![0u8; bytes.len()];
+        Paged::whole(&section).read_slice(&mut all).unwrap();
+        let mut late = Paged::whole(&section);
+        late.skip(BLOCK - 10).unwrap();
+        assert_eq!(late.find(new).unwrap(), first(BLOCK - 10) - (BLOCK - 10));
+        // The file rewritten: what is in memory is what was read.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(scratch.0.join("file"))
+            .unwrap()
+            .write_all_at(b"new\0", 0)
+            .unwrap();
+        assert_eq!(Paged::whole(&section).string_at(0).as_deref(), Some("old"));
+    }
+
+    #[test]
+    fn a_reader_hands_its_bytes_over_whole() {
+        let scratch = Scratch::new("whole");
+        let bytes = b"caf\xc3\xa9 \xff".to_vec();
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        let mut text = Paged::whole(&section);
+        text.truncate(5).unwrap();
+        assert_eq!(&*text.to_slice().unwrap(), "caf\u{e9}".as_bytes());
+        assert_eq!(text.to_string().unwrap(), "caf\u{e9}");
+        let whole = Paged::whole(&section);
+        assert_eq!(&*whole.to_slice().unwrap(), &bytes[..]);
+        assert!(matches!(whole.to_string(), Err(gimli::Error::BadUtf8)));
+        assert_eq!(whole.to_string_lossy().unwrap(), "caf\u{e9} \u{fffd}");
+    }
+
+    #[test]
     fn a_compressed_section_is_inflated_from_its_stream_and_no_further() {
         let scratch = Scratch::new("zlib");
         // Several times what the inflater reads from the file at once.
