@@ -692,7 +692,9 @@ mod tests {
             .collect()
     }
 
-    /// A file of `bytes` after `at` bytes of 0xAA and before 100 of 0xBB, opened to read.
+    /// A file of `bytes` after `at` bytes of 0xAA and before 100 of 0xBB, opened to read,
+    /// in `scratch` (each test's has a name no other DWARF test uses: a `Scratch` removes
+    /// its directory first).
     fn file_with(scratch: &Scratch, at: usize, bytes: &[u8]) -> File {
         let path = scratch.0.join("file");
         let mut all = vec![0xAA; at];
@@ -731,7 +733,7 @@ mod tests {
 
     #[test]
     fn what_is_read_is_resident_until_its_section_is_given_back() {
-        let scratch = Scratch::new("resident");
+        let scratch = Scratch::new("released");
         let bytes = noise(64 * 1024);
         let file = file_with(&scratch, 0, &bytes);
         let mut used: Vec<Section<'_>> = USED.iter().map(|_| Section::empty()).collect();
