@@ -1058,6 +1058,28 @@ mod tests {
     }
 
     #[test]
+    fn find_looks_no_further_than_the_readers_end() {
+        let scratch = Scratch::new("bounded");
+        let mut bytes = vec![1u8; 2 * BLOCK];
+        bytes[BLOCK + 6] = 0;
+        let file = file_with(&scratch, 0, &bytes);
+        let section = Section::new(&file, plain(bytes.len())).unwrap();
+        // Ten bytes over two blocks, the NUL two bytes past them.
+        let mut short = Paged::whole(&section);
+        short.skip(BLOCK - 6).unwrap();
+        let mut longer = short;
+        short.truncate(10).unwrap();
+        longer.truncate(13).unwrap();
+        assert!(short.find(0).is_err(), "read from the file");
+        assert_eq!(longer.find(0).unwrap(), 12);
+        Paged::whole(&section)
+            .read_slice(&mut vec![0u8; bytes.len()])
+            .unwrap();
+        assert!(short.find(0).is_err(), "read from memory");
+        assert_eq!(longer.find(0).unwrap(), 12);
+    }
+
+    #[test]
     fn a_reader_hands_its_bytes_over_whole() {
         let scratch = Scratch::new("whole");
         let bytes = b"caf\xc3\xa9 \xff".to_vec();
