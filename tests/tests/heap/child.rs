@@ -95,7 +95,7 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
         let (http, url, tx) = (http.clone(), url.clone(), order_tx.clone());
         async move {
             let response = http.get(url).send().await.unwrap();
-            tx.send(name).unwrap();
+            tx.send((name, started.elapsed())).unwrap();
             response
         }
     };
@@ -106,7 +106,7 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
         assert_eq!(kept.status(), StatusCode::OK);
     };
     let ((a, b), ()) = tokio::join!(async { tokio::join!(request("a"), request("b")) }, keep);
-    let first = order_rx.recv().await.unwrap();
+    let (first, refused_after) = order_rx.recv().await.unwrap();
     let (ok, refused, refused_name) = match (a.status(), b.status()) {
         (StatusCode::OK, StatusCode::CONFLICT) => (a, b, "b"),
         (StatusCode::CONFLICT, StatusCode::OK) => (b, a, "a"),
@@ -119,6 +119,12 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
         .parse()
         .unwrap();
     assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    // The window began after the requests were sent and ends 2 s after that: when the
+    // refusal came back (by this client's clock), at least what is left of those 2 s.
+    assert!(
+        retry_after as f64 >= 2.0 - refused_after.as_secs_f64(),
+        "Retry-After {retry_after} s, answered {refused_after:?} after the requests"
+    );
     assert!(
         refused
             .text()
