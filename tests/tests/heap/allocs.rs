@@ -410,6 +410,16 @@ async fn the_views_take_sample_index() {
         let svg = text("/debug/pprof/heap?format=svg&sample_index=alloc_space").await;
         krabka_pprof_tests::assert_valid_xml(&svg);
         assert!(svg.contains(CHURN) && svg.contains("Allocations"), "{svg}");
+        // The subtitle says what the counts cover: since they began, or a window.
+        assert!(
+            svg.contains("memory allocated since the counts began"),
+            "{svg}"
+        );
+        let window = text("/debug/pprof/allocs?seconds=1&format=svg").await;
+        assert!(
+            window.contains("memory allocated, sampled over 1 s"),
+            "{window}"
+        );
     }
     // pprof: the default the views would show.
     let (profile, _) = child
