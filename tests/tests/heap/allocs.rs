@@ -62,6 +62,8 @@ async fn allocs_counts_what_each_site_allocated_and_what_it_holds() {
         assert_stacks_start_at_the_allocation_site(&profile, build);
         let said = comments(&profile).join("\n");
         assert!(said.contains("alloc_stacks = 4096"), "{said}");
+        // jemalloc's sample period is the one the counts began with: nothing to warn of.
+        assert!(!said.contains("sample period changed"), "{said}");
 
         let top = go_pprof(
             &["-sample_index=alloc_space", "-top", "-nodecount=1000"],
