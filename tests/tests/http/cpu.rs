@@ -256,6 +256,14 @@ async fn the_profile_names_its_sampler_threads_and_mappings() {
         own, !pprof_rs,
         "krabka-pprof's own sampler names itself unless the pprof crate's was chosen: {notes:?}"
     );
+    if pprof_rs {
+        // Its count of samples is the profile's.
+        let samples: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+        assert!(
+            notes.contains(&format!("{samples} samples").as_str()),
+            "{samples} samples; comments: {notes:?}"
+        );
+    }
 
     for sample in &profile.sample {
         let thread = sample
