@@ -222,17 +222,18 @@ mod tests {
                 in_use(0x6000, 1.0, 20.0),
             ],
         };
-        let counted = |cumulative| Alloc::Counted {
+        let full = (2, 4.0, 400.0);
+        let counted = |cumulative, overflow| Alloc::Counted {
             stacks: vec![
                 (vec![0x1000, 0x9000], 5.0, 500.0),
                 (vec![0x3000, 0x9000], 3.0, 300.0),
                 (vec![0x1000, 0x9000], 1.0, 100.0),
                 (vec![0x5000, 0x9000], 0.0, 0.0),
             ],
-            overflow: (2, 4.0, 400.0),
+            overflow,
             cumulative,
         };
-        let profile = build_of(&dump, counted(true), HeapRoute::Allocs);
+        let profile = build_of(&dump, counted(true, full), HeapRoute::Allocs);
         assert_eq!(
             types(&profile),
             [
@@ -264,7 +265,7 @@ mod tests {
         );
         // In a window, a stack in use that allocated nothing in it is no news; on /heap
         // the in-use space is the default.
-        let window = build_of(&dump, counted(false), HeapRoute::Heap);
+        let window = build_of(&dump, counted(false, full), HeapRoute::Heap);
         assert!(
             window
                 .comment
@@ -273,34 +274,16 @@ mod tests {
         );
         assert_eq!(text(&window, window.default_sample_type), "inuse_space");
         // No overflow, no marker.
-        let Alloc::Counted { stacks, .. } = counted(true) else {
-            unreachable!()
-        };
-        let without = build_of(
-            &dump,
-            Alloc::Counted {
-                stacks,
-                overflow: (0, 0.0, 0.0),
-                cumulative: true,
-            },
-            HeapRoute::Allocs,
-        );
+        let without = build_of(&dump, counted(true, (0, 0.0, 0.0)), HeapRoute::Allocs);
         assert_eq!(without.sample.len(), 4);
         // Every stack that holds bytes has counts of its own: nothing to say about them.
-        let Alloc::Counted { stacks, .. } = counted(true) else {
-            unreachable!()
-        };
         let all_counted = Parsed {
             period: 524_288,
             stacks: vec![in_use(0x1000, 2.0, 100.0), in_use(0x4000, 0.0, 0.0)],
         };
         let profile = build_of(
             &all_counted,
-            Alloc::Counted {
-                stacks,
-                overflow: (0, 0.0, 0.0),
-                cumulative: true,
-            },
+            counted(true, (0, 0.0, 0.0)),
             HeapRoute::Allocs,
         );
         assert!(
