@@ -83,13 +83,7 @@ where
                 super::request::Split::default(),
             );
             let mut notes = selection.notes;
-            if !cut_in_time && request.end.is_none() {
-                notes.push(
-                    "the recorder did not cut its newest slice in time: the last second or \
-                     so is missing"
-                        .to_owned(),
-                );
-            }
+            notes.extend(missing_tail(cut_in_time, request.end).map(str::to_owned));
             comment_first(&mut profile, notes);
             let rendered = render(profile);
             crate::profile::give_back_freed_memory();
@@ -100,6 +94,16 @@ where
     .await?;
     log_report(&report, capped, 1);
     rendered
+}
+
+/// What a profile says when the recorder did not cut its newest slice within
+/// [`CUT_WAIT`], said only of a range that ends now (no `end` asked for). A pure
+/// function so its four cases are unit-tested: the recorder's thread answers in time on
+/// any machine a test can trust, so a suite never sees the late case.
+fn missing_tail(cut_in_time: bool, end: Option<SystemTime>) -> Option<&'static str> {
+    (!cut_in_time && end.is_none()).then_some(
+        "the recorder did not cut its newest slice in time: the last second or so is missing",
+    )
 }
 
 /// Puts `notes` before the profile's other comments: what the recorder covered comes
@@ -114,6 +118,17 @@ fn comment_first(profile: &mut Profile, notes: Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The missing tail is said only of a range that ends now, and only when the cut
+    /// came too late.
+    #[test]
+    fn only_a_late_cut_of_a_range_ending_now_says_its_tail_is_missing() {
+        let past = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+        assert!(missing_tail(false, None).is_some_and(|note| note.contains("in time")));
+        assert_eq!(missing_tail(true, None), None);
+        assert_eq!(missing_tail(false, past), None);
+        assert_eq!(missing_tail(true, past), None);
+    }
 
     /// What the recorder says of the range comes before the profile's own comments, in
     /// order, each its own string.

@@ -400,6 +400,27 @@ mod tests {
         }
     }
 
+    /// The heap rows say whether allocations are counted (`alloc_stacks`).
+    #[test]
+    fn index_says_whether_allocations_are_counted() {
+        let heap = crate::config::ProfilingConfig::new().with_heap(true);
+        for (stacks, counted) in [(0, false), (1, true), (4096, true)] {
+            let html = index_html(&heap.with_alloc_stacks(stacks), "host", None, None);
+            let says_counted = html
+                .matches("memory in use and memory allocated since the start")
+                .count();
+            let says_off = html
+                .matches("allocation counts off: <code>alloc_stacks = 0</code>")
+                .count();
+            // Both rows, `/heap` and `/allocs`, say the same.
+            assert_eq!(
+                (says_counted, says_off),
+                if counted { (2, 0) } else { (0, 2) },
+                "alloc_stacks = {stacks}: {html}"
+            );
+        }
+    }
+
     #[test]
     fn index_escapes_what_it_echoes() {
         let html = index_html(

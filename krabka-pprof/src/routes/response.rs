@@ -186,5 +186,8 @@ mod tests {
             busy(Duration::ZERO, "{}").headers()[header::RETRY_AFTER],
             "1"
         );
+        // Whole seconds stay as they are: nothing to round.
+        let whole = busy(Duration::from_secs(2), "ends in {}s");
+        assert_eq!(whole.headers()[header::RETRY_AFTER], "2");
     }
 }
