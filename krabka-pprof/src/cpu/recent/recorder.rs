@@ -269,3 +269,18 @@ fn describe(error: &super::super::request::CpuError) -> String {
         other => format!("{other:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The recorder's window ids count up from 2^63, where no request's (counting up from
+    /// 1) can reach: a window of the recorder and a request's never share an id.
+    #[test]
+    fn the_recorders_window_ids_are_apart_from_the_requests() {
+        let first = next_window();
+        let second = next_window();
+        assert!(first >= 1 << 63, "{first}");
+        assert!(second > first, "{first} then {second}");
+    }
+}
