@@ -177,6 +177,44 @@ pub(super) fn busy(retry_after: Duration, message: &str) -> Response {
 mod tests {
     use super::*;
 
+    async fn body_of(response: Response) -> String {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    /// A failure (which no test can provoke from outside: the sampler and the dumps do
+    /// not fail on demand) is a 500 that `go tool pprof` prints: plain text, one sentence.
+    #[tokio::test]
+    async fn a_failure_is_a_500_go_tool_pprof_prints() {
+        let response = failed("the thread dump failed: x; retry the request");
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(response.headers()["x-go-pprof"], "1");
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
+        );
+        assert_eq!(
+            body_of(response).await,
+            "the thread dump failed: x; retry the request\n"
+        );
+    }
+
+    /// tokio's task dump (run by the `tasks` suite only in a `tokio_unstable` build) is
+    /// served as text, as Go serves `goroutine?debug=1`.
+    #[tokio::test]
+    async fn a_dump_is_served_as_plain_text() {
+        let response = dump_text("task 1\n".to_owned());
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
+        );
+        assert_eq!(response.headers()[header::CACHE_CONTROL], "no-store");
+        assert_eq!(body_of(response).await, "task 1\n");
+    }
+
     #[test]
     fn busy_rounds_retry_after_up() {
         let response = busy(Duration::from_millis(2100), "ends in {}s");
