@@ -411,9 +411,12 @@ async fn short_lived_threads_are_counted() {
         "{spawned} threads; short-lived work {short:.0} ns in the profile, {truth:.0} ns measured \
          over the whole run; all {all:.0} ns of {cpu_used:?}"
     );
+    // A quiet machine spawns 400 in the window and CI's busy one 300: a hundred, each
+    // shorter than the 10 ms sampling period, is what makes the case; the rate itself is
+    // the machine's, not the profiler's, so it is not judged here.
     assert!(
-        spawned > 300,
-        "{spawned} threads: the spawner was too slow to test this"
+        spawned >= 100,
+        "{spawned} threads: the spawner was too slow to test this (100 needed)"
     );
     // Where the short-lived threads shared their core with other work (a machine busy
     // with another job), the backstop's signals come late and folded: one that lands on a
