@@ -199,7 +199,7 @@ fn record(recorder: &'static Recorder) {
                         tracing::warn!(reason = %why, "the recorder is not sampling");
                     }
                     failures += 1;
-                    retry_at = now + (DRAIN_EVERY * 2u32.saturating_pow(failures)).min(MAX_BACKOFF);
+                    retry_at = now + backoff(failures);
                     recorder.ring().pause(SystemTime::now(), why.clone());
                     gap = Some(why);
                 }
@@ -252,6 +252,12 @@ fn record(recorder: &'static Recorder) {
     }
 }
 
+/// How long the recorder waits before it tries again after `failures` starts in a row
+/// failed: twice as long after each, from two drains' time up to `MAX_BACKOFF`.
+fn backoff(failures: u32) -> Duration {
+    (DRAIN_EVERY * 2u32.saturating_pow(failures)).min(MAX_BACKOFF)
+}
+
 /// Tells the requests waiting for a cut that the ring holds what there is.
 fn answer(cuts: Vec<tokio::sync::oneshot::Sender<()>>) {
     for cut in cuts {
@@ -282,5 +288,48 @@ mod tests {
         let second = next_window();
         assert!(first >= 1 << 63, "{first}");
         assert!(second > first, "{first} then {second}");
+    }
+
+    /// After each failed start the recorder waits twice as long as after the one before,
+    /// from 200 ms, and never longer than 30 s, however many failed.
+    #[test]
+    fn failed_starts_back_off_doubling_up_to_thirty_seconds() {
+        assert_eq!(backoff(1), Duration::from_millis(200));
+        assert_eq!(backoff(2), Duration::from_millis(400));
+        assert_eq!(backoff(8), Duration::from_millis(25_600));
+        assert_eq!(backoff(9), Duration::from_secs(30));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(30));
+    }
+
+    /// The pause the recorder leaves in its history when the sampler cannot start gives
+    /// the sampler's own sentence, not the error's name.
+    #[test]
+    fn a_failed_start_is_described_by_its_sentence() {
+        use super::super::super::request::CpuError;
+        assert_eq!(
+            describe(&CpuError::Unavailable("no timers in this process")),
+            "no timers in this process"
+        );
+        assert_eq!(
+            describe(&CpuError::Failed("timer_create: EAGAIN".to_owned())),
+            "timer_create: EAGAIN"
+        );
+        let busy = CpuError::Busy {
+            retry_after: Duration::from_secs(2),
+        };
+        assert!(describe(&busy).starts_with("Busy"), "{}", describe(&busy));
+    }
+
+    /// Every request waiting for a cut is told, and one that went away is no obstacle to
+    /// the others.
+    #[test]
+    fn every_waiting_request_hears_of_the_cut() {
+        let (first, mut first_told) = tokio::sync::oneshot::channel();
+        let (gone, gone_told) = tokio::sync::oneshot::channel();
+        let (last, mut last_told) = tokio::sync::oneshot::channel();
+        drop(gone_told);
+        answer(vec![first, gone, last]);
+        assert_eq!(first_told.try_recv(), Ok(()));
+        assert_eq!(last_told.try_recv(), Ok(()));
     }
 }
