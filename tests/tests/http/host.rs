@@ -67,7 +67,9 @@ async fn assert_fully_unwound(child: &ChildServer) {
         })
         .collect();
     let samples: i64 = burner.iter().map(|(_, v)| v[0]).sum();
-    assert!(samples > 100, "{samples} samples of the burner");
+    // 500 on a quiet machine; 55 where three builds shared its two cores. A few dozen
+    // make the share below a measure; fewer would say the sampler stopped.
+    assert!(samples > 20, "{samples} samples of the burner");
     let unwound: i64 = burner
         .iter()
         .filter(|(frames, _)| {

@@ -433,7 +433,9 @@ async fn a_profile_at_another_frequency_gets_its_window_and_the_recorder_yields_
     let other = decode(&other.bytes().await.unwrap());
     assert_eq!(other.period, 20_000_000, "its own 50 Hz session");
     assert!(seconds(&other) >= 3.0);
-    assert!(total(&other, 0) > 50, "{} samples", total(&other, 0));
+    // 150 on a quiet machine, 38 where three builds shared its two cores: sampled, at its
+    // own frequency.
+    assert!(total(&other, 0) > 10, "{} samples", total(&other, 0));
     let (_, other_end) = profile_window(&other);
     wait_for_recording_after(&child, other_end).await;
     // The gap shows in what the recorder says it covers.

@@ -106,6 +106,32 @@ impl Timeline {
         };
         at(end).saturating_sub(at(start))
     }
+
+    /// The least CPU the thread used in any `span` of the client's clock between `start`
+    /// and `end`: wherever a window of that length lay inside them, the thread used at
+    /// least this in it. (The CPU over a span, read as `cpu_within` reads it, changes
+    /// only where a reading enters or leaves the span, so those starts are the ones to
+    /// try.)
+    fn least_in_any(&self, span: Duration, start: SystemTime, end: SystemTime) -> Duration {
+        let Some(last_start) = end.checked_sub(span).filter(|last| *last >= start) else {
+            return Duration::ZERO;
+        };
+        let points = self.0.lock().unwrap();
+        // The readings are in time order: one thread takes them.
+        let at = |moment: SystemTime| match points.partition_point(|(time, _)| *time <= moment) {
+            0 => Duration::ZERO,
+            after => points[after - 1].1,
+        };
+        points
+            .iter()
+            .flat_map(|(time, _)| [Some(*time), time.checked_sub(span)])
+            .flatten()
+            .chain([start, last_start])
+            .filter(|from| (start..=last_start).contains(from))
+            .map(|from| at(from + span).saturating_sub(at(from)))
+            .min()
+            .unwrap_or(Duration::ZERO)
+    }
 }
 
 #[tokio::test]
@@ -160,7 +186,9 @@ async fn a_library_loaded_during_a_session_is_unwound_and_its_dlclose_unloads_it
         .filter(|(frames, _)| frames.iter().any(|f| f.contains("krabka_calls_into_zlib")))
         .map(|(_, v)| v[0])
         .sum();
-    assert!(samples > 50, "{samples} samples in libz's crc32");
+    // 500 on a quiet machine, a tenth of that where the burner gets a tenth of a core:
+    // a few dozen make the share below a measure.
+    assert!(samples > 20, "{samples} samples in libz's crc32");
     assert!(
         under_caller as f64 >= samples as f64 * 0.9,
         "{under_caller} of {samples} libz samples under their Rust caller: {:?}",
@@ -261,14 +289,14 @@ async fn every_thread_has_a_timer_after_twelve_thousand_came_and_went() {
         })
         .map(|(_, v)| v[1])
         .sum();
-    // The profile's window lies within the client's request; the thread's CPU over the
-    // request is the most it can have.
+    // The profile's window lies within the client's request: the thread's CPU over the
+    // request is the most it can have, and the least it used in any 2 s of the request
+    // (less a tick's worth for the window's edges) the least. Where the server answers
+    // late on a busy machine, the request is much longer than its window, and only the
+    // latter bound holds (CPU over the request's middle did not, by 25 %).
     let used = timeline.cpu_within(sent, received).as_nanos() as f64;
     let within = timeline
-        .cpu_within(
-            sent + Duration::from_millis(200),
-            received - Duration::from_millis(200),
-        )
+        .least_in_any(Duration::from_millis(1_900), sent, received)
         .as_nanos() as f64;
     assert!(
         sampled as f64 <= used * 1.15 && sampled as f64 >= within * 0.85,
