@@ -379,13 +379,16 @@ async fn the_profile_has_one_sample_per_distinct_stack_and_go_tool_pprof_reads_i
                 stacks[index].0
             );
         }
-        assert!(
-            comments(&profile)
-                .iter()
-                .any(|c| c.starts_with("krabka-pprof thread dump: ")),
-            "{:?}",
-            comments(&profile)
-        );
+        let note = comments(&profile)
+            .into_iter()
+            .find(|c| c.starts_with("krabka-pprof thread dump: "))
+            .unwrap_or_else(|| panic!("{:?}", comments(&profile)));
+        // The burner runs: it cannot be read asleep, so at least it was signalled.
+        let signalled: usize = note
+            .rsplit_once(", ")
+            .and_then(|(_, tail)| tail.strip_suffix(" signalled")?.parse().ok())
+            .unwrap_or_else(|| panic!("the count of threads signalled in {note:?}"));
+        assert!(signalled >= 1, "{note}");
         let top = go_pprof(&["-top", "-nodecount=1000"], &body);
         assert!(top.contains("Type: threads"), "{top}");
         let traces = go_pprof(&["-traces"], &body);
