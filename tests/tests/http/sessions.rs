@@ -290,8 +290,8 @@ async fn every_thread_has_a_timer_after_twelve_thousand_came_and_went() {
         .map(|(_, v)| v[1])
         .sum();
     // The profile's window lies within the client's request: the thread's CPU over the
-    // request is the most it can have, and the least it used in any 2 s of the request
-    // (less a tick's worth for the window's edges) the least. Where the server answers
+    // request is the most it can have, and the least it used in any 1.9 s of the request
+    // (the 2 s window less a margin for its edges) the least. Where the server answers
     // late on a busy machine, the request is much longer than its window, and only the
     // latter bound holds (CPU over the request's middle did not, by 25 %).
     let used = timeline.cpu_within(sent, received).as_nanos() as f64;

@@ -411,7 +411,7 @@ async fn short_lived_threads_are_counted() {
         "{spawned} threads; short-lived work {short:.0} ns in the profile, {truth:.0} ns measured \
          over the whole run; all {all:.0} ns of {cpu_used:?}"
     );
-    // A quiet machine spawns 400 in the window and CI's busy one 300: a hundred, each
+    // A quiet machine spawns 400 over the request and CI's busy one 300: a hundred, each
     // shorter than the 10 ms sampling period, is what makes the case; the rate itself is
     // the machine's, not the profiler's, so it is not judged here.
     assert!(
