@@ -97,14 +97,7 @@ impl Timeline {
 
     fn cpu_within(&self, start: SystemTime, end: SystemTime) -> Duration {
         let points = self.0.lock().unwrap();
-        let at = |moment: SystemTime| {
-            points
-                .iter()
-                .rev()
-                .find(|(time, _)| *time <= moment)
-                .map_or(Duration::ZERO, |(_, cpu)| *cpu)
-        };
-        at(end).saturating_sub(at(start))
+        cpu_at(&points, end).saturating_sub(cpu_at(&points, start))
     }
 
     /// The least CPU the thread used in any `span` of the client's clock between `start`
@@ -117,11 +110,7 @@ impl Timeline {
             return Duration::ZERO;
         };
         let points = self.0.lock().unwrap();
-        // The readings are in time order: one thread takes them.
-        let at = |moment: SystemTime| match points.partition_point(|(time, _)| *time <= moment) {
-            0 => Duration::ZERO,
-            after => points[after - 1].1,
-        };
+        let at = |moment: SystemTime| cpu_at(&points, moment);
         points
             .iter()
             .flat_map(|(time, _)| [Some(*time), time.checked_sub(span)])
@@ -131,6 +120,15 @@ impl Timeline {
             .map(|from| at(from + span).saturating_sub(at(from)))
             .min()
             .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// The thread's CPU at its last reading at or before `moment` (none: zero). The
+/// readings are in time order: the thread takes them one after another.
+fn cpu_at(points: &[(SystemTime, Duration)], moment: SystemTime) -> Duration {
+    match points.partition_point(|(time, _)| *time <= moment) {
+        0 => Duration::ZERO,
+        after => points[after - 1].1,
     }
 }
 
