@@ -546,6 +546,11 @@ impl Sampler {
         if !handler::is_ours() {
             self.handler_replaced.store(true, Ordering::Relaxed);
             registry.disarm();
+            // The process-wide timer too: its signals would go on reaching the other
+            // handler at the session's rate, on whichever thread burns CPU.
+            if let Some(backstop) = &self.backstop {
+                backstop.disarm();
+            }
             state.stopped = true;
             return;
         }

@@ -308,6 +308,15 @@ impl Backstop {
     }
 }
 
+impl Backstop {
+    /// Stops it signalling (another handler replaced ours); deleting it is left to `drop`.
+    pub(crate) fn disarm(&self) {
+        if self.pid == std::process::id() {
+            settime(self.timer, 0, 0);
+        }
+    }
+}
+
 impl Drop for Backstop {
     fn drop(&mut self) {
         if self.pid == std::process::id() {

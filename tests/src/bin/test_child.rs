@@ -10,8 +10,10 @@
 //! guard admitting `X-Internal: yes` too, `serve-token-guard`), or a
 //! CPU-profiling app with a busy thread, logging to stderr (`serve-cpu`; with
 //! `KRABKA_TEST_SECCOMP=eperm|kill` it first installs a seccomp filter against
-//! `process_vm_readv`, with `KRABKA_TEST_FOREIGN_HANDLER=1` another `SIGPROF` handler, and
-//! `GET /replace-handler` installs one during a profile). `exec-during-profile` calls
+//! `process_vm_readv`, with `KRABKA_TEST_FOREIGN_HANDLER=1` another `SIGPROF` handler,
+//! with `KRABKA_TEST_FOREIGN_URG_HANDLER=1` another `SIGURG` handler; `GET
+//! /replace-handler` installs a `SIGPROF` one during a profile and `GET /foreign-seen`
+//! says how many signals it has had). `exec-during-profile` calls
 //! `exec` while its own profile runs; `fork-profile` forks while its own profile runs and
 //! has the child profile itself; `spin` burns CPU and says it survived. With
 //! `KRABKA_TEST_THREAD_SECCOMP=1`, `serve-cpu`'s busy thread installs a seccomp filter of
@@ -170,21 +172,26 @@ fn token_guard_app() -> Router {
 
 #[pprof_routes(cpu_max = "10s")]
 fn cpu_app() -> Router {
-    Router::new().route(
-        "/replace-handler",
-        get(|| async {
-            // Once the profile has had 300 ms of CPU to sample (30 samples at 99 Hz).
-            let start = krabka_pprof_tests::process_cpu_time();
-            let limit = Instant::now() + Duration::from_secs(5);
-            while krabka_pprof_tests::process_cpu_time() - start < Duration::from_millis(300)
-                && Instant::now() < limit
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            install_foreign_handler();
-            "replaced"
-        }),
-    )
+    Router::new()
+        .route(
+            "/replace-handler",
+            get(|| async {
+                // Once the profile has had 300 ms of CPU to sample (30 samples at 99 Hz).
+                let start = krabka_pprof_tests::process_cpu_time();
+                let limit = Instant::now() + Duration::from_secs(5);
+                while krabka_pprof_tests::process_cpu_time() - start < Duration::from_millis(300)
+                    && Instant::now() < limit
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                install_foreign_handler();
+                "replaced"
+            }),
+        )
+        .route(
+            "/foreign-seen",
+            get(|| async { FOREIGN_SEEN.load(Ordering::Relaxed).to_string() }),
+        )
 }
 
 #[pprof_routes(recent = "10m", cpu_max = "10s")]
@@ -265,16 +272,18 @@ extern "C" fn foreign_handler(_: libc::c_int) {
 /// this process's socket calls with `EINTR`, a fault of the other handler, not the
 /// sampler's.
 fn install_foreign_handler() {
+    install_foreign_handler_for(libc::SIGPROF);
+}
+
+/// Installs the counting handler of [`install_foreign_handler`] for `signal`.
+fn install_foreign_handler_for(signal: libc::c_int) {
     // SAFETY: a fully initialised sigaction whose handler only touches an atomic.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = foreign_handler as *const () as usize;
         action.sa_flags = libc::SA_RESTART;
         libc::sigemptyset(&mut action.sa_mask);
-        assert_eq!(
-            libc::sigaction(libc::SIGPROF, &action, std::ptr::null_mut()),
-            0
-        );
+        assert_eq!(libc::sigaction(signal, &action, std::ptr::null_mut()), 0);
     }
 }
 
@@ -833,6 +842,11 @@ fn main() {
             }
             if std::env::var_os("KRABKA_TEST_FOREIGN_HANDLER").is_some() {
                 install_foreign_handler();
+            }
+            // A Go runtime linked in, or a library watching sockets' urgent data: a
+            // `SIGURG` handler, the signal thread dumps ask with.
+            if std::env::var_os("KRABKA_TEST_FOREIGN_URG_HANDLER").is_some() {
+                install_foreign_handler_for(libc::SIGURG);
             }
             tracing_subscriber::fmt()
                 .with_max_level(tracing::Level::INFO)

@@ -5,15 +5,64 @@
 //! process (`test_child`), since each changes what the whole process can do. Each child
 //! burns CPU, so each test holds `serial()`, as the burners of this process's tests do.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use krabka_pprof_tests::{
-    ChildServer, client, comments, decode, run_child, serial, serial_blocking, stacks, total,
+    ChildServer, client, comments, decode, run_child, serial, serial_blocking, skip, stacks, total,
     wait_for_timers,
 };
 use reqwest::StatusCode;
 
 const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
+
+/// Process `pid`'s CPU time, by the kernel's clock for it.
+fn cpu_of(pid: u32) -> Duration {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: both calls only write into the values passed.
+    let time = unsafe {
+        assert_eq!(libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock), 0);
+        let mut time: libc::timespec = std::mem::zeroed();
+        assert_eq!(libc::clock_gettime(clock, &mut time), 0);
+        time
+    };
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
+}
+
+/// Reads the child's `/foreign-seen` (the signals its other `SIGPROF` handler has had)
+/// every 20 ms, for 3 s at most, until it has not changed for `span` by the client's
+/// clock; then the CPU the child used over that flat span. `None` if it never stood
+/// still that long.
+async fn flat_for(child: &ChildServer, span: Duration) -> Option<Duration> {
+    let http = client();
+    let url = child.url("/foreign-seen");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    // Since when the count has had its present value, and the child's CPU then.
+    let mut since: Option<(u64, Instant, Duration)> = None;
+    while Instant::now() < deadline {
+        let cpu = cpu_of(child.pid());
+        let seen: u64 = http
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        let now = Instant::now();
+        match since {
+            Some((value, at, cpu_then)) if value == seen => {
+                if now - at >= span {
+                    return Some(cpu_of(child.pid()).saturating_sub(cpu_then));
+                }
+            }
+            _ => since = Some((seen, now, cpu)),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
 
 #[test]
 fn a_program_execd_during_a_profile_runs() {
@@ -191,10 +240,11 @@ async fn another_sigprof_handler_is_not_replaced() {
 }
 
 #[tokio::test]
-async fn a_handler_replaced_during_the_window_is_reported() {
+async fn a_handler_replaced_during_the_window_is_reported_and_its_signals_stop() {
     let _serial = serial().await;
     let mut child = ChildServer::start_logged(CHILD, "serve-cpu", &[]);
-    let url = child.url("/debug/pprof/profile?seconds=3");
+    // Long enough that the other handler's count can be watched going flat inside it.
+    let url = child.url("/debug/pprof/profile?seconds=8");
     let running = tokio::spawn(async move { client().get(url).send().await });
     let pid = child.pid();
     assert!(
@@ -209,6 +259,30 @@ async fn a_handler_replaced_during_the_window_is_reported() {
         .await
         .unwrap();
     assert_eq!(replaced.status(), StatusCode::OK);
+    // Counting stops: at its next drain the sampler sees another handler in its place
+    // and disarms its timers, so the other handler's count goes flat while the window is
+    // still open, and stays flat as the busy thread burns on (were the timers left
+    // running, it would grow by one a period of that thread's CPU).
+    let flat = flat_for(&child, Duration::from_millis(500)).await;
+    assert!(
+        !running.is_finished(),
+        "the count was watched inside the 8 s window"
+    );
+    match flat {
+        Some(burned) if burned >= Duration::from_millis(100) => {}
+        Some(burned) => skip(
+            "a_handler_replaced_during_the_window_is_reported_and_its_signals_stop: signals \
+             stop",
+            &format!(
+                "the child used only {burned:?} of CPU while the count was flat (the machine \
+                 is busy with other work): too little for the timers to have signalled"
+            ),
+        ),
+        None => panic!(
+            "the other handler kept getting the sampler's signals 3 s after it replaced the \
+             sampler's: the timers were not disarmed"
+        ),
+    }
     let response = running.await.unwrap().unwrap_or_else(|err| {
         panic!(
             "the profile request failed ({err}); the child is {}; its log:\n{}",
