@@ -3,8 +3,9 @@
 //! cannot take a signal (one is read while it sleeps; the other, in code without unwind
 //! tables, cannot be, and makes a dump wait its deadline: twenty dumps at once, one
 //! runs, the others are refused at once; a client that hangs up frees the dump at once), threads with seccomp filters of their
-//! own that kill the process for the system calls a dump's handler used to make, and
-//! programs `exec`'d while dumps are taken.
+//! own that kill the process for the system calls a dump's handler used to make,
+//! programs `exec`'d while dumps are taken, and another `SIGURG` handler (a dump is then
+//! a 503, and that handler stays).
 
 use std::time::{Duration, Instant};
 
@@ -219,6 +220,66 @@ async fn threads_with_their_own_seccomp_filter_are_dumped_and_the_process_lives(
         }
     }
     assert!(child.is_running(), "the filters killed the process");
+}
+
+#[tokio::test]
+async fn beside_another_sigurg_handler_a_dump_is_a_503_and_the_rest_works() {
+    let _serial = krabka_pprof_tests::serial().await;
+    let mut child = ChildServer::start(
+        CHILD,
+        "serve-cpu",
+        &[("KRABKA_TEST_FOREIGN_URG_HANDLER", Some("1"))],
+    );
+    let http = client();
+    for route in ["/debug/pprof/threads", "/debug/pprof/goroutine?debug=2"] {
+        let response = http.get(child.url(route)).send().await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{route} beside another SIGURG handler"
+        );
+        let text = response.text().await.unwrap();
+        assert!(
+            text.contains("another SIGURG handler is installed") && text.contains("remove it"),
+            "{route}: the 503 says why and what to do: {text}"
+        );
+    }
+    // CPU profiles ask with SIGPROF (the dump's signal only blocked in their handler).
+    let response = http
+        .get(child.url("/debug/pprof/profile?seconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "a CPU profile beside it");
+    krabka_pprof_tests::decode(&response.bytes().await.unwrap());
+    // The other handler is still the one installed: a SIGURG sent to the child reaches it
+    // (its count, which only it raises, grows; 10 s at most).
+    let seen = || async {
+        http.get(child.url("/foreign-seen"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let before = seen().await;
+    // SAFETY: a signal to our own child, whose SIGURG handler only counts.
+    assert_eq!(
+        unsafe { libc::kill(child.pid() as libc::pid_t, libc::SIGURG) },
+        0
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen().await == before {
+        assert!(
+            Instant::now() < deadline,
+            "the child's own SIGURG handler no longer sees the signal"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(child.is_running());
 }
 
 #[test]
