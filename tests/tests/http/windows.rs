@@ -293,6 +293,59 @@ async fn another_frequency_gets_409_and_the_same_frequency_joins() {
 }
 
 #[tokio::test]
+async fn force_where_the_request_can_join_joins_and_stops_nothing() {
+    let _serial = serial().await;
+    if krabka_sampler_only(
+        "force_where_the_request_can_join_joins_and_stops_nothing",
+        "serves one request at a time: a forced request always stops the running one \
+         (control.rs tests its force)",
+    ) {
+        return;
+    }
+    let log = ServerLog::new();
+    let server = TestServer::start_with(
+        Options {
+            log: Some(log.clone()),
+            ..Options::default()
+        },
+        app,
+    );
+    let running = profile_after(&server, "seconds=3", Duration::ZERO);
+    let forced = async {
+        wait_for_windows(&server, 1).await;
+        profile_after(&server, "seconds=1&force=true", Duration::ZERO).await
+    };
+    let (running, forced) = tokio::join!(running, forced);
+    // The running window ran its whole 3 s and shared the sampler with the forced one,
+    // which started when its request was sent: it joined, at the running frequency.
+    let (running_start, _) = running.window("the running window");
+    let (forced_start, _) = forced.window("the forced window");
+    assert!(forced_start > running_start);
+    assert!(
+        running.profile.duration_nanos >= 3_000_000_000,
+        "the running window was cut to {} ns by a force that could join",
+        running.profile.duration_nanos
+    );
+    assert!(
+        shared(&running.profile) && shared(&forced.profile),
+        "both windows say they shared the sampler: {:?} {:?}",
+        comments(&running.profile),
+        comments(&forced.profile)
+    );
+    assert_eq!(forced.profile.period, running.profile.period);
+    // The server says when a force closes windows early: it never did.
+    let closing: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|line| line.contains("force=true: closing"))
+        .collect();
+    assert!(
+        closing.is_empty(),
+        "a force that could join closed: {closing:?}"
+    );
+}
+
+#[tokio::test]
 async fn force_at_another_frequency_closes_every_window_early_and_takes_over() {
     let _serial = serial().await;
     if krabka_sampler_only(
