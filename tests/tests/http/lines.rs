@@ -292,13 +292,28 @@ async fn the_thread_dump_and_bad_values_follow_the_same_rules() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let profile = decode(&response.bytes().await.unwrap());
+    // Addresses in mappings, which `go tool pprof` symbolizes: not an empty dump, nor
+    // one whose frames no mapping holds (that would pass the checks below vacuously).
+    let mapped = profile
+        .location
+        .iter()
+        .filter(|l| l.mapping_id != 0)
+        .count();
+    assert!(
+        mapped > 0 && !profile.mapping.is_empty(),
+        "{mapped} of {} locations in {} mappings: a dump without names must still say \
+         where each address lies",
+        profile.location.len(),
+        profile.mapping.len()
+    );
     assert!(
         profile
             .location
             .iter()
-            .filter(|l| l.mapping_id != 0)
-            .all(|l| l.line.is_empty() && l.address != 0)
+            .all(|l| l.line.is_empty() && (l.mapping_id == 0 || l.address != 0)),
+        "symbolize=none: no location names a function"
     );
+    assert!(profile.function.is_empty());
     assert!(profile.mapping.iter().all(|m| !m.has_functions));
 
     for (query, says) in [
