@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use krabka_pprof_tests::{
-    client, column, comments, decode, default_sample_type, go_pprof, raw_request, sample_types,
-    stacks, stacks_by_address, string,
+    assert_window_inside, client, column, comments, decode, default_sample_type, go_pprof,
+    raw_request, sample_types, stacks, stacks_by_address, string,
 };
 use reqwest::StatusCode;
 
@@ -176,8 +176,10 @@ async fn heap_seconds_is_what_was_allocated_during_the_window_and_what_is_in_use
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
         let sent = Instant::now();
+        let sent_at = SystemTime::now();
         let (profile, _) = child.profile("/debug/pprof/heap?seconds=3").await;
         let took = sent.elapsed();
+        let received_at = SystemTime::now();
         polling.store(false, std::sync::atomic::Ordering::Relaxed);
         let readings = readings.await.unwrap();
 
@@ -188,7 +190,9 @@ async fn heap_seconds_is_what_was_allocated_during_the_window_and_what_is_in_use
             duration >= Duration::from_secs(3) && duration <= took,
             "{build:?}: a window of {duration:?}, answered in {took:?}"
         );
-        let start = SystemTime::UNIX_EPOCH + Duration::from_nanos(profile.time_nanos as u64);
+        // The window by the client's clock, not the profile's word alone: the churn is
+        // read between these times.
+        let (start, _) = assert_window_inside(&profile, sent_at, received_at, "heap?seconds=3");
         let truth = count_at(&readings, start + duration) - count_at(&readings, start);
         let (churn_alloc, churn_inuse) = site(&profile, CHURN);
         assert!(
