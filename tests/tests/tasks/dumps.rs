@@ -129,10 +129,12 @@ async fn parked_tasks_are_found_where_they_wait_grouped_largest_first() {
 async fn a_worker_stuck_in_a_poll_is_named_and_tokio_is_never_asked() {
     let _serial = serial().await;
     let (block, blocked) = oneshot::channel::<()>();
+    let (enter, entered) = oneshot::channel::<()>();
     let server = TestServer::start(move || {
         // One of the two workers polls nothing else for 4 s.
         tokio::spawn(async move {
             if blocked.await.is_ok() {
+                enter.send(()).unwrap();
                 std::thread::sleep(Duration::from_secs(4));
             }
         });
@@ -141,7 +143,9 @@ async fn a_worker_stuck_in_a_poll_is_named_and_tokio_is_never_asked() {
     let http = client();
     let url = server.url("/debug/pprof/tasks");
     block.send(()).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // From here on the worker is inside that poll (for 4 s): the route's 250 ms look at
+    // the workers, started after this, sees it there throughout.
+    entered.await.unwrap();
 
     let asked = Instant::now();
     let refused = http.get(&url).send().await.unwrap();
