@@ -267,10 +267,8 @@ async fn beside_another_sigurg_handler_a_dump_is_a_503_and_the_rest_works() {
     };
     let before = seen().await;
     // SAFETY: a signal to our own child, whose SIGURG handler only counts.
-    assert_eq!(
-        unsafe { libc::kill(child.pid() as libc::pid_t, libc::SIGURG) },
-        0
-    );
+    let sent = unsafe { libc::kill(child.pid() as libc::pid_t, libc::SIGURG) };
+    assert_eq!(sent, 0, "kill(SIGURG): {}", std::io::Error::last_os_error());
     let deadline = Instant::now() + Duration::from_secs(10);
     while seen().await == before {
         assert!(
