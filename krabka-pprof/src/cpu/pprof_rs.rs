@@ -136,8 +136,8 @@ fn report_profile(report: &Report, frequency: u32) -> Profile {
             continue;
         }
         samples += count;
-        let mut stack: Vec<Frame> = frames
-            .frames
+        let handler = handler_frames(&frames.frames);
+        let mut stack: Vec<Frame> = frames.frames[handler..]
             .iter()
             .map(|symbols| {
                 Frame::Symbolized(
@@ -192,6 +192,44 @@ fn report_profile(report: &Report, frequency: u32) -> Profile {
     )
 }
 
+/// How deep into a stack (from its leaf) the `pprof` crate's handler frames may lie.
+const HANDLER_DEPTH: usize = 16;
+
+/// How many of a stack's leaf frames are the `pprof` crate's signal handler at work. The
+/// crate unwinds from inside its handler (with the `backtrace` crate, from the handler's
+/// own frame, not the interrupted context) and removes only the handler's frame and the
+/// signal trampoline: the `backtrace` crate's tracing frames and the crate's `Trace` impl
+/// stay at the leaf of every sample, where `go tool pprof -top` would put all the flat
+/// time. The frames up to the last of those within [`HANDLER_DEPTH`] go.
+fn handler_frames(frames: &[Vec<pprof::Symbol>]) -> usize {
+    frames
+        .iter()
+        .take(HANDLER_DEPTH)
+        .rposition(|symbols| {
+            symbols.iter().any(|symbol| {
+                let file = symbol
+                    .filename
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""));
+                is_handler_code(&symbol.name(), &file.to_string_lossy())
+            })
+        })
+        .map_or(0, |last| last + 1)
+}
+
+/// Whether a function (by its demangled name or its source file) is the `pprof` crate's
+/// or the `backtrace` crate's: code that runs in the crate's handler. Not a name that
+/// merely ends in `pprof` (`krabka_pprof::…`).
+fn is_handler_code(name: &str, file: &str) -> bool {
+    name.starts_with("pprof::")
+        || name.contains("<pprof::")
+        || name.contains("perf_signal_handler")
+        || name.starts_with("backtrace::")
+        || name.contains("<backtrace::")
+        || file.contains("/pprof-0.")
+        || file.contains("/backtrace-0.")
+}
+
 /// What a request holds while the `pprof` crate's sampler (`S`) runs. If the request is dropped (the client hung up), the sampler is stopped and freed
 /// on the blocking pool (stopping deletes timers or restores the signal disposition,
 /// waits for handlers, frees buffers: no work for an async worker), and only then is the
@@ -210,5 +248,65 @@ impl<S: Send + 'static> Drop for Hold<S> {
         }
         // A tuple drops its fields in order: the sampler stops before the lease frees.
         drop_off_the_async_worker((sampler, lease));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn symbol(name: &str, file: &str) -> pprof::Symbol {
+        pprof::Symbol {
+            name: Some(name.as_bytes().to_vec()),
+            addr: None,
+            lineno: Some(1),
+            filename: Some(file.into()),
+        }
+    }
+
+    fn frame(name: &str) -> Vec<pprof::Symbol> {
+        vec![symbol(name, "/app/src/main.rs")]
+    }
+
+    #[test]
+    fn the_handlers_frames_are_cut_from_the_leaf_and_nothing_else() {
+        // As the crate hands a sample over (debug build): `backtrace`'s tracing inlined
+        // into its generic entry point, the crate's `Trace` impl, then the thread.
+        let registry = "/root/.cargo/registry/src/index.crates.io-1/backtrace-0.3.77/src";
+        let sampled = vec![
+            vec![
+                symbol("trace", &format!("{registry}/backtrace/libunwind.rs")),
+                symbol(
+                    "backtrace::backtrace::trace_unsynchronized<pprof::profiler::perf_signal_handler::{closure_env#0}>",
+                    &format!("{registry}/backtrace/mod.rs"),
+                ),
+            ],
+            frame("<pprof::backtrace::backtrace_rs::Trace as pprof::backtrace::Trace>::trace"),
+            frame("core::iter::range::next"),
+            frame("krabka_hot_spin"),
+        ];
+        assert_eq!(
+            handler_frames(&sampled),
+            2,
+            "the thread's own frames start at `next`"
+        );
+        // Only by its file (a vendored `backtrace` has another path; its callers' names
+        // still give it away).
+        assert_eq!(handler_frames(&sampled[..1]), 1);
+        assert_eq!(
+            handler_frames(&[vec![symbol("trace", "/vendor/backtrace/src/x.rs")]]),
+            0
+        );
+        // This crate's own code is not the pprof crate's.
+        let ours = vec![
+            frame("krabka_pprof::sampler::drain"),
+            frame("krabka_pprof::cpu::pprof_rs::render"),
+        ];
+        assert_eq!(handler_frames(&ours), 0);
+        // A frame of the crate's deep in the stack is the application's use of it.
+        let mut deep: Vec<_> = (0..HANDLER_DEPTH).map(|_| frame("app::work")).collect();
+        deep.push(frame("pprof::report::ReportBuilder::build"));
+        assert_eq!(handler_frames(&deep), 0);
+        assert_eq!(handler_frames(&[]), 0);
     }
 }

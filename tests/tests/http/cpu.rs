@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, SAMPLER_VAR, TestServer, client, comments, decode, go_pprof_top, pprof_rs_sampler,
-    profile_window, sample_types, serial, string, total, total_in,
+    Burner, Profile, SAMPLER_VAR, TestServer, client, comments, decode, go_pprof_top,
+    pprof_rs_sampler, profile_window, sample_types, serial, string, total, total_in,
 };
 use reqwest::StatusCode;
 
@@ -20,6 +20,46 @@ fn app() -> Router {
 #[pprof_routes(cpu_max = "2s", cpu_default = "1s")]
 fn short_app() -> Router {
     Router::new()
+}
+
+/// Whether a function (by its name or its source file) is the `pprof` crate's or the
+/// `backtrace` crate's, whose code runs in the `pprof` crate's signal handler.
+fn is_handler_code(name: &str, file: &str) -> bool {
+    name.starts_with("pprof::")
+        || name.contains("<pprof::")
+        || name.contains("perf_signal_handler")
+        || name.starts_with("backtrace::")
+        || file.contains("/pprof-0.")
+        || file.contains("/backtrace-0.")
+}
+
+/// The leaf functions (name and file) of the samples whose leaf location holds the
+/// sampler's handler code.
+fn samples_whose_leaf_is_the_samplers_handler(profile: &Profile) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for sample in &profile.sample {
+        let Some(leaf) = sample.location_id.first() else {
+            continue;
+        };
+        let location = profile.location.iter().find(|l| l.id == *leaf).unwrap();
+        for line in &location.line {
+            let function = profile
+                .function
+                .iter()
+                .find(|f| f.id == line.function_id)
+                .unwrap();
+            let (name, file) = (
+                string(profile, function.name),
+                string(profile, function.filename),
+            );
+            if is_handler_code(name, file) {
+                found.push((name.to_owned(), file.to_owned()));
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
 }
 
 #[tokio::test]
@@ -47,6 +87,12 @@ async fn profile_is_gzipped_pprof_with_the_hot_function() {
     );
     let body = response.bytes().await.unwrap();
     let profile = decode(&body);
+    let handler_leaves = samples_whose_leaf_is_the_samplers_handler(&profile);
+    assert!(
+        handler_leaves.is_empty(),
+        "a sample's leaf is where its thread was interrupted, not the sampler's own \
+         handler unwinding it: {handler_leaves:?}"
+    );
 
     assert_eq!(
         sample_types(&profile),
