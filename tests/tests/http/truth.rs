@@ -509,14 +509,34 @@ async fn a_stack_deeper_than_recorded_ends_in_truncated() {
             .unwrap();
         string(&profile, function.name).to_owned()
     };
+    // The handler's account of its own work agrees with the profile: the mean depth its
+    // comment gives is the samples' mean number of frames (locations, less the
+    // `[truncated]` marker), within 15 % (the recursion's 128 dominate).
+    let (mut frames, mut unwound) = (0.0, 0.0);
     for sample in &profile.sample {
         let names: Vec<String> = sample.location_id.iter().map(|id| name_of(*id)).collect();
-        if names.iter().any(|n| n.contains("krabka_deep_recursion"))
-            && names.last().is_some_and(|f| f == "[truncated]")
-        {
+        let marked = names.last().is_some_and(|f| f == "[truncated]");
+        if names.iter().any(|n| n.contains("krabka_deep_recursion")) && marked {
             assert_eq!(names.len(), 129, "128 frames and the marker");
         }
+        let count = sample.value[0] as f64;
+        frames += count * (names.len() - usize::from(marked)) as f64;
+        unwound += count;
     }
+    let said: f64 = comments(&profile)
+        .iter()
+        .find_map(|c| {
+            let (before, _) = c
+                .strip_prefix("signal handler:")?
+                .split_once(" frames on average")?;
+            before.rsplit(", ").next()?.parse().ok()
+        })
+        .expect("the handler's comment gives its mean depth");
+    let mean = frames / unwound;
+    assert!(
+        (said - mean).abs() <= mean * 0.15,
+        "the comment says {said} frames on average; the profile's samples have {mean:.1}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
