@@ -827,7 +827,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn rotated_windows_follow_one_another_without_a_gap() {
+    fn rotated_windows_follow_one_another_without_a_gap_and_a_forgotten_one_gathers_nothing() {
         let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
         let stop = Arc::new(AtomicBool::new(false));
         // The spinner's own CPU clock (the kernel's), in nanoseconds: each slice is cut
@@ -868,6 +868,9 @@ pub(crate) mod tests {
             }
         };
         let sampler = Sampler::start(1000, &[]).expect("a sampler");
+        // A window whose client hung up at once: forgotten, it gathers nothing more.
+        let forgotten = sampler.open_window(99);
+        sampler.forget_window(99);
         let first = sampler.open_window(1);
         let opened = first.started_at;
         let mut start = first;
@@ -889,6 +892,7 @@ pub(crate) mod tests {
             start = following;
         }
         let last = sampler.close_window(start);
+        let after_forgetting = sampler.close_window(forgotten);
         stop.store(true, Ordering::Relaxed);
         spinner.join().unwrap();
         drop(sampler);
@@ -899,6 +903,11 @@ pub(crate) mod tests {
             let samples: u64 = slice.stacks.values().map(|t| t.samples).sum();
             assert!(samples >= 2, "slice {i} has {samples} samples");
         }
+        assert!(
+            after_forgetting.stacks.is_empty(),
+            "a forgotten window gathered {} stacks",
+            after_forgetting.stacks.len()
+        );
     }
 
     #[test]
