@@ -269,6 +269,38 @@ mod tests {
     }
 
     #[test]
+    fn handler_code_is_known_by_each_of_its_marks_alone() {
+        let app = "/app/src/main.rs";
+        for (name, file) in [
+            ("pprof::profiler::Profiler::sample", app),
+            (
+                "<pprof::backtrace::backtrace_rs::Trace as Trace>::trace",
+                app,
+            ),
+            ("perf_signal_handler", app),
+            ("backtrace::backtrace::trace_unsynchronized", app),
+            ("<backtrace::Frame as Clone>::clone", app),
+            ("trace", "/registry/pprof-0.15.0/src/profiler.rs"),
+            (
+                "trace",
+                "/registry/backtrace-0.3.77/src/backtrace/libunwind.rs",
+            ),
+        ] {
+            assert!(is_handler_code(name, file), "{name} in {file}");
+        }
+        for (name, file) in [
+            (
+                "krabka_pprof::cpu::pprof_rs::render",
+                "/work/krabka-pprof/src/cpu/pprof_rs.rs",
+            ),
+            ("app::pprof_view", app),
+            ("trace", app),
+        ] {
+            assert!(!is_handler_code(name, file), "{name} in {file}");
+        }
+    }
+
+    #[test]
     fn the_handlers_frames_are_cut_from_the_leaf_and_nothing_else() {
         // As the crate hands a sample over (debug build): `backtrace`'s tracing inlined
         // into its generic entry point, the crate's `Trace` impl, then the thread.
