@@ -255,11 +255,7 @@ impl Sampler {
         let period = Duration::from_nanos(1_000_000_000 / u64::from(frequency.max(1)));
 
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-        // A buffer holds a quarter second of the worst case (every CPU sampled at the
-        // full rate with full-depth stacks), 2.5 drain periods: enough that a drain a
-        // little late loses nothing, small enough to stay well under a megabyte at 99 Hz.
-        let per_second = frequency as usize * cpus.min(64) * record_words(MAX_DEPTH);
-        let words = (per_second / 4).clamp(16 * 1024, 1024 * 1024);
+        let words = buffer_words(frequency, cpus);
 
         let alive = list_threads();
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
@@ -613,6 +609,16 @@ impl Sampler {
     }
 }
 
+/// The words of a session's record buffer, for `frequency` Hz on `cpus` CPUs: a quarter
+/// second of the worst case (every CPU sampled at the full rate with full-depth stacks;
+/// more than 64 CPUs count as 64), 2.5 drain periods: enough that a drain a little late
+/// loses nothing, small enough to stay well under a megabyte at 99 Hz; from 16 Ki to
+/// 1 Mi words.
+fn buffer_words(frequency: u32, cpus: usize) -> usize {
+    let per_second = frequency as usize * cpus.min(64) * record_words(MAX_DEPTH);
+    (per_second / 4).clamp(16 * 1024, 1024 * 1024)
+}
+
 /// Gives every thread in `alive` (sorted) a timer and an entry in the session's table, and
 /// forgets the threads that exited; rebuilds the table when tombstones would fill it.
 fn refresh_threads(
@@ -908,6 +914,22 @@ pub(crate) mod tests {
             "a forgotten window gathered {} stacks",
             after_forgetting.stacks.len()
         );
+    }
+
+    #[test]
+    fn a_buffer_holds_a_quarter_second_of_the_worst_case_within_its_bounds() {
+        let record = record_words(MAX_DEPTH);
+        // Inside the bounds: 1000 Hz on 8 CPUs, and 100 Hz on 64.
+        for (frequency, cpus) in [(1000, 8), (100, 64)] {
+            let quarter = frequency * cpus * record / 4;
+            assert!((16 * 1024..1024 * 1024).contains(&quarter), "{quarter}");
+            assert_eq!(buffer_words(frequency as u32, cpus), quarter);
+        }
+        // More CPUs count as 64.
+        assert_eq!(buffer_words(100, 256), buffer_words(100, 64));
+        // 99 Hz on 2 CPUs is under the floor; 10 kHz on 64 over the ceiling (8 MiB).
+        assert_eq!(buffer_words(99, 2), 16 * 1024);
+        assert_eq!(buffer_words(10_000, 64), 1024 * 1024);
     }
 
     #[test]
