@@ -289,10 +289,24 @@ async fn weights_add_up_to_the_cpu_used_at_every_frequency() {
                  {in_burners:.0} ns, their clocks say {burned:.0} ns"
             );
             let process = cpu_used.as_nanos() as f64;
+            // Each thread's CPU counts in whole periods: one that ran part of a period at
+            // either end of the window may be a period over or under. Where the burners
+            // had most of the machine that is well inside 10 %; at 19 Hz (53 ms periods)
+            // on a machine busy with other work, where they had 0.7 s of the 2 s, it is
+            // not, so each thread the profile names is allowed its period.
+            let named: std::collections::HashSet<i64> = profile
+                .sample
+                .iter()
+                .flat_map(|sample| &sample.label)
+                .filter(|label| string(&profile, label.key) == "thread")
+                .map(|label| label.str)
+                .collect();
+            let slack = process * 0.1 + (named.len() + 1) as f64 * profile.period as f64;
             assert!(
-                (all - process).abs() <= process * 0.1,
+                (all - process).abs() <= slack,
                 "{threads} threads at {frequency} Hz: Σ cpu/nanoseconds {all:.0}, the process \
-                 used {process:.0} ns over the window"
+                 used {process:.0} ns over the window ({} threads named, {slack:.0} ns slack)",
+                named.len()
             );
             let says_capped = comments(&profile).iter().any(|c| c.contains("capped"));
             if capped.contains(&frequency) {
