@@ -338,10 +338,15 @@ async fn the_profile_has_one_sample_per_distinct_stack_and_go_tool_pprof_reads_i
     let cast = parked_cast();
     let server = TestServer::start(app);
     for route in ["threads", "goroutine"] {
+        let sent = std::time::SystemTime::now();
         let (status, content_type, body) = get(&server, &format!("/debug/pprof/{route}")).await;
+        let received = std::time::SystemTime::now();
         assert_eq!(status, StatusCode::OK);
         assert_eq!(content_type, "application/octet-stream");
         let profile = decode(&body);
+        // Its time is when the threads were read, by the client's clock around the
+        // request, not the profile's word alone.
+        krabka_pprof_tests::assert_window_inside(&profile, sent, received, route);
         let types: Vec<(&str, &str)> = profile
             .sample_type
             .iter()
