@@ -289,6 +289,36 @@ fn a_stripped_binarys_debug_file_is_found_by_build_id_or_debug_link() {
     std::fs::rename(&debug, bin.join(".debug").join("stripped.debug")).unwrap();
     let loaded = as_if_loaded_from(object, &linked);
     assert_eq!(resolve_with_roots(&loaded, &addresses, &[&root]), want);
+
+    // Beside the binary, where the link is looked for first.
+    std::fs::rename(
+        bin.join(".debug").join("stripped.debug"),
+        bin.join("stripped.debug"),
+    )
+    .unwrap();
+    assert_eq!(
+        resolve_with_roots(&loaded, &addresses, &[&root]),
+        want,
+        "the debug file beside the binary"
+    );
+    // Under a root by the binary's own directory, as `/usr/lib/debug/usr/bin/x.debug`.
+    let dir = std::fs::canonicalize(&bin).unwrap();
+    let under = root.join(dir.strip_prefix("/").unwrap());
+    std::fs::create_dir_all(&under).unwrap();
+    std::fs::rename(bin.join("stripped.debug"), under.join("stripped.debug")).unwrap();
+    assert_eq!(
+        resolve_with_roots(&loaded, &addresses, &[&root]),
+        want,
+        "the debug file under the root by the binary's directory"
+    );
+    // Gone from there too: no lines (each find above was the file where it was put).
+    std::fs::remove_file(under.join("stripped.debug")).unwrap();
+    assert!(
+        resolve_with_roots(&loaded, &addresses, &[&root])
+            .iter()
+            .all(Vec::is_empty),
+        "lines with the debug file gone"
+    );
 }
 
 /// Where distributions install `object`'s debug file under `root`:
