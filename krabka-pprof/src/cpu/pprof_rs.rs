@@ -322,13 +322,14 @@ mod tests {
             2,
             "the thread's own frames start at `next`"
         );
-        // Only by its file (a vendored `backtrace` has another path; its callers' names
-        // still give it away).
-        assert_eq!(handler_frames(&sampled[..1]), 1);
+        // A bare `trace` by its file alone; a vendored `backtrace`'s (another path) only
+        // by its callers' names, as in `sampled`.
+        let bare = |file: &str| vec![symbol("trace", file)];
         assert_eq!(
-            handler_frames(&[vec![symbol("trace", "/vendor/backtrace/src/x.rs")]]),
-            0
+            handler_frames(&[bare(&format!("{registry}/backtrace/libunwind.rs"))]),
+            1
         );
+        assert_eq!(handler_frames(&[bare("/vendor/backtrace/src/x.rs")]), 0);
         // This crate's own code is not the pprof crate's.
         let ours = vec![
             frame("krabka_pprof::sampler::drain"),
