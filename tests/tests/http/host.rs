@@ -264,15 +264,18 @@ async fn a_handler_replaced_during_the_window_is_reported_and_its_signals_stop()
     // still open, and stays flat as the busy thread burns on (were the timers left
     // running, it would grow by one a period of that thread's CPU).
     let flat = flat_for(&child, Duration::from_millis(500)).await;
-    assert!(
-        !running.is_finished(),
-        "the count was watched inside the 8 s window"
-    );
+    let what = "a_handler_replaced_during_the_window_is_reported_and_its_signals_stop: signals \
+                stop";
     match flat {
+        // The session stops with its window: a count flat after that shows nothing.
+        _ if running.is_finished() => skip(
+            what,
+            "the 8 s window ended before the count could be watched inside it (the machine \
+             is busy with other work)",
+        ),
         Some(burned) if burned >= Duration::from_millis(100) => {}
         Some(burned) => skip(
-            "a_handler_replaced_during_the_window_is_reported_and_its_signals_stop: signals \
-             stop",
+            what,
             &format!(
                 "the child used only {burned:?} of CPU while the count was flat (the machine \
                  is busy with other work): too little for the timers to have signalled"
