@@ -338,9 +338,9 @@ async fn the_profile_has_one_sample_per_distinct_stack_and_go_tool_pprof_reads_i
     let cast = parked_cast();
     let server = TestServer::start(app);
     for route in ["threads", "goroutine"] {
-        let sent = std::time::SystemTime::now();
+        let sent = SystemTime::now();
         let (status, content_type, body) = get(&server, &format!("/debug/pprof/{route}")).await;
-        let received = std::time::SystemTime::now();
+        let received = SystemTime::now();
         assert_eq!(status, StatusCode::OK);
         assert_eq!(content_type, "application/octet-stream");
         let profile = decode(&body);
