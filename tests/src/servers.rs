@@ -454,6 +454,18 @@ impl ChildServer {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
+
+    /// The body of `GET path`, as text, as [`TestServer::text`].
+    pub async fn text(&self, path: &str) -> String {
+        client()
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
 }
 
 impl Drop for ChildServer {

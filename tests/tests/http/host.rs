@@ -33,23 +33,12 @@ fn cpu_of(pid: u32) -> Duration {
 /// clock; then the CPU the child used over that flat span. `None` if it never stood
 /// still that long.
 async fn flat_for(child: &ChildServer, span: Duration) -> Option<Duration> {
-    let http = client();
-    let url = child.url("/foreign-seen");
     let deadline = Instant::now() + Duration::from_secs(3);
     // Since when the count has had its present value, and the child's CPU then.
     let mut since: Option<(u64, Instant, Duration)> = None;
     while Instant::now() < deadline {
         let cpu = cpu_of(child.pid());
-        let seen: u64 = http
-            .get(&url)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-            .parse()
-            .unwrap();
+        let seen: u64 = child.text("/foreign-seen").await.parse().unwrap();
         let now = Instant::now();
         match since {
             Some((value, at, cpu_then)) if value == seen => {

@@ -248,26 +248,7 @@ async fn symbolize_none_gives_addresses_and_mappings_that_go_tool_pprof_reads() 
     assert!(!mapping.has_line_numbers);
     assert!(mapping.build_id != 0, "the build ID, to find the binary by");
     assert!(mapping.memory_start < mapping.memory_limit);
-    let code: Vec<_> = profile
-        .location
-        .iter()
-        .filter(|l| l.mapping_id != 0)
-        .collect();
-    assert!(!code.is_empty());
-    for location in &code {
-        assert!(
-            location.address != 0 && location.line.is_empty(),
-            "{location:?}"
-        );
-    }
-    // No function is named after code: what names remain are the profiler's own
-    // markers, which have no address.
-    let names: Vec<&str> = profile
-        .function
-        .iter()
-        .map(|f| string(&profile, f.name))
-        .collect();
-    assert!(names.iter().all(|n| n.starts_with('[')), "{names:?}");
+    assert_addresses_only(&profile, "the CPU profile");
 
     // `go tool pprof` reads it as it is, by address.
     let raw = go_pprof(&["-raw", "-symbolize=none"], &body);
@@ -281,6 +262,39 @@ async fn symbolize_none_gives_addresses_and_mappings_that_go_tool_pprof_reads() 
     assert!(symbolized.contains("lines_hot"), "{symbolized}");
 }
 
+/// What a `symbolize=none` answer holds: addresses in mappings, which `go tool pprof`
+/// symbolizes (some, so that the rest cannot pass vacuously), each with no line; and no
+/// function named after code, only the profiler's own markers (`[…]`: a stack that could
+/// not be read or was cut short, which have no mapping).
+fn assert_addresses_only(profile: &Profile, what: &str) {
+    let mapped: Vec<_> = profile
+        .location
+        .iter()
+        .filter(|l| l.mapping_id != 0)
+        .collect();
+    assert!(
+        !mapped.is_empty(),
+        "{what}: none of {} locations lies in a mapping: without names it must still say \
+         where each address lies",
+        profile.location.len()
+    );
+    for location in &mapped {
+        assert!(
+            location.address != 0 && location.line.is_empty(),
+            "{what}: {location:?}"
+        );
+    }
+    let names: Vec<&str> = profile
+        .function
+        .iter()
+        .map(|f| string(profile, f.name))
+        .collect();
+    assert!(
+        names.iter().all(|n| n.starts_with('[')),
+        "{what} names functions: {names:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_thread_dump_and_bad_values_follow_the_same_rules() {
     let _serial = serial().await;
@@ -292,39 +306,8 @@ async fn the_thread_dump_and_bad_values_follow_the_same_rules() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let profile = decode(&response.bytes().await.unwrap());
-    // Addresses in mappings, which `go tool pprof` symbolizes: not an empty dump, nor
-    // one whose frames no mapping holds (that would pass the checks below vacuously).
-    let mapped = profile
-        .location
-        .iter()
-        .filter(|l| l.mapping_id != 0)
-        .count();
-    assert!(
-        mapped > 0 && !profile.mapping.is_empty(),
-        "{mapped} of {} locations in {} mappings: a dump without names must still say \
-         where each address lies",
-        profile.location.len(),
-        profile.mapping.len()
-    );
-    assert!(
-        profile
-            .location
-            .iter()
-            .filter(|l| l.mapping_id != 0)
-            .all(|l| l.line.is_empty() && l.address != 0),
-        "symbolize=none: no mapped location names a function"
-    );
-    // What no mapping holds is a marker (`[…]`: a thread whose stack could not be read,
-    // a stack cut short), never a function of the code.
-    let functions: Vec<&str> = profile
-        .function
-        .iter()
-        .map(|f| string(&profile, f.name))
-        .collect();
-    assert!(
-        functions.iter().all(|name| name.starts_with('[')),
-        "symbolize=none names functions: {functions:?}"
-    );
+    assert_addresses_only(&profile, "the thread dump");
+    assert!(!profile.mapping.is_empty());
     assert!(profile.mapping.iter().all(|m| !m.has_functions));
 
     for (query, says) in [

@@ -254,17 +254,7 @@ async fn beside_another_sigurg_handler_a_dump_is_a_503_and_the_rest_works() {
     krabka_pprof_tests::decode(&response.bytes().await.unwrap());
     // The other handler is still the one installed: a SIGURG sent to the child reaches it
     // (its count, which only it raises, grows; 10 s at most).
-    let seen = || async {
-        http.get(child.url("/foreign-seen"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-    };
+    let seen = || async { child.text("/foreign-seen").await.parse::<u64>().unwrap() };
     let before = seen().await;
     // SAFETY: a signal to our own child, whose SIGURG handler only counts.
     let sent = unsafe { libc::kill(child.pid() as libc::pid_t, libc::SIGURG) };
