@@ -223,6 +223,11 @@ pub fn comments(profile: &Profile) -> Vec<&str> {
         .collect()
 }
 
+/// Whether one of the profile's comments contains `text`.
+pub fn says(profile: &Profile, text: &str) -> bool {
+    comments(profile).iter().any(|c| c.contains(text))
+}
+
 /// The wall-clock window a profile says it sampled.
 pub fn profile_window(profile: &Profile) -> (SystemTime, SystemTime) {
     let start = SystemTime::UNIX_EPOCH + Duration::from_nanos(profile.time_nanos as u64);

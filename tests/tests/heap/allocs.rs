@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use krabka_pprof_tests::{
     assert_window_inside, client, column, comments, decode, default_sample_type, go_pprof,
-    raw_request, sample_types, stacks, stacks_by_address, string,
+    raw_request, sample_types, says, stacks, stacks_by_address, string,
 };
 use reqwest::StatusCode;
 
@@ -216,9 +216,7 @@ async fn heap_seconds_is_what_was_allocated_during_the_window_and_what_is_in_use
         );
         assert_stacks_start_at_the_allocation_site(&profile, build);
         assert!(
-            comments(&profile)
-                .iter()
-                .any(|c| c.contains("a window of 3 s")),
+            says(&profile, "a window of 3 s"),
             "{:?}",
             comments(&profile)
         );

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use krabka_pprof_tests::{ChildServer, client, column, comments, decode, total_in};
+use krabka_pprof_tests::{ChildServer, client, column, comments, decode, says, total_in};
 use reqwest::StatusCode;
 
 const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
@@ -161,9 +161,7 @@ async fn inactive_sampling_gets_a_timed_window_and_a_second_one_gets_409() {
     );
     assert!(allocated >= 8 << 20, "{allocated} bytes allocated");
     assert!(
-        comments(&profile)
-            .iter()
-            .any(|c| c.contains("sampled during this 2 s window only")),
+        says(&profile, "sampled during this 2 s window only"),
         "{:?}",
         comments(&profile)
     );

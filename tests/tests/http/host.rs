@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use krabka_pprof_tests::{
-    ChildServer, client, comments, decode, run_child, serial, serial_blocking, skip, stacks, total,
-    wait_for_timers,
+    ChildServer, client, comments, decode, run_child, says, serial, serial_blocking, skip, stacks,
+    total, wait_for_timers,
 };
 use reqwest::StatusCode;
 
@@ -290,7 +290,7 @@ async fn a_handler_replaced_during_the_window_is_reported_and_its_signals_stop()
     let profile = decode(&response.bytes().await.unwrap());
     assert!(total(&profile, 0) > 0, "what was sampled before is kept");
     assert!(
-        comments(&profile).iter().any(|c| c.contains("replaced")),
+        says(&profile, "replaced"),
         "the profile says so: {:?}",
         comments(&profile)
     );

@@ -10,7 +10,7 @@ use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
     ChildServer, Profile, TestServer, client, comments, decode, go_pprof_top, profile_window,
-    raw_request, serial, stacks, string, total, total_in, unpooled_client,
+    raw_request, says, serial, stacks, string, total, total_in, unpooled_client,
 };
 use reqwest::StatusCode;
 
@@ -101,10 +101,6 @@ async fn refused(child: &ChildServer, query: &str) -> (StatusCode, String) {
 
 fn seconds(profile: &Profile) -> f64 {
     profile.duration_nanos as f64 / 1e9
-}
-
-fn said(profile: &Profile, text: &str) -> bool {
-    comments(profile).iter().any(|c| c.contains(text))
 }
 
 /// Waits until the recorder has sampled something of the last second and ended a slice
@@ -203,7 +199,7 @@ async fn the_last_seconds_hold_the_late_phase_and_a_minute_the_whole_process() {
         "begins with the process"
     );
     assert!(
-        said(&minute, "the recorder started") && said(&minute, "krabka-pprof recorder:"),
+        says(&minute, "the recorder started") && says(&minute, "krabka-pprof recorder:"),
         "{:?}",
         comments(&minute)
     );
@@ -361,7 +357,7 @@ async fn the_memory_bound_drops_the_oldest_slices() {
     let deadline = spawned + Duration::from_secs(40);
     let dropped = loop {
         let profile = recent(&child, "seconds=600").await;
-        if said(
+        if says(
             &profile,
             "was dropped to stay within recent_memory (256KiB)",
         ) {
@@ -425,7 +421,7 @@ async fn a_profile_at_another_frequency_gets_its_window_and_the_recorder_yields_
     let joined = decode(&joined.bytes().await.unwrap());
     assert_eq!(joined.period, 1_000_000_000 / 99);
     let beside = recent(&child, "seconds=3").await;
-    assert!(!said(&beside, "not sampled"), "{:?}", comments(&beside));
+    assert!(!says(&beside, "not sampled"), "{:?}", comments(&beside));
 
     // At another frequency it gets the sampler: the recorder yields for its window.
     let before = SystemTime::now();
@@ -447,7 +443,7 @@ async fn a_profile_at_another_frequency_gets_its_window_and_the_recorder_yields_
     let span = SystemTime::now().duration_since(before).unwrap();
     let after = recent(&child, &format!("seconds={}", span.as_secs() + 2)).await;
     assert!(
-        said(&after, "yielded the sampler to a profile at 50 Hz"),
+        says(&after, "yielded the sampler to a profile at 50 Hz"),
         "{:?}",
         comments(&after)
     );
@@ -527,7 +523,7 @@ async fn force_beside_the_recorder_and_a_scraper_takes_the_sampler_and_the_recor
     let span = SystemTime::now().duration_since(before).unwrap();
     let after = recent(&child, &format!("seconds={}", span.as_secs() + 2)).await;
     assert!(
-        said(&after, "a profile with force=true took the sampler"),
+        says(&after, "a profile with force=true took the sampler"),
         "{:?}",
         comments(&after)
     );
@@ -567,7 +563,7 @@ async fn clients_that_hang_up_leave_the_recorder_recording() {
         "no window left open, the recorder still sampling: {index}"
     );
     let whole = recent(&child, "seconds=60").await;
-    assert!(!said(&whole, "not sampled"), "{:?}", comments(&whole));
+    assert!(!says(&whole, "not sampled"), "{:?}", comments(&whole));
 }
 
 #[tokio::test]

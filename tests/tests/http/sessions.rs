@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Profile, TestServer, assert_window_inside, client, comments, decode, hot, serial, stacks,
+    Profile, TestServer, assert_window_inside, client, comments, decode, hot, says, serial, stacks,
     thread_cpu_time, total,
 };
 use reqwest::StatusCode;
@@ -205,9 +205,7 @@ async fn a_library_loaded_during_a_session_is_unwound_and_its_dlclose_unloads_it
     assert!(total(&held, 0) > 0);
     // The held window was open when libz came: its profile says the unwinder followed.
     assert!(
-        comments(&held)
-            .iter()
-            .any(|c| c.contains("the unwinder followed them")),
+        says(&held, "the unwinder followed them"),
         "{:?}",
         comments(&held)
     );

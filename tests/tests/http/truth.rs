@@ -17,7 +17,8 @@ use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
     Burner, ProcessCpu, Profile, TestServer, assert_sample_count, assert_split, client, comments,
     cores, decode, hot, just_under_the_tick, kernel_tick_hz, process_cpu_time, profile_window,
-    quiet_cores, serial, skip, stacks, string, thread_cpu_time, total, total_in, wait_for_timers,
+    quiet_cores, says, serial, skip, stacks, string, thread_cpu_time, total, total_in,
+    wait_for_timers,
 };
 use reqwest::StatusCode;
 
@@ -308,7 +309,7 @@ async fn weights_add_up_to_the_cpu_used_at_every_frequency() {
                  used {process:.0} ns over the window ({} threads named, {slack:.0} ns slack)",
                 named.len()
             );
-            let says_capped = comments(&profile).iter().any(|c| c.contains("capped"));
+            let says_capped = says(&profile, "capped");
             if capped.contains(&frequency) {
                 assert!(
                     says_capped,

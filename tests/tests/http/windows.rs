@@ -13,8 +13,8 @@ use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
     Burner, CpuTimeline, Options, Profile, ServerLog, TestServer, assert_sample_count,
-    assert_window_inside, comments, decode, krabka_sampler_only, pprof_rs_sampler, serial, skip,
-    total_in, unpooled_client, with_hold_route,
+    assert_window_inside, comments, decode, krabka_sampler_only, pprof_rs_sampler, says, serial,
+    skip, total_in, unpooled_client, with_hold_route,
 };
 use reqwest::StatusCode;
 
@@ -154,9 +154,7 @@ async fn refused(server: &TestServer, query: &str) -> (u64, String) {
 }
 
 fn shared(profile: &Profile) -> bool {
-    comments(profile)
-        .iter()
-        .any(|c| c.contains("windows shared the sampler"))
+    says(profile, "windows shared the sampler")
 }
 
 #[tokio::test]

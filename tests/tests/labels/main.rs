@@ -12,8 +12,8 @@ use axum::Router;
 use krabka_pprof::labels::{self, LabelsExt};
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Profile, TestServer, client, comments, decode, go_pprof, hot, pprof_rs_sampler, serial, skip,
-    stacks, string, thread_cpu_time,
+    Profile, TestServer, client, comments, decode, go_pprof, hot, pprof_rs_sampler, says, serial,
+    skip, stacks, string, thread_cpu_time,
 };
 use reqwest::StatusCode;
 
@@ -65,9 +65,7 @@ fn labels_not_recorded(profile: &Profile) -> bool {
         return false;
     }
     assert!(
-        comments(profile)
-            .iter()
-            .any(|c| c.contains("labels are not recorded")),
+        says(profile, "labels are not recorded"),
         "{:?}",
         comments(profile)
     );
