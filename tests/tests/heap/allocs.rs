@@ -64,6 +64,8 @@ async fn allocs_counts_what_each_site_allocated_and_what_it_holds() {
         assert!(said.contains("alloc_stacks = 4096"), "{said}");
         // jemalloc's sample period is the one the counts began with: nothing to warn of.
         assert!(!said.contains("sample period changed"), "{said}");
+        // Three sites' stacks fill no table of 4096.
+        assert!(!said.contains("table is full"), "{said}");
 
         let top = go_pprof(
             &["-sample_index=alloc_space", "-top", "-nodecount=1000"],
@@ -217,6 +219,13 @@ async fn heap_seconds_is_what_was_allocated_during_the_window_and_what_is_in_use
         assert_stacks_start_at_the_allocation_site(&profile, build);
         assert!(
             says(&profile, "a window of 3 s"),
+            "{:?}",
+            comments(&profile)
+        );
+        // The retaining site holds memory and allocated nothing in the window: in a
+        // window that is what its counts say, not a stack the counts missed.
+        assert!(
+            !says(&profile, "have no allocation counts of their own"),
             "{:?}",
             comments(&profile)
         );

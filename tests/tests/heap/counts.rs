@@ -67,6 +67,8 @@ async fn prof_accum_from_the_environment_gives_jemallocs_own_counts() {
         assert_eq!(default_sample_type(&profile), "alloc_space");
         let said = comments(&profile).join("\n");
         assert!(said.contains("prof_accum:true"), "{said}");
+        // A few sites' stacks: none beyond those whose counts are held.
+        assert!(!said.contains("stacks beyond the"), "{said}");
         let (churn, _) = site(&profile, CHURN);
         assert!(
             churn >= before as f64 * 0.75 && churn <= after as f64 * 1.25,
