@@ -13,7 +13,8 @@
 //! `process_vm_readv`, with `KRABKA_TEST_FOREIGN_HANDLER=1` another `SIGPROF` handler,
 //! with `KRABKA_TEST_FOREIGN_URG_HANDLER=1` another `SIGURG` handler; `GET
 //! /replace-handler` installs a `SIGPROF` one during a profile and `GET /foreign-seen`
-//! says how many signals it has had). `exec-during-profile` calls
+//! says how many signals it has had; `GET /untimed-burner` lowers `RLIMIT_SIGPENDING` to 0
+//! and starts a thread whose CPU timer cannot be created). `exec-during-profile` calls
 //! `exec` while its own profile runs; `fork-profile` forks while its own profile runs and
 //! has the child profile itself; `spin` burns CPU and says it survived. With
 //! `KRABKA_TEST_THREAD_SECCOMP=1`, `serve-cpu`'s busy thread installs a seccomp filter of
@@ -192,6 +193,46 @@ fn cpu_app() -> Router {
             "/foreign-seen",
             get(|| async { FOREIGN_SEEN.load(Ordering::Relaxed).to_string() }),
         )
+        .route("/untimed-burner", get(|| async { start_untimed_burner() }))
+}
+
+/// Lowers this process's `RLIMIT_SIGPENDING` to 0, under which the kernel refuses to
+/// create a POSIX timer (each holds a queued signal against that limit; `EAGAIN`), as a
+/// host's limits may; proves it with a timer of its own; then starts a thread named
+/// `untimed-burner` that burns CPU for 20 s, whose CPU timer the sampler cannot create.
+/// Answers `untimed` once the thread runs, or `timers not limited` where this kernel
+/// creates timers whatever the limit (no thread started then).
+fn start_untimed_burner() -> &'static str {
+    // SAFETY: plain system calls on values of our own; the probe timer, if created, is
+    // deleted at once.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        assert_eq!(libc::getrlimit(libc::RLIMIT_SIGPENDING, &mut limit), 0);
+        limit.rlim_cur = 0;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_SIGPENDING, &limit), 0);
+        let mut event: libc::sigevent = std::mem::zeroed();
+        // As the sampler's: a signal on expiry (this one is never armed).
+        event.sigev_notify = libc::SIGEV_SIGNAL;
+        event.sigev_signo = libc::SIGPROF;
+        let mut timer: libc::timer_t = std::ptr::null_mut();
+        if libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) == 0 {
+            libc::timer_delete(timer);
+            return "timers not limited";
+        }
+    }
+    let (running, started) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("untimed-burner".into())
+        .spawn(move || {
+            running.send(()).unwrap();
+            let until = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < until {
+                std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
+            }
+        })
+        .expect("spawn the untimed burner");
+    started.recv().expect("the untimed burner runs");
+    "untimed"
 }
 
 #[pprof_routes(recent = "10m", cpu_max = "10s")]

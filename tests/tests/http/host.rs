@@ -1,7 +1,8 @@
 //! The profiler can never hurt the process it watches, nor be fooled by it: a program
 //! `exec`'d during a profile runs, a forked child profiles itself, a seccomp filter
 //! against `process_vm_readv` (refusing it, or killing for it) still gives fully unwound
-//! stacks, and another `SIGPROF` handler is never silently replaced. Each in a child
+//! stacks, another `SIGPROF` handler is never silently replaced, and a thread the kernel
+//! will not give a timer of its own is still sampled. Each in a child
 //! process (`test_child`), since each changes what the whole process can do. Each child
 //! burns CPU, so each test holds `serial()`, as the burners of this process's tests do.
 
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use krabka_pprof_tests::{
     ChildServer, client, comments, decode, run_child, says, serial, serial_blocking, skip, stacks,
-    total, wait_for_timers,
+    string, total, wait_for_timers,
 };
 use reqwest::StatusCode;
 
@@ -298,5 +299,100 @@ async fn a_handler_replaced_during_the_window_is_reported_and_its_signals_stop()
     assert!(
         log.contains("handler_replaced=true") && log.contains("replaced this profiler"),
         "the response's log line says so: {log}"
+    );
+}
+
+/// The CPU time so far of the child's thread named `name`, by the kernel's count of its
+/// clock ticks (`/proc/PID/task/TID/stat`); `None` if no such thread.
+fn cpu_of_thread(pid: u32, name: &str) -> Option<Duration> {
+    // SAFETY: sysconf reads a constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let task = task.ok()?.path();
+        if std::fs::read_to_string(task.join("comm")).ok()?.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+        // The fields after the name, which is in parentheses: state is the first, utime
+        // and stime the 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let used: u64 = fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?;
+        return Some(Duration::from_millis(used * 1000 / ticks));
+    }
+    None
+}
+
+/// The samples of the threads named `name`.
+fn samples_of_thread(profile: &krabka_pprof_tests::Profile, name: &str) -> i64 {
+    profile
+        .sample
+        .iter()
+        .filter(|sample| {
+            sample.label.iter().any(|label| {
+                string(profile, label.key) == "thread" && string(profile, label.str) == name
+            })
+        })
+        .map(|sample| sample.value[0])
+        .sum()
+}
+
+#[tokio::test]
+async fn a_thread_whose_timer_cannot_be_created_is_sampled_by_the_process_timer_and_the_log_says_so()
+ {
+    let _serial = serial().await;
+    let child = ChildServer::start_logged(CHILD, "serve-cpu", &[]);
+    let url = child.url("/debug/pprof/profile?seconds=4");
+    let running = tokio::spawn(async move { client().get(url).send().await });
+    let pid = child.pid();
+    assert!(
+        tokio::task::spawn_blocking(move || wait_for_timers(pid))
+            .await
+            .unwrap(),
+        "the child's sampler armed its timers"
+    );
+    // From here on the kernel refuses to create a timer in the child (its signal-queue
+    // limit lowered to 0, as a host's limits may), and a new thread burns: at each drain
+    // the sampler fails to give it a timer of its own.
+    let what = "a_thread_whose_timer_cannot_be_created_is_sampled_by_the_process_timer";
+    match child.text("/untimed-burner").await.as_str() {
+        "untimed" => {}
+        "timers not limited" => {
+            return skip(
+                what,
+                "this kernel creates POSIX timers whatever RLIMIT_SIGPENDING says: no way to \
+                 make the sampler's fail",
+            );
+        }
+        other => panic!("/untimed-burner: {other}"),
+    }
+    let response = running.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    let burned = cpu_of_thread(pid, "untimed-burner").expect("the untimed burner runs");
+    let log = child.log();
+    // The report says why some threads have no timer of their own, and what samples them.
+    assert!(
+        log.contains("some threads have no CPU timer of their own")
+            && log.contains("the process-wide timer samples them"),
+        "{log}"
+    );
+    // And the process-wide timer does: the thread is in the profile.
+    if burned < Duration::from_millis(300) {
+        return skip(
+            what,
+            &format!(
+                "the untimed thread had only {burned:?} of CPU by the profile's end (the \
+                 machine is busy with other work): too little to require its samples"
+            ),
+        );
+    }
+    assert!(
+        samples_of_thread(&profile, "untimed-burner") > 0,
+        "the untimed thread burned {burned:?} and has no samples: {:?}",
+        stacks(&profile)
+    );
+    assert!(
+        samples_of_thread(&profile, "child-burner") > 0,
+        "the timed one has its own"
     );
 }
