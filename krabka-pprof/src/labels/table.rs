@@ -422,6 +422,23 @@ mod tests {
     }
 
     #[test]
+    fn the_processs_table_frees_a_set_at_the_sweep_after_the_next_drain() {
+        // The process's table, which the sampler's drains drive through `drain_begins`
+        // and `sweep`. Other tests' sessions may drain and sweep it meanwhile, which can
+        // only free the set sooner.
+        let (handle, held) = intern(set(&[("test", "the-process-table")]), false);
+        assert!(set_of(handle).is_some(), "held");
+        drop(held);
+        sweep();
+        drain_begins();
+        sweep();
+        assert!(
+            set_of(handle).is_none(),
+            "unused at a sweep, then a drain began and another sweep ran: freed"
+        );
+    }
+
+    #[test]
     fn without_a_session_unused_sets_go_within_a_bounded_number_of_interns() {
         let mut table = Table::new();
         let (handle, held) = table.intern(set(&[("test", "idle")]), true);
