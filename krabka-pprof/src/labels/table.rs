@@ -424,8 +424,10 @@ mod tests {
     #[test]
     fn the_processs_table_frees_a_set_at_the_sweep_after_the_next_drain() {
         // The process's table, which the sampler's drains drive through `drain_begins`
-        // and `sweep`. Other tests' sessions may drain and sweep it meanwhile, which can
-        // only free the set sooner.
+        // and `sweep` (no other test's session runs meanwhile).
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (handle, held) = intern(set(&[("test", "the-process-table")]), false);
         assert!(set_of(handle).is_some(), "held");
         drop(held);
@@ -436,6 +438,31 @@ mod tests {
             set_of(handle).is_none(),
             "unused at a sweep, then a drain began and another sweep ran: freed"
         );
+    }
+
+    #[test]
+    fn while_a_session_collects_no_set_is_freed_at_once() {
+        // The process's table while a session runs (`set_collecting`, as the sampler
+        // calls it): records written before a set went unused may still hold its
+        // handle, so interning (which frees unused sets at once between sessions) must
+        // leave it for the drains.
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        set_collecting(true);
+        let (handle, held) = intern(set(&[("test", "in-a-record")]), false);
+        drop(held);
+        for i in 0..200 {
+            drop(intern(set(&[("churn", &i.to_string())]), false));
+        }
+        let alive = set_of(handle).is_some();
+        set_collecting(false);
+        assert!(alive, "freed by an intern while a session collected");
+        // Between sessions, interning frees it.
+        for i in 0..200 {
+            drop(intern(set(&[("churn", &i.to_string())]), false));
+        }
+        assert!(set_of(handle).is_none(), "kept after the session");
     }
 
     #[test]
