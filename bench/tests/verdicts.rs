@@ -13,7 +13,7 @@ mod stats;
 #[path = "../src/verdict.rs"]
 mod verdict;
 
-use stats::Ratios;
+use stats::{Ratios, mean, median};
 use verdict::{Row, Verdict, fails, ratio_row};
 
 /// Eight ratios 0.90, 0.92, … 1.04: median 0.97, quartiles 0.94 and 1.00 (the values at
@@ -70,6 +70,18 @@ fn an_upper_target_is_met_at_or_under_it() {
     assert_eq!(Verdict::at_most(0.5, 1.0), Verdict::Met);
     assert_eq!(Verdict::at_most(1.0, 1.0), Verdict::Met);
     assert_eq!(Verdict::at_most(1.5, 1.0), Verdict::Missed);
+}
+
+#[test]
+fn medians_and_means_of_rounds() {
+    // An odd count: the middle value; an even one: the mean of the middle two.
+    assert_eq!(median(vec![5.0, 1.0, 4.0, 2.0, 3.0]), 3.0);
+    assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+    assert_eq!(median(vec![7.0]), 7.0);
+    // The mean of one side of each pair.
+    let pairs = [(1.0, 10.0), (3.0, 30.0), (8.0, 80.0)];
+    assert_eq!(mean(&pairs, |p| p.0), 4.0);
+    assert_eq!(mean(&pairs, |p| p.1), 40.0);
 }
 
 #[test]
