@@ -146,6 +146,15 @@ pub fn krabka_burning(burning: &AtomicBool) {
     krabka_sleeping();
 }
 
+/// Burns CPU until `stop` is set (for a test's own running threads, which the parked
+/// cast's burner, running for the process's life, cannot be).
+#[inline(never)]
+pub fn krabka_spinning(stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        black_box(crate::hot::krabka_hot_spin(black_box(2_000)));
+    }
+}
+
 /// Blocks, in this thread, the signals profilers and dumps send: `SIGURG` (dumps) and
 /// `SIGPROF` (CPU timers).
 fn block_profiler_signals() {

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::parked::{Cast, MaskedSpinner, cast, thread_cpu_of, wait_until_asleep};
+use krabka_pprof_tests::parked::{
+    Cast, MaskedSpinner, cast, krabka_spinning, thread_cpu_of, wait_until_asleep,
+};
 use krabka_pprof_tests::{
     ProcessCpu, Profile, TestServer, client, comments, decode, go_pprof, profile_window, serial,
     stacks, string, total, total_in,
@@ -172,6 +174,47 @@ async fn debug_2_shows_every_parked_thread_in_its_function_with_its_state() {
         .parse()
         .unwrap();
     assert!(cpu > 0.0, "{burner}");
+}
+
+#[tokio::test]
+async fn more_running_threads_than_scratch_slots_each_answer_with_their_whole_stack() {
+    let _serial = serial().await;
+    // A running thread answers from its signal handler, copying its stack through one of
+    // a few scratch slots (the CPUs and two more, 4 to 16) and giving it back. Twenty at
+    // once take them in turn: none may be left to answer with its PC alone.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ready, arrived) = std::sync::mpsc::channel();
+    let spinners: Vec<_> = (0..20)
+        .map(|i| {
+            let (stop, ready) = (stop.clone(), ready.clone());
+            std::thread::Builder::new()
+                .name(format!("krabka-spin-{i}"))
+                .spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    ready
+                        .send(unsafe { libc::syscall(libc::SYS_gettid) } as u32)
+                        .unwrap();
+                    krabka_spinning(&stop);
+                })
+                .expect("spawn a spinner")
+        })
+        .collect();
+    let tids: Vec<u32> = spinners.iter().map(|_| arrived.recv().unwrap()).collect();
+    let server = TestServer::start(app);
+    let dump = text(&server, "/debug/pprof/threads?debug=2").await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().unwrap();
+    }
+    for tid in tids {
+        let block = thread_block(&dump, tid);
+        assert!(block_shows_in(block, "krabka_spinning"), "{block}");
+        // Unwound to where the thread began, not cut at its PC.
+        assert!(
+            block.contains("__rust_begin_short_backtrace"),
+            "thread {tid}'s stack is not whole:\n{block}"
+        );
+    }
 }
 
 #[tokio::test]
