@@ -342,6 +342,7 @@ async fn a_thread_whose_timer_cannot_be_created_is_sampled_by_the_process_timer_
     let _serial = serial().await;
     let child = ChildServer::start_logged(CHILD, "serve-cpu", &[]);
     let url = child.url("/debug/pprof/profile?seconds=4");
+    let sent = Instant::now();
     let running = tokio::spawn(async move { client().get(url).send().await });
     let pid = child.pid();
     assert!(
@@ -364,6 +365,14 @@ async fn a_thread_whose_timer_cannot_be_created_is_sampled_by_the_process_timer_
             );
         }
         other => panic!("/untimed-burner: {other}"),
+    }
+    // The window began after the request was sent and lasts 4 s: a thread started within
+    // 3 s of the sending meets a second of the window's drains at least.
+    if sent.elapsed() > Duration::from_secs(3) {
+        return skip(
+            what,
+            "the thread started over 3 s into the 4 s window (the machine is busy with other              work): too few drains left to require their report",
+        );
     }
     let response = running.await.unwrap().unwrap();
     assert_eq!(response.status(), StatusCode::OK);

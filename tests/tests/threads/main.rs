@@ -201,7 +201,9 @@ async fn more_running_threads_than_scratch_slots_each_answer_with_their_whole_st
         .collect();
     let tids: Vec<u32> = spinners.iter().map(|_| arrived.recv().unwrap()).collect();
     let server = TestServer::start(app);
-    let dump = text(&server, "/debug/pprof/threads?debug=2").await;
+    // Twenty runnable threads on a machine that may be busy: each may wait a while for a
+    // core, so the dump waits as long as it may for their answers.
+    let dump = text(&server, "/debug/pprof/threads?debug=2&deadline=10s").await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for spinner in spinners {
         spinner.join().unwrap();
