@@ -427,7 +427,7 @@ mod tests {
         // and `sweep` (no other test's session runs meanwhile).
         let _one = crate::sampler::tests::ONE_SAMPLER
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(PoisonError::into_inner);
         let (handle, held) = intern(set(&[("test", "the-process-table")]), false);
         assert!(set_of(handle).is_some(), "held");
         drop(held);
@@ -448,7 +448,7 @@ mod tests {
         // leave it for the drains.
         let _one = crate::sampler::tests::ONE_SAMPLER
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(PoisonError::into_inner);
         set_collecting(true);
         let (handle, held) = intern(set(&[("test", "in-a-record")]), false);
         drop(held);
