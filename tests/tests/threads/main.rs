@@ -182,7 +182,16 @@ async fn more_running_threads_than_scratch_slots_each_answer_with_their_whole_st
     // A running thread answers from its signal handler, copying its stack through one of
     // a few scratch slots (the CPUs and two more, 4 to 16) and giving it back. Twenty at
     // once take them in turn: none may be left to answer with its PC alone.
+    /// Stops the spinners however the test ends: twenty threads left spinning would
+    /// burden every test after this one.
+    struct Stop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = Stop(stop.clone());
     let (ready, arrived) = std::sync::mpsc::channel();
     let spinners: Vec<_> = (0..20)
         .map(|i| {
@@ -204,7 +213,7 @@ async fn more_running_threads_than_scratch_slots_each_answer_with_their_whole_st
     // Twenty runnable threads on a machine that may be busy: each may wait a while for a
     // core, so the dump waits as long as it may for their answers.
     let dump = text(&server, "/debug/pprof/threads?debug=2&deadline=10s").await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(stopping);
     for spinner in spinners {
         spinner.join().unwrap();
     }
