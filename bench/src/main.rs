@@ -54,7 +54,8 @@
 //! `--soak` adds K.
 //!
 //! This file holds the arguments and the run order; `harness.rs` (and `harness/`) the
-//! processes and fetching, `stats.rs` the statistics, `figures/` a file per thing measured.
+//! processes and fetching, `stats.rs` the statistics, `verdict.rs` the verdicts and the
+//! run's exit rule, `figures/` a file per thing measured.
 
 mod figures;
 mod harness;

@@ -9,7 +9,8 @@ pub struct Row {
     pub figure: String,
     pub target: &'static str,
     pub measured: String,
-    /// Whether `measured` meets `target`; the benchmark exits non-zero if any row missed.
+    /// Whether `measured` meets `target`; the benchmark exits non-zero if any row missed
+    /// or could not tell ([`fails`]).
     pub verdict: Verdict,
 }
 
