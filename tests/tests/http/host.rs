@@ -322,6 +322,24 @@ fn cpu_of_thread(pid: u32, name: &str) -> Option<Duration> {
     None
 }
 
+/// Waits (10 s at most) until process `pid`'s sampler has made its process-wide timer,
+/// the last timer its start makes (after each thread's own, whose appearance
+/// [`wait_for_timers`] waits for): a `notify: signal/pid.` entry in `/proc/PID/timers`.
+fn wait_for_backstop(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
+        if timers
+            .lines()
+            .any(|line| line.starts_with("notify: signal/pid."))
+        {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
 /// The samples of the threads named `name`.
 fn samples_of_thread(profile: &krabka_pprof_tests::Profile, name: &str) -> i64 {
     profile
@@ -346,10 +364,10 @@ async fn a_thread_whose_timer_cannot_be_created_is_sampled_by_the_process_timer_
     let running = tokio::spawn(async move { client().get(url).send().await });
     let pid = child.pid();
     assert!(
-        tokio::task::spawn_blocking(move || wait_for_timers(pid))
+        tokio::task::spawn_blocking(move || wait_for_backstop(pid))
             .await
             .unwrap(),
-        "the child's sampler armed its timers"
+        "the child's sampler made its process-wide timer"
     );
     // From here on the kernel refuses to create a timer in the child (its signal-queue
     // limit lowered to 0, as a host's limits may), and a new thread burns: at each drain
@@ -375,8 +393,16 @@ async fn a_thread_whose_timer_cannot_be_created_is_sampled_by_the_process_timer_
         );
     }
     let response = running.await.unwrap().unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let profile = decode(&response.bytes().await.unwrap());
+    let status = response.status();
+    let body = response.bytes().await.unwrap();
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}; the child's log:\n{}",
+        String::from_utf8_lossy(&body),
+        child.log()
+    );
+    let profile = decode(&body);
     let burned = cpu_of_thread(pid, "untimed-burner").expect("the untimed burner runs");
     let log = child.log();
     // The report says why some threads have no timer of their own, and what samples them.
