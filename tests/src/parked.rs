@@ -326,6 +326,15 @@ pub fn cast() -> &'static Cast {
     })
 }
 
+/// The fields of a `/proc/…/stat` line after the command's name (in parentheses, and
+/// free to hold spaces or parentheses itself): the state first; `utime` and `stime`,
+/// in clock ticks, at indexes 11 and 12.
+pub fn stat_fields(stat: &str) -> Vec<&str> {
+    stat.rfind(')').map_or_else(Vec::new, |at| {
+        stat[at + 1..].split_ascii_whitespace().collect()
+    })
+}
+
 /// Waits (at most 10 s) until thread `tid` of this process is asleep in the kernel (state
 /// `S` or `D` in its `stat`): parked where the test expects it, not on its way there.
 pub fn wait_until_asleep(tid: u32) {
@@ -333,10 +342,7 @@ pub fn wait_until_asleep(tid: u32) {
     loop {
         let stat =
             std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
-        let state = stat
-            .rfind(')')
-            .and_then(|at| stat[at + 1..].split_ascii_whitespace().next())
-            .unwrap_or("");
+        let state = stat_fields(&stat).first().copied().unwrap_or("");
         if state == "S" || state == "D" {
             return;
         }

@@ -223,6 +223,21 @@ pub fn comments(profile: &Profile) -> Vec<&str> {
         .collect()
 }
 
+/// The samples (the `samples/count` column) of the threads named `name`, by the samples'
+/// `thread` label.
+pub fn thread_samples(profile: &Profile, name: &str) -> i64 {
+    profile
+        .sample
+        .iter()
+        .filter(|sample| {
+            sample.label.iter().any(|label| {
+                string(profile, label.key) == "thread" && string(profile, label.str) == name
+            })
+        })
+        .map(|sample| sample.value[0])
+        .sum()
+}
+
 /// Whether one of the profile's comments contains `text`.
 pub fn says(profile: &Profile, text: &str) -> bool {
     comments(profile).iter().any(|c| c.contains(text))

@@ -349,14 +349,7 @@ impl TestServer {
 
     /// The body of `GET path`, as text (the index page, say).
     pub async fn text(&self, path: &str) -> String {
-        client()
-            .get(self.url(path))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        text_at(&self.url(path)).await
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -457,14 +450,7 @@ impl ChildServer {
 
     /// The body of `GET path`, as text, as [`TestServer::text`].
     pub async fn text(&self, path: &str) -> String {
-        client()
-            .get(self.url(path))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        text_at(&self.url(path)).await
     }
 }
 
@@ -537,6 +523,18 @@ pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
         "these tests read Content-Length bodies"
     );
     (status, headers, raw[end + 4..].to_vec())
+}
+
+/// The body of `GET url`, as text.
+async fn text_at(url: &str) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 /// A client for loopback: no proxy from the environment, no transparent decompression,
@@ -618,10 +616,22 @@ pub fn temp_path(name: &str) -> PathBuf {
 /// Waits until process `pid` has a POSIX timer (the sampler has armed its timers), for at
 /// most 10 s; false if it never does. Reads `/proc/PID/timers`, which lists them.
 pub fn wait_for_timers(pid: u32) -> bool {
+    wait_for_timer_line(pid, "ID:")
+}
+
+/// Waits (10 s at most) until process `pid`'s sampler has made its process-wide timer,
+/// the last timer its start makes (after each thread's own, whose appearance
+/// [`wait_for_timers`] waits for): a `notify: signal/pid.` entry in `/proc/PID/timers`.
+pub fn wait_for_backstop(pid: u32) -> bool {
+    wait_for_timer_line(pid, "notify: signal/pid.")
+}
+
+/// Waits (10 s at most) until a line of `/proc/PID/timers` starts with `start`.
+fn wait_for_timer_line(pid: u32, start: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
-        if timers.lines().any(|line| line.starts_with("ID:")) {
+        if timers.lines().any(|line| line.starts_with(start)) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(2));

@@ -220,18 +220,7 @@ fn start_untimed_burner() -> &'static str {
             return "timers not limited";
         }
     }
-    let (running, started) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("untimed-burner".into())
-        .spawn(move || {
-            running.send(()).unwrap();
-            let until = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < until {
-                std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
-            }
-        })
-        .expect("spawn the untimed burner");
-    started.recv().expect("the untimed burner runs");
+    start_burner_named("untimed-burner", Duration::from_secs(20), || {});
     "untimed"
 }
 
@@ -699,19 +688,27 @@ fn start_burner() {
 
 /// [`start_burner`], the thread first running `prepare`; returns once it has.
 fn start_burner_with(prepare: fn()) {
+    start_burner_named("child-burner", Duration::from_secs(60), prepare);
+}
+
+/// Starts a thread named `name` that runs `prepare`, then burns CPU for `burn_for`;
+/// returns once `prepare` has run.
+fn start_burner_named(name: &str, burn_for: Duration, prepare: fn()) {
     let (ready, prepared) = std::sync::mpsc::channel();
     std::thread::Builder::new()
-        .name("child-burner".into())
+        .name(name.into())
         .spawn(move || {
             prepare();
             ready.send(()).unwrap();
-            let until = Instant::now() + Duration::from_secs(60);
+            let until = Instant::now() + burn_for;
             while Instant::now() < until {
                 std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
             }
         })
-        .expect("spawn the burner");
-    prepared.recv().expect("the burner is ready");
+        .unwrap_or_else(|err| panic!("spawn {name}: {err}"));
+    prepared
+        .recv()
+        .unwrap_or_else(|_| panic!("{name} never became ready"));
 }
 
 /// A filter of the burner thread's own (no `TSYNC`: the process's other threads have

@@ -7,7 +7,8 @@ use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
     Burner, Profile, SAMPLER_VAR, TestServer, client, comments, decode, go_pprof_top,
-    pprof_rs_sampler, profile_window, sample_types, serial, string, total, total_in,
+    pprof_rs_sampler, profile_window, sample_types, serial, string, thread_samples, total,
+    total_in,
 };
 use reqwest::StatusCode;
 
@@ -322,17 +323,8 @@ async fn the_profile_names_its_sampler_threads_and_mappings() {
             "a sample without a thread label: {sample:?}"
         );
     }
-    let burner_samples = profile
-        .sample
-        .iter()
-        .filter(|s| {
-            s.label.iter().any(|l| {
-                string(&profile, l.key) == "thread" && string(&profile, l.str) == "burner-0"
-            })
-        })
-        .count();
     assert!(
-        burner_samples > 0,
+        thread_samples(&profile, "burner-0") > 0,
         "no sample labelled with the burner's thread name"
     );
 

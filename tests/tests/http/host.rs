@@ -8,9 +8,10 @@
 
 use std::time::{Duration, Instant};
 
+use krabka_pprof_tests::parked::stat_fields;
 use krabka_pprof_tests::{
     ChildServer, client, comments, decode, run_child, says, serial, serial_blocking, skip, stacks,
-    string, total, wait_for_timers,
+    thread_samples, total, wait_for_backstop, wait_for_timers,
 };
 use reqwest::StatusCode;
 
@@ -313,45 +314,12 @@ fn cpu_of_thread(pid: u32, name: &str) -> Option<Duration> {
             continue;
         }
         let stat = std::fs::read_to_string(task.join("stat")).ok()?;
-        // The fields after the name, which is in parentheses: state is the first, utime
-        // and stime the 12th and 13th.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let used: u64 = fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?;
+        let fields = stat_fields(&stat);
+        let used: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
         return Some(Duration::from_millis(used * 1000 / ticks));
     }
     None
-}
-
-/// Waits (10 s at most) until process `pid`'s sampler has made its process-wide timer,
-/// the last timer its start makes (after each thread's own, whose appearance
-/// [`wait_for_timers`] waits for): a `notify: signal/pid.` entry in `/proc/PID/timers`.
-fn wait_for_backstop(pid: u32) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
-        if timers
-            .lines()
-            .any(|line| line.starts_with("notify: signal/pid."))
-        {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    false
-}
-
-/// The samples of the threads named `name`.
-fn samples_of_thread(profile: &krabka_pprof_tests::Profile, name: &str) -> i64 {
-    profile
-        .sample
-        .iter()
-        .filter(|sample| {
-            sample.label.iter().any(|label| {
-                string(profile, label.key) == "thread" && string(profile, label.str) == name
-            })
-        })
-        .map(|sample| sample.value[0])
-        .sum()
 }
 
 #[tokio::test]
@@ -422,12 +390,12 @@ async fn a_thread_whose_timer_cannot_be_created_is_sampled_by_the_process_timer_
         );
     }
     assert!(
-        samples_of_thread(&profile, "untimed-burner") > 0,
+        thread_samples(&profile, "untimed-burner") > 0,
         "the untimed thread burned {burned:?} and has no samples: {:?}",
         stacks(&profile)
     );
     assert!(
-        samples_of_thread(&profile, "child-burner") > 0,
+        thread_samples(&profile, "child-burner") > 0,
         "the timed one has its own"
     );
 }

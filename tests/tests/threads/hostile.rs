@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use krabka_pprof_tests::parked::stat_fields;
 use krabka_pprof_tests::{ChildServer, client, run_child, unpooled_client};
 use reqwest::StatusCode;
 
@@ -27,10 +28,7 @@ fn child_thread_in(pid: u32, name: &str, state: char) -> u32 {
             let dir = entry.path();
             let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
             let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-            let now = stat
-                .rfind(')')
-                .and_then(|at| stat[at + 1..].split_ascii_whitespace().next())
-                .and_then(|s| s.chars().next());
+            let now = stat_fields(&stat).first().and_then(|s| s.chars().next());
             if comm.trim_end() == name && now == Some(state) {
                 return entry.file_name().to_str().unwrap().parse().unwrap();
             }
