@@ -1,7 +1,8 @@
 //! CPU burners: threads that run a workload and note their own CPU clock, so a test knows
 //! how much CPU they used inside a profile's window, and how long a window must be for
-//! them to use enough on a machine busy with other work; the process's CPU over a
-//! window, from readings taken beside it; and the process's and a thread's CPU clocks.
+//! them to use enough on a machine busy with other work; the process's CPU, or the
+//! workloads' own counters, over a window, from readings taken beside it; and the
+//! process's and a thread's CPU clocks.
 
 use std::os::unix::thread::JoinHandleExt as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -176,69 +177,94 @@ fn clock_time(clock: libc::clockid_t) -> Duration {
     Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
 }
 
-/// The process's CPU clock (`CLOCK_PROCESS_CPUTIME_ID`, every thread's), read every 2 ms
-/// by a thread of its own with the wall clock beside it, so that a test can take the
-/// process's CPU over exactly a profile's window (the CPU around the request would also
-/// count rendering and symbolizing after it). Stops when dropped.
-pub struct ProcessCpu {
+/// Readings of a value taken every 2 ms by a thread of its own, with the wall clock
+/// beside each, so that a test can take the value's change over exactly a profile's
+/// window rather than around its request (which would also count the seconds before the
+/// window and the rendering after it). Stops when dropped.
+pub struct Readings<T: Copy + Send + 'static> {
     stop: Arc<AtomicBool>,
-    readings: Arc<Mutex<Vec<(SystemTime, Duration)>>>,
+    readings: Arc<Mutex<Vec<(SystemTime, T)>>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl ProcessCpu {
-    pub fn start() -> ProcessCpu {
+impl<T: Copy + Send + 'static> Readings<T> {
+    /// Starts reading `read` on a thread named `name`.
+    pub fn start(name: &str, read: fn() -> T) -> Readings<T> {
         let stop = Arc::new(AtomicBool::new(false));
-        let readings = Arc::new(Mutex::new(vec![(
-            SystemTime::now(),
-            clock_time(libc::CLOCK_PROCESS_CPUTIME_ID),
-        )]));
+        let readings = Arc::new(Mutex::new(vec![(SystemTime::now(), read())]));
         let thread = {
             let (stop, readings) = (stop.clone(), readings.clone());
             std::thread::Builder::new()
-                .name("process-cpu".into())
+                .name(name.into())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(Duration::from_millis(2));
-                        let reading = (
-                            SystemTime::now(),
-                            clock_time(libc::CLOCK_PROCESS_CPUTIME_ID),
-                        );
+                        let reading = (SystemTime::now(), read());
                         readings.lock().unwrap().push(reading);
                     }
                 })
-                .expect("spawn the process CPU reader")
+                .expect("spawn a reader")
         };
-        ProcessCpu {
+        Readings {
             stop,
             readings,
             thread: Some(thread),
         }
     }
 
-    /// The process's CPU between `start` and `end` (to within a few ms); panics if the
-    /// readings do not reach both.
-    pub fn cpu_within(&self, start: SystemTime, end: SystemTime) -> Duration {
+    /// The first reading at or after `start` and the last at or before `end`; panics if
+    /// the readings do not reach both.
+    pub fn around(&self, start: SystemTime, end: SystemTime) -> (T, T) {
         let readings = self.readings.lock().unwrap();
         let first = readings
             .iter()
             .find(|(at, _)| *at >= start)
-            .expect("a process CPU reading after the window's start");
+            .expect("a reading after the window's start");
         let last = readings
             .iter()
             .rev()
             .find(|(at, _)| *at <= end)
-            .expect("a process CPU reading before the window's end");
-        last.1.saturating_sub(first.1)
+            .expect("a reading before the window's end");
+        (first.1, last.1)
     }
 }
 
-impl Drop for ProcessCpu {
+impl<T: Copy + Send + 'static> Drop for Readings<T> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+impl Readings<[u64; 3]> {
+    /// How much each of three counters (such as [`hot::SPLIT_CPU_NANOS`]) grew between
+    /// `start` and `end`: the CPU a workload's parts used inside a profile's window, for
+    /// [`crate::assert_split`].
+    pub fn growth_within(&self, start: SystemTime, end: SystemTime) -> [f64; 3] {
+        let (first, last) = self.around(start, end);
+        [0, 1, 2].map(|i| last[i].saturating_sub(first[i]) as f64)
+    }
+}
+
+/// The process's CPU clock (`CLOCK_PROCESS_CPUTIME_ID`, every thread's) in [`Readings`],
+/// so that a test can take the process's CPU over exactly a profile's window (the CPU
+/// around the request would also count rendering and symbolizing after it).
+pub struct ProcessCpu(Readings<Duration>);
+
+impl ProcessCpu {
+    pub fn start() -> ProcessCpu {
+        ProcessCpu(Readings::start("process-cpu", || {
+            clock_time(libc::CLOCK_PROCESS_CPUTIME_ID)
+        }))
+    }
+
+    /// The process's CPU between `start` and `end` (to within a few ms); panics if the
+    /// readings do not reach both.
+    pub fn cpu_within(&self, start: SystemTime, end: SystemTime) -> Duration {
+        let (first, last) = self.0.around(start, end);
+        last.saturating_sub(first)
     }
 }
 

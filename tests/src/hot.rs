@@ -35,6 +35,11 @@ pub fn split_round() {
     timed_into(&SPLIT_CPU_NANOS, 2, || split_twenty(black_box(2_000)));
 }
 
+/// Three counters' values now (such as [`SPLIT_CPU_NANOS`]'s), for [`crate::Readings`].
+pub fn read(counters: &[AtomicU64; 3]) -> [u64; 3] {
+    counters.each_ref().map(|c| c.load(Ordering::Relaxed))
+}
+
 fn thread_cpu_nanos() -> u64 {
     super::thread_cpu_time().as_nanos() as u64
 }

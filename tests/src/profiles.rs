@@ -135,7 +135,7 @@ pub fn total_in(profile: &Profile, column: usize, name: &str) -> i64 {
 }
 
 /// Checks that a profile splits the samples of three functions as their own CPU clocks
-/// did (`measured`, nanoseconds): each share within 3 points. `nominal` is what the
+/// did (`measured`, nanoseconds): each share within `points`. `nominal` is what the
 /// workload was built to give, within `workload_tolerance` points, so that a workload
 /// gone lopsided fails as such. Returns the samples of each function; or, where a machine
 /// busy with other work folded the periods into too few signals to judge a split to 3
@@ -147,6 +147,7 @@ pub fn assert_split(
     measured: [f64; 3],
     nominal: [f64; 3],
     workload_tolerance: f64,
+    points: f64,
 ) -> Result<[i64; 3], String> {
     let parts = functions.map(|f| total_in(profile, 0, f));
     let sum: i64 = parts.iter().sum();
@@ -158,7 +159,7 @@ pub fn assert_split(
     if sum <= 2000 && periods > 2000 {
         return Err(format!(
             "{sum} samples stand for {periods} periods of the workload's CPU: a busy \
-             machine folded them into too few signals to judge a split to 3 points"
+             machine folded them into too few signals to judge a split to {points} points"
         ));
     }
     assert!(
@@ -175,7 +176,7 @@ pub fn assert_split(
             "the workload itself is off: {expected:.1}% where about {nominal}% was meant"
         );
         assert!(
-            (share - expected).abs() <= 3.0,
+            (share - expected).abs() <= points,
             "the profile says {share:.1}%, the CPU clock {expected:.1}% ({parts:?} of {sum} samples)"
         );
     }
