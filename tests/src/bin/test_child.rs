@@ -24,7 +24,9 @@
 //!
 //! For thread dumps: `serve-vforked` serves with two threads parked in `vfork` (their
 //! children sleep), which cannot take a signal, one of them in code without unwind
-//! tables; `serve-filtered` with two threads that installed
+//! tables; `serve-vforked-undumpable` the same as a process that is not dumpable (and
+//! not root, where it can leave root), whose sleeping threads cannot be read from their
+//! `syscall` files; `serve-filtered` with two threads that installed
 //! a seccomp filter of their own, killing the process for `gettid`, `futex`, `pread64`
 //! or `process_vm_readv` (one spins, one sleeps); `exec-during-dumps [N]` takes dumps of
 //! itself in a loop while its main thread spins and then `exec`s `exec-during-dumps N-1`
@@ -732,7 +734,8 @@ fn sigq() -> u64 {
 }
 
 /// Becomes a user of its own, so that `SigQ` (per user, across processes) counts this
-/// process alone; stays dumpable, as it was. False where this process may not (not root).
+/// process alone (or so that it is not root); stays dumpable, as it was. False where this
+/// process may not (not root).
 fn become_a_user_of_its_own() -> bool {
     let uid = 40_000 + std::process::id() % 20_000;
     // SAFETY: changing this process's own credentials, then its dumpable flag back.
@@ -932,6 +935,16 @@ fn main() {
             start_vforked();
             serve(cpu_app());
         }
+        Some("serve-vforked-undumpable") => {
+            // Not dumpable, and not root where it can leave root: its threads' `syscall`
+            // files are then root's, readable by root alone, so no thread can be read
+            // asleep without a signal, and the threads in `vfork` take none.
+            become_a_user_of_its_own();
+            // SAFETY: this process's own dumpable flag.
+            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+            start_vforked();
+            serve(cpu_app());
+        }
         Some("serve-filtered") => {
             start_filtered_threads();
             serve(cpu_app());
@@ -997,7 +1010,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: test_child config|serve|serve-sites|serve-no-counts|serve-full-table|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
-                 fork-profile|spin|sigq-sessions|serve-vforked|serve-filtered|exec-during-dumps [N]|serve-recent|serve-recent-short|serve-recent-small"
+                 fork-profile|spin|sigq-sessions|serve-vforked|serve-vforked-undumpable|serve-filtered|exec-during-dumps [N]|serve-recent|serve-recent-short|serve-recent-small"
             );
             std::process::exit(2);
         }

@@ -2,7 +2,9 @@
 //! since each changes what the whole process does: threads parked in `vfork`, which
 //! cannot take a signal (one is read while it sleeps; the other, in code without unwind
 //! tables, cannot be, and makes a dump wait its deadline: twenty dumps at once, one
-//! runs, the others are refused at once; a client that hangs up frees the dump at once), threads with seccomp filters of their
+//! runs, the others are refused at once; a client that hangs up frees the dump at once;
+//! in a process that is not dumpable, neither can be read, and each is listed as not
+//! answering, with nothing more), threads with seccomp filters of their
 //! own that kill the process for the system calls a dump's handler used to make,
 //! programs `exec`'d while dumps are taken, and another `SIGURG` handler (a dump is then
 //! a 503, and that handler stays).
@@ -10,7 +12,9 @@
 use std::time::{Duration, Instant};
 
 use krabka_pprof_tests::parked::stat_fields;
-use krabka_pprof_tests::{ChildServer, client, run_child, unpooled_client};
+use krabka_pprof_tests::{
+    ChildServer, client, comments, decode, run_child, says, skip, stacks, string, unpooled_client,
+};
 use reqwest::StatusCode;
 
 const CHILD: &str = env!("CARGO_BIN_EXE_test_child");
@@ -196,6 +200,79 @@ async fn a_dump_whose_client_hangs_up_frees_the_next_at_once() {
 }
 
 #[tokio::test]
+async fn threads_that_can_neither_answer_nor_be_read_are_listed_as_not_answering() {
+    let _serial = krabka_pprof_tests::serial().await;
+    // Its threads in vfork take no signal, and not dumpable, it cannot read them asleep.
+    let child = ChildServer::start(CHILD, "serve-vforked-undumpable", &[]);
+    let in_vfork = [
+        child_thread_in(child.pid(), "vfork-clone", 'D'),
+        child_thread_in(child.pid(), "vfork-asm", 'D'),
+    ];
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid())).unwrap();
+    if status.lines().any(|line| line.starts_with("Uid:\t0\t")) {
+        return skip(
+            "threads_that_can_neither_answer_nor_be_read_are_listed_as_not_answering",
+            "the child could not leave root here (setresuid refused), and root reads every \
+             thread's syscall file",
+        );
+    }
+    let http = client();
+    let sent = Instant::now();
+    let response = http
+        .get(child.url("/debug/pprof/threads?debug=2&deadline=1s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.text().await.unwrap();
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_secs(1),
+        "answered after {took:?}: the dump did not wait its 1 s deadline for the threads \
+         in vfork"
+    );
+    for tid in in_vfork {
+        let block = thread_block(&text, tid);
+        assert!(
+            block.contains("[disk sleep")
+                && block.ends_with("]: no stack: it did not answer within 1s")
+                && block.lines().count() == 1,
+            "{block}"
+        );
+    }
+
+    // The profile form: the two share one sample, whose one frame says why.
+    let response = http
+        .get(child.url("/debug/pprof/threads?deadline=1s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    assert!(
+        says(&profile, " 0 read asleep without a signal"),
+        "{:?}",
+        comments(&profile)
+    );
+    let stacks = stacks(&profile);
+    for tid in in_vfork {
+        let sample = profile
+            .sample
+            .iter()
+            .position(|sample| {
+                sample.label.iter().any(|label| {
+                    string(&profile, label.key) == "tid" && label.num == i64::from(tid)
+                })
+            })
+            .unwrap_or_else(|| panic!("no sample is labelled tid {tid}"));
+        assert_eq!(
+            stacks[sample],
+            (vec!["[did not answer within 1s]".to_owned()], vec![2])
+        );
+    }
+}
+
+#[tokio::test]
 async fn threads_with_their_own_seccomp_filter_are_dumped_and_the_process_lives() {
     let _serial = krabka_pprof_tests::serial().await;
     let mut child = ChildServer::start(CHILD, "serve-filtered", &[]);
@@ -249,7 +326,7 @@ async fn beside_another_sigurg_handler_a_dump_is_a_503_and_the_rest_works() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK, "a CPU profile beside it");
-    krabka_pprof_tests::decode(&response.bytes().await.unwrap());
+    decode(&response.bytes().await.unwrap());
     // The other handler is still the one installed: a SIGURG sent to the child reaches it
     // (its count, which only it raises, grows; 10 s at most).
     let seen = || async { child.text("/foreign-seen").await.parse::<u64>().unwrap() };
