@@ -4,6 +4,7 @@
 //! /keep` allocates and keeps 16 MiB more; `serve-sites` also keeps 64 MiB at one site and
 //! allocates and frees 64 KiB about 500 times a second at another, `GET /churned` saying
 //! how many bytes so far; `serve-no-counts` the same with `alloc_stacks = 0`;
+//! `serve-sites-after-no-counts` as `serve-sites`, after building such a router first;
 //! `serve-full-table` with `alloc_stacks = 64`, after allocating along 100 distinct
 //! stacks), one
 //! whose routes need the bearer token in `KRABKA_PPROF_TEST_TOKEN` (`serve-token`; with a
@@ -838,6 +839,15 @@ fn main() {
             serve(router);
         }
         #[cfg(feature = "heap-profiling")]
+        Some("serve-sites-after-no-counts") => {
+            // A router without counts first (an admin router, say): the first router
+            // with them, built next, installs the table.
+            drop(no_counts_app());
+            let router = app();
+            start_sites();
+            serve(router);
+        }
+        #[cfg(feature = "heap-profiling")]
         Some("serve-full-table") => {
             let router = small_table_app();
             for depth in 0..100 {
@@ -1009,7 +1019,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: test_child config|serve|serve-sites|serve-no-counts|serve-full-table|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
+                "usage: test_child config|serve|serve-sites|serve-no-counts|serve-sites-after-no-counts|serve-full-table|serve-token|serve-token-guard|serve-cpu|exec-during-profile|\
                  fork-profile|spin|sigq-sessions|serve-vforked|serve-vforked-undumpable|serve-filtered|exec-during-dumps [N]|serve-recent|serve-recent-short|serve-recent-small"
             );
             std::process::exit(2);

@@ -1,7 +1,8 @@
 //! Where the allocation counts come from, or why there are none: a router with
 //! `alloc_stacks = 0` answers the in-use types only and says so; with
 //! `_RJEM_MALLOC_CONF=prof_accum:true` the counts are jemalloc's own; a full table counts
-//! the rest under one marker.
+//! the rest under one marker; a router without counts built before one with them leaves
+//! the counts to it.
 
 use krabka_pprof_tests::{column, comments, default_sample_type, sample_types, says, stacks};
 use reqwest::StatusCode;
@@ -48,6 +49,29 @@ async fn without_counts_the_profile_says_so_and_never_invents_them() {
     );
     assert_eq!(now.duration_nanos, 0);
     assert!(says(&now, "seconds=2 asks for"), "{:?}", comments(&now));
+}
+
+#[tokio::test]
+async fn a_router_without_counts_built_first_leaves_the_counts_to_the_next() {
+    // The first router built with alloc_stacks > 0 installs the table: one built before
+    // it with alloc_stacks = 0 installs none, not a table of no stacks.
+    let child = Child::start(Build::Lines, "serve-sites-after-no-counts", &[]);
+    child.churn_past(0, 96 << 20).await;
+    let before = child.churned().await;
+    let (profile, _) = child.profile("/debug/pprof/allocs").await;
+    assert_eq!(sample_types(&profile), go_types());
+    let said = comments(&profile).join("\n");
+    assert!(
+        said.contains("alloc_stacks = 4096") && !said.contains("table is full"),
+        "{said}"
+    );
+    let (churn, _) = site(&profile, CHURN);
+    assert!(
+        churn >= before as f64 * 0.75,
+        "the churning site allocated {:.1} MiB; alloc_space says {:.1} MiB",
+        before as f64 / MIB,
+        churn / MIB
+    );
 }
 
 #[tokio::test]
