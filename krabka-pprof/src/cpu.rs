@@ -109,11 +109,14 @@ pub(crate) fn recorder_unavailable() -> Option<&'static str> {
         None
     } else if cfg!(any(sampler, pprof_rs)) {
         Some(
-            "the recorder needs krabka-pprof's own CPU sampler (Linux on x86_64 and aarch64);              this process takes CPU profiles with the pprof crate's, one at a time: take              /profile?seconds=N instead",
+            "the recorder needs krabka-pprof's own CPU sampler (Linux on x86_64 and aarch64); \
+             this process takes CPU profiles with the pprof crate's, one at a time: take \
+             /profile?seconds=N instead",
         )
     } else {
         Some(
-            "the recorder needs krabka-pprof's own CPU sampler, which runs on Linux on x86_64              and aarch64 only",
+            "the recorder needs krabka-pprof's own CPU sampler, which runs on Linux on x86_64 \
+             and aarch64 only",
         )
     }
 }

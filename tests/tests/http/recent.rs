@@ -2,7 +2,8 @@
 //! recorder on runs a `test_child serve-recent…` process of its own, so that the recorder
 //! starts with the process (and never runs in this one, where the other suites need the
 //! sampler idle). Times are the test's own clocks: when it spawned the child, when it sent
-//! each request and when the last byte came back.
+//! each request and when the last byte came back. Where the `pprof` crate samples, the
+//! route is a 503 saying so.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -636,4 +637,54 @@ async fn without_recent_the_route_says_which_key_turns_it_on() {
     }
     let index = server.text("/debug/pprof/").await;
     assert!(index.contains("Off: add <code>recent = \"10m\"</code>"));
+}
+
+/// Where CPU profiles come from the `pprof` crate's sampler (macOS, the BSDs), the
+/// recorder cannot run: `/recent` is a 503 that says what to take instead, the index page
+/// says the route is not here, and `/profile` still answers.
+#[tokio::test]
+async fn with_the_pprof_crates_sampler_recent_is_a_503_saying_what_to_take_instead() {
+    let _serial = serial().await;
+    let child = ChildServer::start(
+        EXE,
+        "serve-recent-short",
+        &[("KRABKA_TEST_SAMPLER", Some("pprof-rs"))],
+    );
+    let response = client()
+        .get(child.url("/debug/pprof/recent?seconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["x-go-pprof"], "1");
+    let text = response.text().await.unwrap();
+    assert!(
+        text.starts_with("the recorder needs krabka-pprof's own CPU sampler")
+            && text.contains("take /profile?seconds=N instead"),
+        "{text}"
+    );
+    let index = client()
+        .get(child.url("/debug/pprof/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        index.contains("<strong>Not here</strong>: the recorder needs krabka-pprof"),
+        "{index}"
+    );
+    let profile = client()
+        .get(child.url("/debug/pprof/profile?seconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(profile.status(), StatusCode::OK);
+    let profile = decode(&profile.bytes().await.unwrap());
+    assert!(
+        says(&profile, "through the pprof crate's sampler"),
+        "{:?}",
+        comments(&profile)
+    );
 }
