@@ -207,6 +207,22 @@ fn flamegraph_is_svg_with_every_function() {
     );
 }
 
+#[cfg(feature = "flamegraph")]
+#[test]
+fn a_cpu_flamegraph_is_drawn_in_samples_unless_another_column_is_asked_for() {
+    let mut profile = profile_of(&[(&["hot", "main"], 75), (&["cold", "main"], 25)]);
+    // Weights that disagree with the counts (samples standing for no CPU): the samples,
+    // the column a CPU flamegraph is drawn in by default, still show `cold`.
+    profile.sample[1].value[1] = 0;
+    let svg = flamegraph(&profile, "CPU", "5 s").unwrap();
+    assert!(
+        svg.contains(">cold") && svg.contains("cold (25 samples"),
+        "{svg}"
+    );
+    let svg = flamegraph_in(&profile, Some(1), "CPU", "5 s").unwrap();
+    assert!(!svg.contains("cold"), "{svg}");
+}
+
 /// A heap-like profile: Go's four types, `/allocs`' default.
 fn allocations() -> Profile {
     let mut profile = profile_of(&[(&["churn", "main"], 1), (&["keep", "main"], 1)]);
