@@ -31,7 +31,10 @@ fn churn() {
 async fn fifty_heap_dumps_during_cpu_profiles_under_allocation_load() {
     let _serial = serial().await;
     let server = TestServer::start(app);
-    let load = Burner::start_with(2, Duration::from_secs(60), churn);
+    // Bounded by what the rounds' own timeouts allow (ten of 5 × 20 s and 20 s), not by a
+    // minute: ten rounds took longer on a machine busy with two other loops, and the
+    // last CPU profile found no allocating thread. Dropped at the end, they stop.
+    let load = Burner::start_with(2, Duration::from_secs(1200), churn);
     let http = client();
     let mut dumps = 0;
     for round in 0..10 {
