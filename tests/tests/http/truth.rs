@@ -627,9 +627,34 @@ async fn libraries_loaded_and_unloaded_during_a_window() {
         "the profile has the loader's samples: {samples} for {cpu:?} of its CPU at \
          {frequency} Hz"
     );
-    let (nanos, used) = (total(&profile, 1) as f64, process.cpu_within(start, end));
+    // The loader's weights, by its own clock: within 10 % (no period lost while it is
+    // inside `dlopen`, in a library loaded a moment ago, or in one being unloaded).
+    let loader: i64 = profile
+        .sample
+        .iter()
+        .filter(|sample| {
+            sample.label.iter().any(|label| {
+                string(&profile, label.key) == "thread" && string(&profile, label.str) == "burner-0"
+            })
+        })
+        .map(|sample| sample.value[1])
+        .sum();
     assert!(
-        (nanos - used.as_nanos() as f64).abs() <= used.as_nanos() as f64 * 0.1,
+        (loader as f64 - cpu.as_nanos() as f64).abs() <= cpu.as_nanos() as f64 * 0.1,
+        "the loader's Σ cpu/nanoseconds {loader} while libraries came and went; its clock \
+         says {cpu:?}"
+    );
+    // The process's: never more than it used (nothing charged twice, or from before the
+    // window), and at least 80 % of it. Not 90 %: the kernel checks a thread's timer at
+    // the ticks that find it running, and threads that run in bursts between ticks (the
+    // test's CPU reader, the crate's worker following the libraries) have periods that no
+    // signal has carried yet when the window closes; on a machine busy with other work
+    // that came to 10.2 % of the process's CPU (the reader 46 ms, 13 of them sampled; the
+    // worker 164 ms, 63 sampled), while the loader's own came within 5 %.
+    let (nanos, used) = (total(&profile, 1) as f64, process.cpu_within(start, end));
+    let used_nanos = used.as_nanos() as f64;
+    assert!(
+        nanos <= used_nanos * 1.1 && nanos >= used_nanos * 0.8,
         "Σ cpu/nanoseconds {nanos} while libraries came and went; the process used {used:?}"
     );
 }
