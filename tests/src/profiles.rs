@@ -138,8 +138,8 @@ pub fn total_in(profile: &Profile, column: usize, name: &str) -> i64 {
 /// did (`measured`, nanoseconds): each share within `points`. `nominal` is what the
 /// workload was built to give, within `workload_tolerance` points, so that a workload
 /// gone lopsided fails as such. Returns the samples of each function; or, where a machine
-/// busy with other work folded the periods into too few signals to judge a split to 3
-/// points (under 2000, while `cpu/nanoseconds` holds at least 2000 periods of the
+/// busy with other work folded the periods into too few signals to judge a split to
+/// `points` (under 2000, while `cpu/nanoseconds` holds at least 2000 periods of the
 /// workload's CPU), why it cannot be judged, for the test to [`skip`](crate::skip).
 pub fn assert_split(
     profile: &Profile,

@@ -62,9 +62,7 @@ async fn memcpy_time_is_under_its_rust_caller_by_default() {
     let _serial = serial().await;
     let server = TestServer::start(app);
     // The truth: the CPU each part used, timed by its own thread around each call and
-    // read every 2 ms, so that only what it used inside the window counts (the copy's
-    // share moves with what else uses the memory bus, as the profile's rendering after
-    // the window does).
+    // read every 2 ms, so that only what it used inside the profile's window counts.
     let counters = Readings::start("copy-counters", || hot::read(&hot::COPY_CPU_NANOS));
     // The CPU for 4000 samples (more than assert_split's 2000 where the machine, busy with
     // other work, folds periods into fewer signals): a binomial error under a point for
