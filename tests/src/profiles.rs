@@ -227,6 +227,12 @@ pub fn comments(profile: &Profile) -> Vec<&str> {
 /// The samples (the `samples/count` column) of the threads named `name`, by the samples'
 /// `thread` label.
 pub fn thread_samples(profile: &Profile, name: &str) -> i64 {
+    thread_total(profile, 0, name)
+}
+
+/// The sum of `column` over the samples of the threads named `name`, by the samples'
+/// `thread` label.
+pub fn thread_total(profile: &Profile, column: usize, name: &str) -> i64 {
     profile
         .sample
         .iter()
@@ -235,7 +241,7 @@ pub fn thread_samples(profile: &Profile, name: &str) -> i64 {
                 string(profile, label.key) == "thread" && string(profile, label.str) == name
             })
         })
-        .map(|sample| sample.value[0])
+        .map(|sample| sample.value[column])
         .sum()
 }
 

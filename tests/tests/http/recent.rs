@@ -551,14 +551,7 @@ async fn clients_that_hang_up_leave_the_recorder_recording() {
     }
     let after = SystemTime::now();
     wait_for_recording_after(&child, after + Duration::from_secs(1)).await;
-    let index = client()
-        .get(child.url("/debug/pprof/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let index = child.text("/debug/pprof/").await;
     assert!(
         index.contains("<td>no CPU profile; the recorder samples at 99 Hz</td>"),
         "no window left open, the recorder still sampling: {index}"
@@ -663,14 +656,7 @@ async fn with_the_pprof_crates_sampler_recent_is_a_503_saying_what_to_take_inste
             && text.contains("take /profile?seconds=N instead"),
         "{text}"
     );
-    let index = client()
-        .get(child.url("/debug/pprof/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let index = child.text("/debug/pprof/").await;
     assert!(
         index.contains("<strong>Not here</strong>: the recorder needs krabka-pprof"),
         "{index}"

@@ -18,7 +18,7 @@ use krabka_pprof_tests::{
     Burner, ProcessCpu, Profile, Readings, TestServer, assert_sample_count, assert_split,
     assert_window_inside, client, comments, cores, decode, hot, just_under_the_tick,
     kernel_tick_hz, process_cpu_time, profile_window, quiet_cores, says, serial, skip, stacks,
-    string, thread_cpu_time, total, total_in, wait_for_timers,
+    string, thread_cpu_time, thread_total, total, total_in, wait_for_timers,
 };
 use reqwest::StatusCode;
 
@@ -627,16 +627,7 @@ async fn libraries_loaded_and_unloaded_during_a_window() {
     );
     // The loader's weights, by its own clock: within 10 % (no period lost while it is
     // inside `dlopen`, in a library loaded a moment ago, or in one being unloaded).
-    let loader: i64 = profile
-        .sample
-        .iter()
-        .filter(|sample| {
-            sample.label.iter().any(|label| {
-                string(&profile, label.key) == "thread" && string(&profile, label.str) == "burner-0"
-            })
-        })
-        .map(|sample| sample.value[1])
-        .sum();
+    let loader = thread_total(&profile, 1, "burner-0");
     assert!(
         (loader as f64 - cpu.as_nanos() as f64).abs() <= cpu.as_nanos() as f64 * 0.1,
         "the loader's Σ cpu/nanoseconds {loader} while libraries came and went; its clock \
