@@ -89,6 +89,31 @@ fn spans_under_a_local_root_carry_its_name_and_id() {
     });
 }
 
+/// `otel.name` recorded as text or through `Display` (`%`, as `tracing-opentelemetry`'s
+/// users often write it) names the root; no other field does, before it or after it.
+#[test]
+fn a_roots_otel_name_is_read_however_it_is_recorded_and_from_no_other_field() {
+    with_layer(layer(), || {
+        let route = String::from("GET /orders/{id}");
+        let spans = [
+            info_span!(
+                "GET /orders",
+                otel.name = "GET /orders/{id}",
+                user = "alice"
+            ),
+            info_span!("GET /orders", otel.name = %route, user = "alice"),
+            info_span!("GET /orders", user = "alice", otel.name = %route, tenant = "acme"),
+        ];
+        for span in spans {
+            let name = span.in_scope(|| span_set().get("span_name").map(str::to_owned));
+            assert_eq!(name.as_deref(), Some(&*route), "{span:?}");
+        }
+        let plain = info_span!("GET /orders", user = "alice");
+        let name = plain.in_scope(|| span_set().get("span_name").map(str::to_owned));
+        assert_eq!(name.as_deref(), Some("GET /orders"), "the span's own name");
+    });
+}
+
 #[test]
 fn named_fields_become_labels_inherited_with_the_child_winning() {
     let labels = layer().with_fields(["tenant", "region", "span_id"]);
