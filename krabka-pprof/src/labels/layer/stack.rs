@@ -133,6 +133,25 @@ mod tests {
         current::halves(current::word()).1
     }
 
+    /// A span exited again (a second `exit` through the dispatcher, say) changes nothing,
+    /// though its entry is still there past the stack's top: popping an inline entry
+    /// leaves its cell as it was, and the search for an out-of-order exit must not reach it.
+    #[test]
+    fn a_span_exited_again_changes_nothing_though_its_entry_is_still_past_the_top() {
+        std::thread::spawn(|| {
+            enter(1, 10);
+            enter(2, 20);
+            exit(2);
+            assert_eq!((depth(), span_half()), (1, 10));
+            exit(2);
+            assert_eq!((depth(), span_half()), (1, 10), "span 2 is not entered");
+            exit(1);
+            assert_eq!((depth(), span_half()), (0, 0));
+        })
+        .join()
+        .unwrap();
+    }
+
     /// Nested deeper than the inline entries, exited once out of order inside the
     /// allocated ones and then in order: every exit puts back what its span replaced.
     #[test]
