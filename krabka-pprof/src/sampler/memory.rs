@@ -486,6 +486,39 @@ mod tests {
         assert_eq!(reader.read(far - 8), Ok(7));
     }
 
+    /// Dropped, a pipe closes both its descriptors. Judged by what each number names
+    /// (the pipe's inode), not by the number alone: another test's thread may open a file
+    /// that takes a freed number at once.
+    #[test]
+    fn a_dropped_pipe_closes_both_its_descriptors() {
+        fn names(fd: i32) -> Option<(u64, u64)> {
+            let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+            // SAFETY: fstat writes a `stat` into `stat`, or fails (EBADF for a closed fd).
+            if unsafe { libc::fstat(fd, stat.as_mut_ptr()) } != 0 {
+                return None;
+            }
+            // SAFETY: fstat succeeded, so `stat` is written.
+            let stat = unsafe { stat.assume_init() };
+            Some((stat.st_dev, stat.st_ino))
+        }
+        let pipe = Pipe::closed();
+        pipe.open();
+        let fds = [&pipe.read, &pipe.write].map(|fd| fd.load(Ordering::Relaxed));
+        let pipe_inode = names(fds[0]);
+        assert!(
+            pipe_inode.is_some() && names(fds[1]) == pipe_inode,
+            "{fds:?}"
+        );
+        drop(pipe);
+        for fd in fds {
+            assert_ne!(
+                names(fd),
+                pipe_inode,
+                "descriptor {fd} still open on the pipe"
+            );
+        }
+    }
+
     #[test]
     fn a_pipe_copies_what_can_be_read_and_stops_at_a_hole() {
         let pipe = Pipe::closed();

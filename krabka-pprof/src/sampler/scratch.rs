@@ -141,6 +141,42 @@ mod tests {
         );
     }
 
+    /// Dropped, the pages are given back to the kernel. Read through `process_vm_readv`,
+    /// which fails on unmapped memory rather than faulting; another test's thread may map
+    /// something at the same address meanwhile, so what is read is compared with what
+    /// was written there.
+    #[test]
+    fn fresh_pages_are_unmapped_when_dropped() {
+        let mut pages = FreshPages::new(2 * 4096);
+        let start = pages.as_ptr() as usize;
+        let marker = (start as u128 ^ 0x9e37_79b9_7f4a_7c15_d1b5_4a32_d192_ed03).to_ne_bytes();
+        pages[..16].copy_from_slice(&marker);
+        assert_eq!(read_own(start).as_ref(), Some(&marker), "mapped while held");
+        drop(pages);
+        assert_ne!(
+            read_own(start).as_ref(),
+            Some(&marker),
+            "the pages at {start:#x} are still mapped"
+        );
+    }
+
+    /// 16 bytes of this process's memory at `address`, or `None` where none is mapped.
+    fn read_own(address: usize) -> Option<[u8; 16]> {
+        let mut bytes = [0u8; 16];
+        let local = libc::iovec {
+            iov_base: bytes.as_mut_ptr().cast(),
+            iov_len: bytes.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: address as *mut libc::c_void,
+            iov_len: bytes.len(),
+        };
+        // SAFETY: the kernel writes at most 16 bytes into `bytes`, and reads the remote
+        // range only if it is mapped (EFAULT otherwise).
+        let read = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        (read == 16).then_some(bytes)
+    }
+
     #[test]
     fn a_slot_is_taken_by_one_handler_until_it_is_given_back() {
         let slot = Slot::new();
