@@ -830,6 +830,71 @@ fn compressed_debug_sections_are_inflated_within_the_cap() {
     assert!(found.iter().all(Vec::is_empty), "inflated past the cap");
 }
 
+/// A unit's code ranges read from its root DIE alone (where `.debug_aranges` is missing,
+/// as in LLVM's builds) are the ranges gimli reads with the whole unit, and that reading
+/// serves what gcc writes before DWARF 5: one span (`DW_AT_high_pc` an address in DWARF
+/// 3, a size since) and range lists (`-ffunction-sections`). DWARF 5's range lists may
+/// need the unit's bases: those units may be left to the whole unit's reading.
+#[test]
+fn a_units_ranges_read_from_its_root_alone_are_the_whole_units() {
+    let scratch = Scratch::new("root-ranges");
+    let files = [
+        (
+            "krabka_one.c",
+            "unsigned long krabka_one(unsigned long x) { return x * 3 + 1; }\n\
+             unsigned long krabka_two(unsigned long x) { return (x >> 3) ^ x; }\n",
+        ),
+        (
+            "krabka_other.c",
+            "unsigned long krabka_three(unsigned long x) { return x * x + 7; }\n",
+        ),
+    ];
+    for version in ["-gdwarf-3", "-gdwarf-4", "-gdwarf-5"] {
+        for function_sections in [false, true] {
+            let flags = [version, "-O1", "-ffunction-sections"];
+            let flags = if function_sections {
+                &flags[..]
+            } else {
+                &flags[..2]
+            };
+            let (library, _) = c_build(
+                &scratch.0,
+                &format!("libkrabka_roots{version}{function_sections}.so"),
+                &files,
+                flags,
+                &[],
+            );
+            let build = format!("{version}, function sections {function_sections}");
+            let file = super::file::DebugFile::find(&library, &library, None, &[]).expect("DWARF");
+            let sections = super::sections::Sections::load(&file).unwrap();
+            let dwarf = sections.dwarf();
+            let mut headers = dwarf.units();
+            let mut units = 0;
+            while let Some(header) = headers.next().unwrap() {
+                let unit = dwarf.unit(header).unwrap();
+                let mut whole = Vec::new();
+                let mut ranges = dwarf.unit_ranges(&unit).unwrap();
+                while let Some(range) = ranges.next().unwrap() {
+                    whole.push((range.begin, range.end));
+                }
+                assert!(!whole.is_empty(), "{build}: a unit with code");
+                let mut alone = Vec::new();
+                let read = super::units::root_ranges(&dwarf, &header, &mut |begin, end| {
+                    alone.push((begin, end));
+                });
+                if header.version() < 5 || !function_sections {
+                    assert!(read.is_some(), "{build}: read from the root alone");
+                }
+                if read.is_some() {
+                    assert_eq!(alone, whole, "{build}");
+                }
+                units += 1;
+            }
+            assert_eq!(units, 2, "{build}");
+        }
+    }
+}
+
 #[test]
 fn sections_are_read_as_the_file_holds_them_and_only_where_they_are_read() {
     use gimli::{Reader as _, Section as _};

@@ -91,7 +91,7 @@ pub(crate) fn units_of(
 /// their first DIE is far cheaper than [`gimli::Dwarf::unit`], which also parses the
 /// unit's line program header. `None` where the ranges need the unit's bases (DWARF 5's
 /// `DW_FORM_addrx`, `DW_FORM_rnglistx`).
-fn root_ranges(
+pub(super) fn root_ranges(
     dwarf: &Dwarf<'_>,
     header: &gimli::UnitHeader<Reader<'_>>,
     place: &mut impl FnMut(u64, u64),
@@ -106,8 +106,10 @@ fn root_ranges(
             (gimli::DW_AT_low_pc, AttributeValue::Addr(at)) => low = Some(at),
             (gimli::DW_AT_high_pc, AttributeValue::Addr(at)) => high = Some(at),
             (gimli::DW_AT_high_pc, AttributeValue::Udata(n)) => size = Some(n),
-            (gimli::DW_AT_ranges, AttributeValue::SecOffset(at)) => {
-                ranges = Some(gimli::RangeListsOffset(at));
+            // gimli gives a unit's `DW_AT_ranges` as a raw offset, never `SecOffset`:
+            // before DWARF 5 it is the offset into `.debug_ranges` itself.
+            (gimli::DW_AT_ranges, AttributeValue::RangeListsRef(at)) => {
+                ranges = Some(gimli::RangeListsOffset(at.0));
             }
             (gimli::DW_AT_low_pc | gimli::DW_AT_high_pc | gimli::DW_AT_ranges, _)
             | (gimli::DW_AT_addr_base | gimli::DW_AT_rnglists_base, _) => return None,
