@@ -87,7 +87,11 @@ unsafe impl Send for FreshPages {}
 /// third handler on 2 CPUs found none and recorded its PC alone ("sampler busy"), which a
 /// profile of a loaded 2-core machine showed.
 pub(crate) fn scratch_slots() -> usize {
-    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    slots_for(std::thread::available_parallelism().map_or(2, |n| n.get()))
+}
+
+/// [`scratch_slots`] for `cpus` CPUs.
+fn slots_for(cpus: usize) -> usize {
     (cpus + 2).clamp(4, 16)
 }
 
@@ -192,5 +196,19 @@ mod tests {
         let slots = scratch_slots();
         assert!((4..=16).contains(&slots), "{slots}");
         assert!(slots >= (cpus + 2).min(16), "{slots} slots for {cpus} CPUs");
+        assert_eq!(slots, slots_for(cpus));
+        let counts = [1, 2, 3, 8, 14, 15, 64].map(|cpus| (cpus, slots_for(cpus)));
+        assert_eq!(
+            counts,
+            [
+                (1, 4),
+                (2, 4),
+                (3, 5),
+                (8, 10),
+                (14, 16),
+                (15, 16),
+                (64, 16)
+            ]
+        );
     }
 }
