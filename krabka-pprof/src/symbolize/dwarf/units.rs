@@ -195,3 +195,46 @@ impl Unplaced {
         self.first_from(0) == self.next.len() - 1
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ranges that overlap place each index once, in order; an index placed alone (as a
+    /// line-table row does) is skipped like the rest; `none_left` only once all are.
+    #[test]
+    fn each_index_is_placed_once_however_the_ranges_overlap() {
+        let mut unplaced = Unplaced::new(10);
+        let placed = |unplaced: &mut Unplaced, range: Range<usize>| {
+            let mut seen = Vec::new();
+            unplaced.place_in(range, |i| seen.push(i));
+            seen
+        };
+        assert!(!unplaced.none_left());
+        assert_eq!(placed(&mut unplaced, 2..5), [2, 3, 4]);
+        assert_eq!(placed(&mut unplaced, 0..7), [0, 1, 5, 6]);
+        assert_eq!(placed(&mut unplaced, 3..4), [] as [usize; 0]);
+        assert_eq!(unplaced.first_from(0), 7);
+        unplaced.place(8);
+        assert_eq!((unplaced.first_from(7), unplaced.first_from(8)), (7, 9));
+        assert!(!unplaced.none_left());
+        assert_eq!(placed(&mut unplaced, 7..10), [7, 9]);
+        assert!(unplaced.none_left());
+        assert_eq!((unplaced.first_from(0), unplaced.first_from(10)), (10, 10));
+    }
+
+    /// The indexes of sorted addresses inside `begin..end`: the end left out, and an empty
+    /// span where the range holds none.
+    #[test]
+    fn a_span_is_the_addresses_inside_the_range() {
+        let addresses = [0x10, 0x20, 0x30, 0x40];
+        assert_eq!(span(&addresses, 0x20, 0x40), 1..3);
+        assert_eq!(span(&addresses, 0x11, 0x20), 1..1);
+        assert_eq!(span(&addresses, 0x00, 0x100), 0..4);
+        assert_eq!(
+            span(&addresses, 0x40, 0x30),
+            3..3,
+            "an inverted range holds none"
+        );
+    }
+}
