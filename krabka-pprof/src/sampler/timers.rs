@@ -261,11 +261,8 @@ impl Registry {
         let (Some(period), Some(timer)) = (self.period, self.timers.get(&tid)) else {
             return Ok(());
         };
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
         let period = period.as_nanos() as u64;
-        if settime(timer.timer, period, 1 + self.seed % period) {
+        if settime(timer.timer, period, first_expiry(&mut self.seed, period)) {
             Ok(())
         } else {
             Err(io::Error::last_os_error())
@@ -390,6 +387,16 @@ fn timespec(nanos: u64) -> libc::timespec {
     }
 }
 
+/// A first expiry in (0, `period`] nanoseconds, drawn from `seed` (xorshift64, which
+/// never leaves 0: the seed is odd).
+fn first_expiry(seed: &mut u64, period: u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    1 + *seed % period
+}
+
+/// The first expiries' seed: odd, and another in each process and at each moment.
 fn seed() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -400,6 +407,30 @@ fn seed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// First expiries fall in (0, period] and spread evenly over it, so that a thread
+    /// that lives less than a period is sampled with a chance in proportion to its life;
+    /// the seed is never xorshift's fixed point 0, and another moment gives another.
+    #[test]
+    fn first_expiries_are_uniform_in_the_period_from_a_seed_that_varies() {
+        let mut drawn = seed();
+        assert_eq!(drawn & 1, 1, "odd: {drawn:#x}");
+        let period = 1000;
+        let mut quarters = [0u32; 4];
+        for _ in 0..40_000 {
+            let first = first_expiry(&mut drawn, period);
+            assert!((1..=period).contains(&first), "{first}");
+            quarters[((first - 1) * 4 / period) as usize] += 1;
+        }
+        // 10,000 expected in each, give or take 90 (one standard deviation).
+        assert!(
+            quarters.iter().all(|q| (9_000..=11_000).contains(q)),
+            "{quarters:?}"
+        );
+        let earlier = seed();
+        let later = (0..1_000_000).map(|_| seed()).find(|s| *s != earlier);
+        assert!(later.is_some(), "the seed never changed: {earlier:#x}");
+    }
 
     #[test]
     fn signal_values_name_their_thread_or_session() {
