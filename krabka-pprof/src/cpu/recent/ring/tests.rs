@@ -612,3 +612,43 @@ fn reports_merge_weighted_by_samples_and_summed() {
         "no samples: no division by zero"
     );
 }
+
+/// Each note's threshold, met exactly and just passed: a window that ends half a slice
+/// after the newest slice names that half; one that ends a whole slice after it is not
+/// yet "not sampled"; one that starts a slice before the oldest is not yet "nothing
+/// before it"; a slice two slices long is not yet coarse.
+#[test]
+fn each_notes_threshold_is_met_exactly_and_then_passed() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    for second in 0..4 {
+        ring.push(slice(f64::from(second), 1.0, &[0xa], 10), None);
+    }
+    ring.push(slice(4.0, 2.0, &[0xa], 20), None);
+    let summary = |to: &str, asked: &str, ago: &str| {
+        format!(
+            "krabka-pprof recorder: 6.0 s sampled in 5 slices, from {ago} before the end of \
+             the {asked} window asked for {to}"
+        )
+    };
+    let notes = |from: f64, to: f64| ring.select(at(from), at(to)).notes;
+    assert_eq!(
+        notes(-1.0, 7.0),
+        [summary("to 1.0 s before it", "8.0 s", "7.0 s")]
+    );
+    assert_eq!(
+        notes(-1.0, 6.5),
+        [summary("to 0.5 s before it", "7.5 s", "6.5 s")]
+    );
+    assert_eq!(notes(-1.0, 6.4), [summary("to its end", "7.4 s", "6.4 s")]);
+    let later = notes(-1.0, 7.5);
+    assert_eq!(
+        later[1..],
+        ["not sampled for the last 1.5 s: no slice was kept for it"]
+    );
+    let earlier = notes(-1.5, 7.0);
+    assert_eq!(earlier.len(), 2, "{earlier:?}");
+    assert!(
+        earlier[1].contains("nothing is recorded before it"),
+        "{earlier:?}"
+    );
+}
