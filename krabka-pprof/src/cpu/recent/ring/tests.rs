@@ -652,3 +652,28 @@ fn each_notes_threshold_is_met_exactly_and_then_passed() {
         "{earlier:?}"
     );
 }
+
+/// A selection names its addresses with every object list its slices saw: libraries
+/// only in the newer list (loaded since) and only in the older (unloaded since) alike.
+#[test]
+fn a_selection_holds_the_objects_of_every_slice_it_merges() {
+    let current = Objects::current();
+    let names = |objects: &Objects| -> Vec<String> {
+        objects.iter().map(|object| object.name.clone()).collect()
+    };
+    assert!(!names(&current).is_empty());
+    for (older, newer) in [
+        (Objects::default(), current.clone()),
+        (current.clone(), Objects::default()),
+    ] {
+        let mut ring = Ring::new(S(600), 8 << 20);
+        let mut one = slice(0.0, 1.0, &[1], 1);
+        one.objects = older;
+        let mut two = slice(1.0, 1.0, &[1], 1);
+        two.objects = newer;
+        ring.push(one, None);
+        ring.push(two, None);
+        let merged = ring.select(at(0.0), at(2.0)).collected.unwrap();
+        assert_eq!(names(&merged.objects), names(&current));
+    }
+}
