@@ -651,6 +651,13 @@ fn each_notes_threshold_is_met_exactly_and_then_passed() {
         earlier[1].contains("nothing is recorded before it"),
         "{earlier:?}"
     );
+    // Nothing kept: a window that ends where the first slice starts is before the
+    // recording; one that starts where the last slice ends, after it.
+    assert_eq!(notes(-2.0, 0.0), ["the recorder started 0.0 s after it"]);
+    assert_eq!(
+        notes(6.0, 8.0),
+        ["the recorder has not sampled in that time yet"]
+    );
 }
 
 /// A selection names its addresses with every object list its slices saw: libraries
