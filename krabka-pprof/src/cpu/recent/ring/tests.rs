@@ -234,6 +234,18 @@ fn the_memory_bound_drops_the_oldest_slices_first() {
         "{:?}",
         selection.notes
     );
+    // A window wholly before what is kept: no profile, and the same reason.
+    let before = ring.select(at(0.0), at(10.0));
+    assert!(before.collected.is_none());
+    assert_eq!(before.notes.len(), 1, "{:?}", before.notes);
+    assert!(
+        before.notes[0].starts_with(
+            "history that old was dropped to stay within recent_memory (64KiB); the oldest \
+             kept begins "
+        ),
+        "{:?}",
+        before.notes
+    );
 }
 
 #[test]
