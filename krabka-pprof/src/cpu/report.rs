@@ -50,7 +50,9 @@ pub(super) fn log_report(report: &sampler::Report, capped: bool, shared_with: us
     span.record("handler_p99_ns", report.handler_nanos.1);
     span.record("rate_capped", capped);
     span.record("handler_replaced", report.handler_replaced);
-    if report.reader == "process_vm_readv" {
+    // `pread` of /proc/self/mem is the reader chosen first (`Memory::choose`): only
+    // another is news.
+    if report.reader == "/proc/self/mem" {
         tracing::debug!(why = %report.reader_why, "stack reader: {}", report.reader);
     } else {
         tracing::info!(why = %report.reader_why, "stack reader: {}", report.reader);

@@ -179,6 +179,18 @@ async fn spans_and_refusals() {
         // 50 Hz is under every kernel tick (100 Hz at the least).
         assert_eq!(field(closed, "rate_capped"), Some("false"), "{closed}");
         assert_eq!(field(closed, "handler_replaced"), Some("false"), "{closed}");
+        // The reader chosen first is a debug line; a fallback, which a reader of the
+        // profile should know of, an info line.
+        let level = if reader == "/proc/self/mem" {
+            " DEBUG "
+        } else {
+            " INFO "
+        };
+        let said = format!("stack reader: {reader}");
+        assert!(
+            log.lines().any(|l| l.contains(&said) && l.contains(level)),
+            "{said:?} at{level}in:\n{log}"
+        );
     }
 
     let refused = http
