@@ -834,7 +834,8 @@ fn compressed_debug_sections_are_inflated_within_the_cap() {
 /// as in LLVM's builds) are the ranges gimli reads with the whole unit, and that reading
 /// serves what gcc writes before DWARF 5: one span (`DW_AT_high_pc` an address in DWARF
 /// 3, a size since) and range lists (`-ffunction-sections`). DWARF 5's range lists may
-/// need the unit's bases: those units may be left to the whole unit's reading.
+/// need the unit's bases: those units may be left to the whole unit's reading, and a
+/// split unit's must be (its `DW_AT_low_pc` is an index into `.debug_addr`).
 #[test]
 fn a_units_ranges_read_from_its_root_alone_are_the_whole_units() {
     let scratch = Scratch::new("root-ranges");
@@ -849,49 +850,53 @@ fn a_units_ranges_read_from_its_root_alone_are_the_whole_units() {
             "unsigned long krabka_three(unsigned long x) { return x * x + 7; }\n",
         ),
     ];
-    for version in ["-gdwarf-3", "-gdwarf-4", "-gdwarf-5"] {
-        for function_sections in [false, true] {
-            let flags = [version, "-O1", "-ffunction-sections"];
-            let flags = if function_sections {
-                &flags[..]
-            } else {
-                &flags[..2]
-            };
-            let (library, _) = c_build(
-                &scratch.0,
-                &format!("libkrabka_roots{version}{function_sections}.so"),
-                &files,
-                flags,
-                &[],
-            );
-            let build = format!("{version}, function sections {function_sections}");
-            let file = super::file::DebugFile::find(&library, &library, None, &[]).expect("DWARF");
-            let sections = super::sections::Sections::load(&file).unwrap();
-            let dwarf = sections.dwarf();
-            let mut headers = dwarf.units();
-            let mut units = 0;
-            while let Some(header) = headers.next().unwrap() {
-                let unit = dwarf.unit(header).unwrap();
-                let mut whole = Vec::new();
-                let mut ranges = dwarf.unit_ranges(&unit).unwrap();
-                while let Some(range) = ranges.next().unwrap() {
-                    whole.push((range.begin, range.end));
-                }
-                assert!(!whole.is_empty(), "{build}: a unit with code");
-                let mut alone = Vec::new();
-                let read = super::units::root_ranges(&dwarf, &header, &mut |begin, end| {
-                    alone.push((begin, end));
-                });
-                if header.version() < 5 || !function_sections {
-                    assert!(read.is_some(), "{build}: read from the root alone");
-                }
-                if read.is_some() {
-                    assert_eq!(alone, whole, "{build}");
-                }
-                units += 1;
+    // Each version with and without function sections, and DWARF 5 split.
+    let builds = ["-gdwarf-3", "-gdwarf-4", "-gdwarf-5"]
+        .into_iter()
+        .flat_map(|version| [vec![version], vec![version, "-ffunction-sections"]])
+        .chain([vec!["-gdwarf-5", "-gsplit-dwarf"]]);
+    for flags in builds {
+        let build = flags.join(" ");
+        let (function_sections, split) = (
+            flags.contains(&"-ffunction-sections"),
+            flags.contains(&"-gsplit-dwarf"),
+        );
+        let flags = [&flags[..], &["-O1"]].concat();
+        let (library, _) = c_build(
+            &scratch.0,
+            &format!("libkrabka_roots{}.so", build.replace(' ', "")),
+            &files,
+            &flags,
+            &[],
+        );
+        let file = super::file::DebugFile::find(&library, &library, None, &[]).expect("DWARF");
+        let sections = super::sections::Sections::load(&file).unwrap();
+        let dwarf = sections.dwarf();
+        let mut headers = dwarf.units();
+        let mut units = 0;
+        while let Some(header) = headers.next().unwrap() {
+            let unit = dwarf.unit(header).unwrap();
+            let mut whole = Vec::new();
+            let mut ranges = dwarf.unit_ranges(&unit).unwrap();
+            while let Some(range) = ranges.next().unwrap() {
+                whole.push((range.begin, range.end));
             }
-            assert_eq!(units, 2, "{build}");
+            assert!(!whole.is_empty(), "{build}: a unit with code");
+            let mut alone = Vec::new();
+            let read = super::units::root_ranges(&dwarf, &header, &mut |begin, end| {
+                alone.push((begin, end));
+            });
+            if split {
+                assert!(read.is_none(), "{build}: the address needs the unit's base");
+            } else if header.version() < 5 || !function_sections {
+                assert!(read.is_some(), "{build}: read from the root alone");
+            }
+            if read.is_some() {
+                assert_eq!(alone, whole, "{build}");
+            }
+            units += 1;
         }
+        assert_eq!(units, 2, "{build}");
     }
 }
 
