@@ -658,6 +658,23 @@ pub(crate) mod tests {
         );
     }
 
+    /// The process's mode is its main thread's (the thread `/proc/self/status`
+    /// describes), whichever thread asks: here also one with a filter of its own.
+    #[test]
+    fn the_processs_seccomp_mode_is_its_main_threads() {
+        let main = ProcThread::seccomp(std::process::id())
+            .expect("the main thread's status")
+            .0;
+        assert_eq!(seccomp_mode(), main);
+        let asked_by_a_filtered_thread = std::thread::spawn(|| {
+            install_allow_all_seccomp_filter();
+            seccomp_mode()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(asked_by_a_filtered_thread, main, "not the asking thread's");
+    }
+
     #[test]
     fn this_threads_clock_id_is_the_kernels() {
         // SAFETY: gettid has no preconditions.
