@@ -900,6 +900,46 @@ fn a_units_ranges_read_from_its_root_alone_are_the_whole_units() {
     }
 }
 
+/// A C++ member function defined outside its class and inlined: the DIE of its
+/// definition has no name of its own, only a `DW_AT_specification` pointing at the
+/// declaration in the class, which has the name; the inlined frame is named from there.
+#[test]
+fn an_inlined_member_defined_outside_its_class_is_named_by_its_declaration() {
+    let (objects, index, _) = probe();
+    let object = objects.get(index).unwrap();
+    let scratch = Scratch::new("member");
+    let (library, ranges) = c_build(
+        &scratch.0,
+        "libkrabka_member.so",
+        &[(
+            "krabka_member.cpp",
+            "struct Krabka {\n\
+             \x20   static unsigned long step(unsigned long y);\n\
+             };\n\
+             inline unsigned long Krabka::step(unsigned long y) {\n\
+             \x20   return (y * 2654435761u) ^ (y >> 13);\n\
+             }\n\
+             extern \"C\" unsigned long krabka_member_outer(unsigned long x) {\n\
+             \x20   return Krabka::step(x) + Krabka::step(x >> 1);\n\
+             }\n",
+        )],
+        &["-g", "-O2"],
+        &["krabka_member_outer"],
+    );
+    let at: Vec<u64> = ranges[0].clone().collect();
+    let found = resolve(&as_if_library_loaded_from(object, &library), &at);
+    let inlined: Vec<&str> = found
+        .iter()
+        .filter(|levels| levels.len() == 2)
+        .map(|levels| levels[0].name.as_str())
+        .collect();
+    assert!(!inlined.is_empty(), "the inlined calls: {found:?}");
+    assert!(
+        inlined.iter().all(|name| name.contains("step")),
+        "{inlined:?}"
+    );
+}
+
 #[test]
 fn sections_are_read_as_the_file_holds_them_and_only_where_they_are_read() {
     use gimli::{Reader as _, Section as _};
@@ -1022,7 +1062,7 @@ pub(crate) fn c_build(
             files
                 .iter()
                 .map(|(file, _)| file)
-                .filter(|f| f.ends_with(".c")),
+                .filter(|f| f.ends_with(".c") || f.ends_with(".cpp")),
         )
         .status()
         .expect("cc runs: rustc links with it");
