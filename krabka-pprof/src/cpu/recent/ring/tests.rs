@@ -547,19 +547,23 @@ fn the_newest_slice_stays_and_the_bound_is_inclusive() {
 #[test]
 fn a_fold_keeps_the_counts_in_id_order_whichever_slice_had_a_stack_first() {
     let mut ring = Ring::new(S(600), 8 << 20);
-    // 0xa gets the first id, 0xb the second; the slice after the gap has only 0xb, and
-    // the one it folds with only 0xa.
+    // 0xa and 0xb get their ids in the first slice, in an order of the hash map's
+    // choosing; after each gap, a slice with one of them folds with a slice with the
+    // other, in both orders: one of the two folds takes the higher id first, whichever
+    // that is.
     ring.push(slice(0.0, 1.0, &[0xa, 0xb], 2), None);
     ring.push(slice(1.0, 1.0, &[0xb], 2), Some("yielded".to_owned()));
     ring.push(slice(2.0, 1.0, &[0xa], 2), None);
-    // A minute and more later: the three are old enough to fold.
-    ring.push(slice(70.0, 1.0, &[0xc], 2), None);
-    assert!(ring.slices.len() < 4, "folded: {}", ring.slices.len());
+    ring.push(slice(20.0, 1.0, &[0xa], 2), Some("yielded".to_owned()));
+    ring.push(slice(21.0, 1.0, &[0xb], 2), None);
+    // A minute and more later: the five are old enough to fold.
+    ring.push(slice(85.0, 1.0, &[0xc], 2), None);
+    assert!(ring.slices.len() < 6, "folded: {}", ring.slices.len());
     assert_counts_what_it_holds(&ring);
-    let collected = ring.select(at(0.0), at(71.0)).collected.unwrap();
+    let collected = ring.select(at(0.0), at(86.0)).collected.unwrap();
     assert_eq!(
         by_leaf(&collected),
-        HashMap::from([(0xa, 4), (0xb, 4), (0xc, 2)])
+        HashMap::from([(0xa, 6), (0xb, 6), (0xc, 2)])
     );
     // Each sample here stands for one period: the periods are summed as the samples are.
     for tally in collected.stacks.values() {
