@@ -326,8 +326,10 @@ impl TestServer {
         PoolHold(hold, thread)
     }
 
-    /// Waits until the index page says `windows` CPU windows are open (at most 10 s).
-    pub async fn wait_for_windows(&self, windows: usize) {
+    /// Waits until the index page says `windows` CPU windows are open (at most 10 s), and
+    /// returns when the last look that did not say so was sent (`None` if the first
+    /// did): by the client's clock, the windows opened after it.
+    pub async fn wait_for_windows(&self, windows: usize) -> Option<Instant> {
         let said = if windows == 0 {
             "<td>no CPU profile</td>".to_owned()
         } else {
@@ -337,11 +339,14 @@ impl TestServer {
             )
         };
         let deadline = Instant::now() + Duration::from_secs(10);
+        let mut not_yet = None;
         loop {
+            let sent = Instant::now();
             let index = self.text("/debug/pprof/").await;
             if index.contains(&said) {
-                return;
+                return not_yet;
             }
+            not_yet = Some(sent);
             assert!(Instant::now() < deadline, "the index never said {said:?}");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

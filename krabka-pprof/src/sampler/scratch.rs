@@ -166,18 +166,10 @@ mod tests {
 
     /// 16 bytes of this process's memory at `address`, or `None` where none is mapped.
     fn read_own(address: usize) -> Option<[u8; 16]> {
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
         let mut bytes = [0u8; 16];
-        let local = libc::iovec {
-            iov_base: bytes.as_mut_ptr().cast(),
-            iov_len: bytes.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: address as *mut libc::c_void,
-            iov_len: bytes.len(),
-        };
-        // SAFETY: the kernel writes at most 16 bytes into `bytes`, and reads the remote
-        // range only if it is mapped (EFAULT otherwise).
-        let read = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        let read = crate::sampler::memory::Memory::VmReadv { pid }.read(address as u64, &mut bytes);
         (read == 16).then_some(bytes)
     }
 

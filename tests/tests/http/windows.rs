@@ -137,26 +137,6 @@ fn least_retry_after(seconds: u64, before: Instant, refused_at: Instant) -> u64 
     left.as_secs() + u64::from(left.subsec_nanos() > 0)
 }
 
-/// Waits for the index page to show one window open, and returns when the last look
-/// that did not show it was sent (`before` if the first did): the window opened after
-/// that, by the client's clock.
-async fn window_opened_after(server: &TestServer, before: Instant) -> Instant {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut not_yet = before;
-    loop {
-        let sent = Instant::now();
-        if server.text("/debug/pprof/").await.contains("1 window open") {
-            return not_yet;
-        }
-        not_yet = sent;
-        assert!(
-            Instant::now() < deadline,
-            "the index never showed the window open"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// A request's 409: its Retry-After and its sentence.
 async fn refused(server: &TestServer, query: &str) -> (u64, String) {
     let response = unpooled_client()
@@ -425,7 +405,7 @@ async fn past_max_windows_a_request_gets_409() {
         let before = Instant::now();
         let a = profile_after(&server, "seconds=3", Duration::ZERO);
         let second = async {
-            let opened_after = window_opened_after(&server, before).await;
+            let opened_after = server.wait_for_windows(1).await.unwrap_or(before);
             let answer = refused(&server, "seconds=1").await;
             (answer, opened_after, Instant::now())
         };
