@@ -220,6 +220,8 @@ pub(crate) struct Sampler {
     blocklist: &'static [&'static str],
     handler_replaced: AtomicBool,
     reader_why: String,
+    /// The reader was chosen as usual ([`memory::Choice::usual`]).
+    reader_usual: bool,
     frequency: u32,
     /// The process that started it: a child made by `fork` that drops it touches no
     /// timer (the ids would name the child's own).
@@ -305,6 +307,7 @@ impl Sampler {
             blocklist,
             handler_replaced: AtomicBool::new(false),
             reader_why: reader.why,
+            reader_usual: reader.usual,
             frequency,
             pid: std::process::id(),
             seccomp: ProcThread::seccomp(crate::process::current_tid()),
@@ -444,6 +447,7 @@ impl Sampler {
         let report = Report {
             reader,
             reader_why: self.reader_why.clone(),
+            reader_usual: self.reader_usual && reader == "/proc/self/mem",
             foreign_signals: counts.foreign,
             handler_replaced: self.handler_replaced.load(Ordering::Relaxed) || !handler::is_ours(),
             threads_timed,

@@ -51,8 +51,8 @@ pub(super) fn log_report(report: &sampler::Report, capped: bool, shared_with: us
     span.record("rate_capped", capped);
     span.record("handler_replaced", report.handler_replaced);
     // `pread` of /proc/self/mem is the reader chosen first (`Memory::choose`): only
-    // another is news.
-    if report.reader == "/proc/self/mem" {
+    // another, or this one chosen because of a seccomp filter, is news.
+    if report.reader_usual {
         tracing::debug!(why = %report.reader_why, "stack reader: {}", report.reader);
     } else {
         tracing::info!(why = %report.reader_why, "stack reader: {}", report.reader);

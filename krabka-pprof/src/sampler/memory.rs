@@ -33,6 +33,9 @@ pub(crate) enum Memory {
 pub(crate) struct Choice {
     pub(crate) memory: Memory,
     pub(crate) why: String,
+    /// The reader chosen first, for the usual reason (`pread` works and no seccomp filter
+    /// is installed): nothing a reader of the profile needs to be told.
+    pub(crate) usual: bool,
 }
 
 impl Memory {
@@ -51,14 +54,19 @@ impl Memory {
                 let memory = Memory::ProcMem { file };
                 match probe(&memory) {
                     Ok(()) => {
-                        let why = match crate::process::seccomp_mode() {
+                        let seccomp = crate::process::seccomp_mode();
+                        let why = match seccomp {
                             0 => "pread of /proc/self/mem works here".to_owned(),
                             mode => format!(
                                 "a seccomp filter is installed (Seccomp: {mode}): pread of \
                                  /proc/self/mem, which filters allow, never process_vm_readv"
                             ),
                         };
-                        return Choice { memory, why };
+                        return Choice {
+                            memory,
+                            why,
+                            usual: seccomp == 0,
+                        };
                     }
                     Err(err) => format!("/proc/self/mem cannot be read ({err})"),
                 }
@@ -69,6 +77,7 @@ impl Memory {
         if seccomp != 0 {
             return Choice {
                 memory: Memory::Unreadable,
+                usual: false,
                 why: format!(
                     "{proc_mem_refused}, and a seccomp filter is installed (Seccomp: {seccomp}), \
                      which may forbid process_vm_readv: stacks are not unwound"
@@ -82,10 +91,12 @@ impl Memory {
         match probe(&memory) {
             Ok(()) => Choice {
                 memory,
+                usual: false,
                 why: format!("{proc_mem_refused}: reading with process_vm_readv instead"),
             },
             Err(err) => Choice {
                 memory: Memory::Unreadable,
+                usual: false,
                 why: format!(
                     "{proc_mem_refused}, and process_vm_readv failed ({err}): stacks are not \
                      unwound"
@@ -415,6 +426,20 @@ mod tests {
         let choice = Memory::choose();
         assert_eq!(choice.memory.name(), "/proc/self/mem", "{}", choice.why);
         assert!(probe(&choice.memory).is_ok());
+        // Usual (a debug line) only without a filter; with one, the log says why.
+        let seccomp = crate::process::seccomp_mode();
+        assert_eq!(
+            choice.usual,
+            seccomp == 0,
+            "Seccomp: {seccomp}: {}",
+            choice.why
+        );
+        assert_eq!(
+            choice.why.contains("seccomp filter"),
+            seccomp != 0,
+            "{}",
+            choice.why
+        );
         assert!(
             probe(&Memory::Unreadable).is_err(),
             "a reader that reads nothing"

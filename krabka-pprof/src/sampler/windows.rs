@@ -160,6 +160,8 @@ pub(crate) struct Report {
     /// The stack reader, and why it was chosen.
     pub(crate) reader: &'static str,
     pub(crate) reader_why: String,
+    /// The reader is the one chosen first, for the usual reason: not news for a log.
+    pub(crate) reader_usual: bool,
     /// `SIGPROF`s that were not this crate's (another sender, a late timer).
     pub(crate) foreign_signals: u64,
     /// Our handler was replaced by someone else's during the window; counting stopped.

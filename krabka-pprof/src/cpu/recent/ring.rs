@@ -601,6 +601,7 @@ fn merge_report(into: &mut Report, newer: &Report) {
     }
     into.handler_nanos.1 = into.handler_nanos.1.max(newer.handler_nanos.1);
     into.reader = newer.reader;
+    into.reader_usual = newer.reader_usual;
     into.threads_timed = newer.threads_timed;
     into.foreign_signals += newer.foreign_signals;
     into.handler_replaced |= newer.handler_replaced;

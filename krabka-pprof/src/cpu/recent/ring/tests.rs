@@ -585,6 +585,7 @@ fn reports_merge_weighted_by_samples_and_summed() {
         unwinder_rebuilds: 1,
         threads_timed: 4,
         reader: "/proc/self/mem",
+        reader_usual: true,
         ..Report::default()
     };
     let newer = Report {
@@ -613,7 +614,11 @@ fn reports_merge_weighted_by_samples_and_summed() {
     );
     assert!((into.mean_depth - 15.0).abs() < 1e-9, "{}", into.mean_depth);
     assert_eq!((into.foreign_signals, into.unwinder_rebuilds), (5, 3));
-    assert_eq!((into.threads_timed, into.reader), (6, "process_vm_readv"));
+    assert_eq!(
+        (into.threads_timed, into.reader, into.reader_usual),
+        (6, "process_vm_readv", false),
+        "the newer slice's reader, and whether it is news"
+    );
     assert!(into.handler_replaced);
     // A replaced handler stays said; a slice that unwound nothing moves no average.
     super::merge_report(&mut into, &Report::default());
