@@ -632,6 +632,13 @@ fn reports_merge_weighted_by_samples_and_summed() {
         (0, 0),
         "no samples: no division by zero"
     );
+    assert_eq!(empty.mean_depth, 0.0, "no samples: no 0 / 0");
+    // Into a report that unwound nothing (a selection's first slice merged into the
+    // default), the newer's averages whole.
+    let mut first = Report::default();
+    super::merge_report(&mut first, &newer);
+    assert_eq!(first.handler_nanos, (3000, 4000), "the newer's, as it is");
+    assert!((first.mean_depth - 30.0).abs() < 1e-9, "{}", first.mean_depth);
 }
 
 /// Each note's threshold, met exactly and just passed: a window that ends half a slice
