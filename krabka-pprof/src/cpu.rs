@@ -162,7 +162,8 @@ where
     }
 }
 
-#[cfg(all(test, sampler))]
+#[cfg(test)]
+#[cfg(sampler)]
 mod tests {
     use std::sync::PoisonError;
     use std::time::Duration;

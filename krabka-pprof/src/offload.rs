@@ -220,7 +220,8 @@ mod worker {
     }
 }
 
-#[cfg(all(test, sampler))]
+#[cfg(test)]
+#[cfg(sampler)]
 mod tests {
     use super::*;
     use std::time::Duration;

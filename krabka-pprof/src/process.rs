@@ -381,7 +381,8 @@ pub(crate) fn seccomp_mode() -> u32 {
         .unwrap_or(2)
 }
 
-#[cfg(all(test, procfs))]
+#[cfg(test)]
+#[cfg(procfs)]
 pub(crate) mod tests {
     use super::*;
 

@@ -467,7 +467,8 @@ fn trim(text: String) -> String {
 
 /// The flamegraph of a profile: stacks root first, widths from the `samples` column if the
 /// profile has one (CPU), else from its default column (heap: `inuse_space`).
-#[cfg(all(test, feature = "flamegraph"))]
+#[cfg(test)]
+#[cfg(feature = "flamegraph")]
 pub(crate) fn flamegraph(profile: &Profile, title: &str, subtitle: &str) -> Result<String, String> {
     flamegraph_in(profile, None, title, subtitle)
 }

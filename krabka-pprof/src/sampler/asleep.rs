@@ -316,7 +316,8 @@ fn follows_a_call(before: &[u8; 8]) -> bool {
     })
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(test)]
+#[cfg(target_arch = "x86_64")]
 mod tests {
     use std::sync::mpsc::{Receiver, channel};
     use std::time::{Duration, Instant};

@@ -45,7 +45,8 @@ fn blocking(file: &File) -> Option<()> {
     (set == 0).then_some(())
 }
 
-#[cfg(all(test, elf))]
+#[cfg(test)]
+#[cfg(elf)]
 mod tests {
     use std::os::fd::AsRawFd as _;
 
