@@ -17,7 +17,13 @@
 //!   first watches each worker's published metrics for 250 ms: a worker that is
 //!   running yet publishes nothing in that time (it publishes at every scheduling
 //!   point, where it would also notice the dump) gets a 503 naming it, and tokio is
-//!   never asked. A worker that blocks after that look still meets the 2 s timeout.
+//!   never asked. A worker that blocks after that look still meets the 2 s timeout
+//!   (and a request meanwhile gets 409), but what tokio does after is its own: held
+//!   at the dumper's first poll and let go, the dump that followed left a worker
+//!   waiting at tokio's `trace_end` barrier for good, so that the runtime never shut
+//!   down, in 4 of 18 tries (the others dumped and shut down cleanly), as #8370
+//!   describes. So no test holds a worker there: a dump stuck so would keep this
+//!   process's one turn, and every later test would get 409.
 //! - **Only multi-threaded runtimes.** On `current_thread`, tokio re-polls the tasks
 //!   while it borrows the scheduler's core, and a traced task that wakes any task
 //!   during that poll panics inside itself, killing it (tokio-rs/tokio#8391, open;
