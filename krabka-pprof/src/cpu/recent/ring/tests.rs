@@ -638,7 +638,11 @@ fn reports_merge_weighted_by_samples_and_summed() {
     let mut first = Report::default();
     super::merge_report(&mut first, &newer);
     assert_eq!(first.handler_nanos, (3000, 4000), "the newer's, as it is");
-    assert!((first.mean_depth - 30.0).abs() < 1e-9, "{}", first.mean_depth);
+    assert!(
+        (first.mean_depth - 30.0).abs() < 1e-9,
+        "{}",
+        first.mean_depth
+    );
 }
 
 /// Each note's threshold, met exactly and just passed: a window that ends half a slice
