@@ -44,6 +44,22 @@ pub struct Options {
     pub blocking_threads: Option<usize>,
     /// Where the server's `tracing` events go (debug and up), for a test to wait on.
     pub log: Option<ServerLog>,
+    /// Run on a worker before each task's poll (tokio's `on_before_task_poll`), on a
+    /// multi-threaded runtime: where a test holds a worker at a chosen task's poll.
+    #[cfg(tokio_unstable)]
+    pub before_task_poll: Option<TaskHook>,
+}
+
+/// A hook tokio calls with a task's id and the place it was spawned.
+#[cfg(tokio_unstable)]
+#[derive(Clone)]
+pub struct TaskHook(pub Arc<dyn Fn(&tokio::runtime::TaskMeta<'_>) + Send + Sync>);
+
+#[cfg(tokio_unstable)]
+impl std::fmt::Debug for TaskHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TaskHook(..)")
+    }
 }
 
 /// What a [`TestServer`]'s threads logged, one line per event with its spans' fields
@@ -209,6 +225,8 @@ impl TestServer {
             flavor,
             blocking_threads,
             log,
+            #[cfg(tokio_unstable)]
+            before_task_poll,
         } = options;
         let thread = std::thread::Builder::new()
             .name(format!("test-server-{flavor:?}"))
@@ -226,6 +244,10 @@ impl TestServer {
                 };
                 if let Some(threads) = blocking_threads {
                     builder.max_blocking_threads(threads);
+                }
+                #[cfg(tokio_unstable)]
+                if let Some(TaskHook(hook)) = before_task_poll {
+                    builder.on_before_task_poll(move |meta| hook(meta));
                 }
                 if let Some(dispatch) = dispatch {
                     builder.on_thread_start(move || {

@@ -22,9 +22,10 @@
 //!   at the dumper's first poll and let go, the dump that followed left a worker
 //!   waiting at tokio's `trace_end` barrier for good, so that the runtime never shut
 //!   down, in 4 of 18 tries (the others dumped and shut down cleanly): the barrier
-//!   #8370 is about, though that its cause is the same is not proven. So no test
-//!   holds a worker there: a dump stuck so would keep this process's one turn, and
-//!   every later test would get 409.
+//!   #8370 is about, though that its cause is the same is not proven. So the test
+//!   that holds a worker there (`tasks` suite) runs in a process of its own, which
+//!   ends after the 503 and the 409s: a dump stuck so would keep its process's one
+//!   turn, and every later test would get 409.
 //! - **Only multi-threaded runtimes.** On `current_thread`, tokio re-polls the tasks
 //!   while it borrows the scheduler's core, and a traced task that wakes any task
 //!   during that poll panics inside itself, killing it (tokio-rs/tokio#8391, open;

@@ -1,13 +1,15 @@
 //! A build with tokio's task dump: tasks parked in known places are found there, counted
 //! per place, the larger group first; a worker stuck in a poll is named instead of dumped
-//! (tokio-rs/tokio#8370), one dump runs at a time, and a `current_thread` runtime is
-//! refused (tokio-rs/tokio#8391).
+//! (tokio-rs/tokio#8370), a worker that blocks after the route's look meets the 2 s
+//! timeout, one dump runs at a time, and a `current_thread` runtime is refused
+//! (tokio-rs/tokio#8391).
 
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::{Flavor, TestServer, client, serial, unpooled_client};
+use krabka_pprof_tests::{Flavor, Options, TaskHook, TestServer, client, serial, unpooled_client};
 use reqwest::StatusCode;
 use tokio::sync::oneshot;
 
@@ -186,6 +188,125 @@ async fn a_worker_stuck_in_a_poll_is_named_and_tokio_is_never_asked() {
         .await
         .expect("the server's runtime shuts down within 30 s")
         .unwrap();
+}
+
+/// The child's test: set in the environment of the process that runs it.
+const IN_CHILD: &str = "KRABKA_TASKS_TIMEOUT_CHILD";
+
+/// A worker that blocks after the route's look still gets its request a 503 at the
+/// 2 s timeout, and the turn stays taken meanwhile. In a process of its own (this test
+/// binary run again for the ignored test below), which exits right after its checks:
+/// what tokio does once that worker goes is its own (`tasks/runtime.rs`' module doc:
+/// a worker left at tokio's barrier for good, 4 times in 18), and a dump stuck so would
+/// keep this process's one turn for every later test.
+#[test]
+fn a_worker_blocked_after_the_look_meets_the_2_s_timeout_and_holds_the_turn() {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "dumps::held_worker_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(IN_CHILD, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: a child past 120 s is killed, and its output shown.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&output.stdout);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && out.contains("held worker: checked"),
+        "the child ({}):\n{out}\n{err}",
+        output.status
+    );
+}
+
+#[tokio::test]
+#[ignore = "run in a process of its own by a_worker_blocked_after_the_look_…"]
+async fn held_worker_child() {
+    assert_eq!(
+        std::env::var(IN_CHILD).as_deref(),
+        Ok("1"),
+        "run by a_worker_blocked_after_the_look_…, which gives it a process of its own"
+    );
+    // The worker about to poll the route's dumper task (spawned in `tasks/runtime.rs`
+    // once the route's 250 ms look found every worker free) is held there: a worker
+    // that blocks after the look, before tokio is asked.
+    let (entered, worker_held) = oneshot::channel::<()>();
+    let (_release, held) = mpsc::channel::<()>();
+    let once = Mutex::new(Some((entered, held)));
+    let hook = TaskHook(Arc::new(move |meta: &tokio::runtime::TaskMeta<'_>| {
+        if !meta.spawned_at().file().ends_with("tasks/runtime.rs") {
+            return;
+        }
+        let Some((entered, held)) = once.lock().unwrap().take() else {
+            return;
+        };
+        // Wake the other worker first, as any other traffic would: a task pushed out of
+        // this worker's LIFO slot by a second one goes to its queue, and tokio wakes a
+        // parked worker to steal it, which then parks on the timer driver this worker
+        // does not hold. (Where every other worker sleeps without the driver, a worker
+        // blocked in a poll stops the whole runtime, timers too: tokio's, and no
+        // route's timeout could fire.)
+        tokio::spawn(async {});
+        tokio::spawn(async {});
+        entered.send(()).unwrap();
+        // Until the process exits; bounded all the same.
+        let _ = held.recv_timeout(Duration::from_secs(60));
+    }));
+    let server = TestServer::start_with(
+        Options {
+            before_task_poll: Some(hook),
+            ..Options::default()
+        },
+        app,
+    );
+    let http = unpooled_client();
+    let url = server.url("/debug/pprof/tasks");
+
+    let asked = Instant::now();
+    let first = tokio::spawn(http.get(&url).send());
+    worker_held.await.expect("the dumper task is polled");
+    // Its turn is the dumper's: a request meanwhile is refused at once.
+    let busy = http.get(&url).send().await.unwrap();
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    assert_eq!(busy.headers()["retry-after"], "2");
+
+    // The first request ends at the 2 s timeout, while the worker is still held.
+    let timed_out = first.await.unwrap().unwrap();
+    let waited = asked.elapsed();
+    assert_eq!(timed_out.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(timed_out.headers()["x-go-pprof"], "1");
+    let text = timed_out.text().await.unwrap();
+    assert!(
+        text.contains("did not finish within 2 s") && text.contains("take a CPU profile"),
+        "{text}"
+    );
+    assert!(
+        waited >= Duration::from_secs(2),
+        "the 503 after {waited:?}, before its 2 s were up"
+    );
+    // The turn outlives the timeout: tokio has not answered, so no second dump.
+    let still_busy = http.get(&url).send().await.unwrap();
+    assert_eq!(still_busy.status(), StatusCode::CONFLICT);
+    let text = still_busy.text().await.unwrap();
+    assert!(text.contains("a task dump is already running"), "{text}");
+    println!("held worker: checked");
+    // Not let go, not shut down: the process ends here.
+    std::mem::forget(server);
+    std::process::exit(0);
 }
 
 #[tokio::test]
