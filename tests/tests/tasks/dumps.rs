@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use krabka_pprof::pprof_routes;
-use krabka_pprof_tests::{Flavor, Options, TaskHook, TestServer, client, serial, unpooled_client};
+use krabka_pprof_tests::{
+    Flavor, Options, TaskHook, TestServer, client, serial, serial_blocking, unpooled_client,
+};
 use reqwest::StatusCode;
 use tokio::sync::oneshot;
 
@@ -201,7 +203,8 @@ const IN_CHILD: &str = "KRABKA_TASKS_TIMEOUT_CHILD";
 /// keep this process's one turn for every later test.
 #[test]
 fn a_worker_blocked_after_the_look_meets_the_2_s_timeout_and_holds_the_turn() {
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    let _serial = serial_blocking();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "dumps::held_worker_child",
@@ -214,16 +217,21 @@ fn a_worker_blocked_after_the_look_meets_the_2_s_timeout_and_holds_the_turn() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Bounded: a child past 120 s is killed, and its output shown.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            break;
+    // Bounded: a child past 120 s is killed, and its output shown. Its pipes are read
+    // meanwhile (`wait_with_output`), so a long panic message cannot stall it.
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    let (finished, done) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(Duration::from_secs(120)) {
+            // SAFETY: kill has no memory preconditions. The child is reaped only once
+            // it has ended, which `done` would then have said (short of the same
+            // instant, where the signal finds no such process).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
     let output = child.wait_with_output().unwrap();
+    drop(finished);
+    watchdog.join().unwrap();
     let out = String::from_utf8_lossy(&output.stdout);
     let err = String::from_utf8_lossy(&output.stderr);
     assert!(
