@@ -493,11 +493,18 @@ impl Drop for ChildServer {
 
 /// Runs `exe mode` to its end (killed after `limit`), returning its exit status and stdout.
 pub fn run_child(exe: &str, mode: &str, limit: Duration) -> (std::process::ExitStatus, String) {
-    let mut child = Command::new(exe)
-        .arg(mode)
+    let mut command = Command::new(exe);
+    command.arg(mode);
+    run_to_end(command, limit)
+}
+
+/// Runs `command` to its end (killed after `limit`), returning its exit status and
+/// stdout (read while it runs; its stderr goes where the test's does).
+pub fn run_to_end(mut command: Command, limit: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = command
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .expect("start test_child");
+        .unwrap_or_else(|err| panic!("start {:?}: {err}", command.get_program()));
     let mut stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
         let mut text = String::new();
@@ -506,7 +513,7 @@ pub fn run_child(exe: &str, mode: &str, limit: Duration) -> (std::process::ExitS
     });
     let deadline = Instant::now() + limit;
     let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for test_child") {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
             break status;
         }
         if Instant::now() > deadline {

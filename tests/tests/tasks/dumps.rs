@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Flavor, Options, TaskHook, TestServer, client, serial, serial_blocking, unpooled_client,
+    Flavor, Options, TaskHook, TestServer, client, run_to_end, serial, serial_blocking,
+    unpooled_client,
 };
 use reqwest::StatusCode;
 use tokio::sync::oneshot;
@@ -204,7 +205,8 @@ const IN_CHILD: &str = "KRABKA_TASKS_TIMEOUT_CHILD";
 #[test]
 fn a_worker_blocked_after_the_look_meets_the_2_s_timeout_and_holds_the_turn() {
     let _serial = serial_blocking();
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
         .args([
             "--exact",
             "dumps::held_worker_child",
@@ -212,32 +214,13 @@ fn a_worker_blocked_after_the_look_meets_the_2_s_timeout_and_holds_the_turn() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(IN_CHILD, "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Bounded: a child past 120 s is killed, and its output shown. Its pipes are read
-    // meanwhile (`wait_with_output`), so a long panic message cannot stall it.
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    let (finished, done) = mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(Duration::from_secs(120)) {
-            // SAFETY: kill has no memory preconditions. The child is reaped only once
-            // it has ended, which `done` would then have said (short of the same
-            // instant, where the signal finds no such process).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    });
-    let output = child.wait_with_output().unwrap();
-    drop(finished);
-    watchdog.join().unwrap();
-    let out = String::from_utf8_lossy(&output.stdout);
-    let err = String::from_utf8_lossy(&output.stderr);
+        .env(IN_CHILD, "1");
+    // Bounded: a child past 120 s is killed. Its stdout is read while it runs, so a long
+    // panic message cannot stall it; its stderr is this test's.
+    let (status, out) = run_to_end(child, Duration::from_secs(120));
     assert!(
-        output.status.success() && out.contains("held worker: checked"),
-        "the child ({}):\n{out}\n{err}",
-        output.status
+        status.success() && out.contains("held worker: checked"),
+        "the child ({status}):\n{out}"
     );
 }
 
