@@ -415,6 +415,11 @@ mod tests {
     fn first_expiries_are_uniform_in_the_period_from_a_seed_that_varies() {
         let mut drawn = seed();
         assert_eq!(drawn & 1, 1, "odd: {drawn:#x}");
+        assert_eq!(
+            drawn >> 32,
+            u64::from(std::process::id()),
+            "another in each process: the process id is its top half ({drawn:#x})"
+        );
         let period = 1000;
         let mut quarters = [0u32; 4];
         for _ in 0..40_000 {
@@ -430,6 +435,25 @@ mod tests {
         let earlier = seed();
         let later = (0..1_000_000).map(|_| seed()).find(|s| *s != earlier);
         assert!(later.is_some(), "the seed never changed: {earlier:#x}");
+    }
+
+    /// The draw is xorshift64 with Marsaglia's shifts (13, 7, 17), whose orbit from any
+    /// seed but 0 is every value but 0 (its period is 2^64 - 1: no thread's first expiry
+    /// repeats another's soon): the first three draws from seed 1, worked out by hand from
+    /// the three steps, with a period past every state (so each draw is its state + 1).
+    #[test]
+    fn first_expiries_are_drawn_by_xorshift64() {
+        let mut state = 1;
+        let draws: Vec<u64> = (0..3).map(|_| first_expiry(&mut state, u64::MAX)).collect();
+        assert_eq!(
+            draws,
+            [
+                0x4082_2041 + 1,
+                0x1000_4106_0c01_1441 + 1,
+                0x9b1e_842f_6e86_2629 + 1
+            ]
+        );
+        assert_eq!(state, 0x9b1e_842f_6e86_2629, "the state the draws leave");
     }
 
     #[test]
