@@ -35,11 +35,9 @@ pub(crate) fn open_regular(path: &Path) -> Option<File> {
 fn blocking(file: &File) -> Option<()> {
     use std::os::fd::AsRawFd as _;
     let fd = file.as_raw_fd();
-    // SAFETY: `fd` is open (borrowed from `file`); F_GETFL reads its flags only.
+    // SAFETY: `fd` is open (borrowed from `file`); F_GETFL reads its flags only. It fails
+    // only where `fd` is not open, and F_SETFL below then fails too: no check between.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return None;
-    }
     // SAFETY: as above; F_SETFL changes only this open file's status flags.
     let set = unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
     (set == 0).then_some(())

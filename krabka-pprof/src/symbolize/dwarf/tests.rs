@@ -55,6 +55,26 @@ fn inside(found: &[Vec<FunctionLine>]) -> Vec<&Vec<FunctionLine>> {
         .collect()
 }
 
+/// A lookup of no address returns at once: no file is looked for, opened or read (a
+/// profile whose samples all fell in other objects asks each object for nothing).
+#[test]
+fn no_addresses_open_no_debug_file() {
+    let (objects, index, addresses) = probe();
+    let object = objects.get(index).unwrap();
+    let roots = [Path::new(super::DEBUG_ROOT)];
+    let mut stages = Vec::new();
+    let found = resolve_observed(object, &addresses, &roots, &mut |stage| stages.push(stage));
+    assert!(
+        stages.contains(&Stage::Opened),
+        "this binary's own DWARF is found: {stages:?}"
+    );
+    assert!(!inside(&found).is_empty());
+    stages.clear();
+    let found = resolve_observed(object, &[], &roots, &mut |stage| stages.push(stage));
+    assert!(found.is_empty());
+    assert_eq!(stages, [], "a file opened for no address");
+}
+
 #[test]
 fn a_function_of_this_test_binary_has_its_file_and_lines_inside_it() {
     let (objects, index, addresses) = probe();
