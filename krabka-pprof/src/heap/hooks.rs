@@ -660,6 +660,29 @@ mod tests {
         assert!(nothing.slots.is_empty() && nothing.overflow.is_zero());
     }
 
+    /// `since` pairs two readings' slots by index: a slot only the later lists is counted
+    /// whole, one only the earlier lists is passed over (no slot is ever emptied, but the
+    /// pairing does not rely on it), and the slots after either still meet their own.
+    #[test]
+    fn readings_pair_their_slots_by_index_whatever_either_lists() {
+        let tally = |samples| Tally {
+            samples,
+            objects: samples,
+            bytes: samples * 8,
+        };
+        let earlier = Totals {
+            slots: vec![(1, tally(1)), (3, tally(2)), (5, tally(4))],
+            overflow: tally(1),
+        };
+        let later = Totals {
+            slots: vec![(2, tally(5)), (5, tally(6)), (7, tally(3))],
+            overflow: tally(3),
+        };
+        let since = later.since(&earlier);
+        assert_eq!(since.slots, [(2, tally(5)), (5, tally(2)), (7, tally(3))]);
+        assert_eq!(since.overflow, tally(2));
+    }
+
     #[test]
     fn threads_counting_at_once_lose_nothing() {
         let table = table(256);
