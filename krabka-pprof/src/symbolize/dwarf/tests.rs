@@ -1250,3 +1250,62 @@ fn the_lines_of_code_the_linker_discarded_name_no_address() {
         assert!((4..=6).contains(&outermost.line), "{levels:?}");
     }
 }
+
+/// A unit's line program is read only until every address asked for has its row: an
+/// address in the unit's first function reads the start of the program, one in its
+/// last reads all of it (counted in the blocks of the file the sections hold, which
+/// `release_all` empties between the two).
+#[test]
+fn a_line_program_is_read_only_as_far_as_the_addresses_asked_for() {
+    let scratch = Scratch::new("line-program");
+    let count = 3000;
+    let text: String = (0..count)
+        .map(|i| format!("unsigned long krabka_f{i}(unsigned long x) {{ return x * {i} + 1; }}\n"))
+        .collect();
+    let names: Vec<String> = [0, count - 1]
+        .iter()
+        .map(|i| format!("krabka_f{i}"))
+        .collect();
+    let (library, ranges) = c_build(
+        &scratch.0,
+        "libkrabka_rows.so",
+        &[("krabka_rows.c", &text)],
+        &["-g", "-O1"],
+        &[&names[0], &names[1]],
+    );
+    let file = super::file::DebugFile::find(&library, &library, None, &[]).expect("DWARF");
+    let sections = super::sections::Sections::load(&file).unwrap();
+    let dwarf = sections.dwarf();
+    let header = dwarf.units().next().unwrap().expect("one unit");
+    let unit = dwarf.unit(header).unwrap();
+    let unit = gimli::UnitRef::new(&dwarf, &unit);
+    let whole = section_size(&library, ".debug_line");
+    let mut read = Vec::new();
+    for range in &ranges {
+        sections.release_all();
+        let rows = super::rows::line_rows(unit, &[range.start]).expect("a line program");
+        let (path, line) = rows[0].clone().expect("a row at the function");
+        assert!(path.ends_with("krabka_rows.c"), "{path}");
+        read.push((line, sections.resident()));
+    }
+    eprintln!("{whole} bytes of line program; (line, bytes held after the lookup): {read:?}");
+    assert_eq!(
+        [read[0].0, read[1].0],
+        [1, i64::from(count)],
+        "each function on its own line"
+    );
+    assert!(
+        whole > 8 * 4096,
+        "a line program of {whole} bytes: too small to tell"
+    );
+    assert!(
+        read[0].1 < whole / 2,
+        "{} bytes held for the first function, of {whole}",
+        read[0].1
+    );
+    assert!(
+        read[1].1 >= whole,
+        "{} bytes held for the last function, of {whole}",
+        read[1].1
+    );
+}
