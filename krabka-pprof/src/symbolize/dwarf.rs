@@ -71,6 +71,9 @@ pub(crate) enum Stage {
     Opened,
     /// A unit is read, before what was read of it may be given back.
     UnitRead,
+    /// After a unit, once what was read may have been given back: the bytes of the
+    /// file still held.
+    Kept(usize),
 }
 
 /// [`resolve_with_roots`], calling `observe` at each [`Stage`].
@@ -138,6 +141,7 @@ fn look_up(
         }
         observe(Stage::UnitRead);
         trim();
+        observe(Stage::Kept(sections.resident()));
     }
     Some(())
 }

@@ -1309,3 +1309,46 @@ fn a_line_program_is_read_only_as_far_as_the_addresses_asked_for() {
         read[1].1
     );
 }
+
+/// Between two units a lookup keeps what it has read of the file (the abbreviations,
+/// strings and line programs units share), up to a mebibyte; past it, it gives all of
+/// it back. An address every 64 KiB of this test binary's code: units enough to pass
+/// the mebibyte.
+#[test]
+fn a_lookup_keeps_at_most_a_mebibyte_of_the_file_between_units() {
+    use object::{Object as _, ObjectSection as _};
+    let (objects, index, _) = probe();
+    let object = objects.get(index).unwrap();
+    let bytes = std::fs::read(object.file.as_ref().unwrap()).unwrap();
+    let elf = object::File::parse(&*bytes).unwrap();
+    let text = elf.section_by_name(".text").expect(".text");
+    let addresses: Vec<u64> = (text.address()..text.address() + text.size())
+        .step_by(64 << 10)
+        .collect();
+    let mut kept = Vec::new();
+    let found = resolve_observed(
+        object,
+        &addresses,
+        &[Path::new(super::DEBUG_ROOT)],
+        &mut |stage| {
+            if let Stage::Kept(held) = stage {
+                kept.push(held);
+            }
+        },
+    );
+    assert!(found.iter().filter(|levels| !levels.is_empty()).count() > 10);
+    eprintln!("{} units; bytes kept after each: {kept:?}", kept.len());
+    assert!(
+        kept.iter().all(|held| *held <= super::HOLD),
+        "more than {} bytes kept: {kept:?}",
+        super::HOLD
+    );
+    assert!(
+        kept.iter().any(|held| *held > 0),
+        "nothing kept between units: {kept:?}"
+    );
+    assert!(
+        kept.windows(2).any(|w| w[1] < w[0]),
+        "the lookup never gave back what it kept: {kept:?}"
+    );
+}
