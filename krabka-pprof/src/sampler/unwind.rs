@@ -541,6 +541,44 @@ mod tests {
             "{}",
             libc_tables.eh_frame.len
         );
+        let copied = &*libc_tables.eh_frame;
+        assert_eq!(
+            (eh_frame_len(copied), &copied[copied.len() - 4..]),
+            (copied.len(), &[0u8; 4][..]),
+            "the copy of .eh_frame ends at its terminator, not at its segment's end"
+        );
+
+        // The executable's and the vDSO's tables are read where they are loaded: no
+        // copy, and `.eh_frame` as far as its segment, never past it.
+        for object in objects.iter().filter(|o| {
+            o.is_vdso || o.file.as_deref() == Some(std::path::Path::new("/proc/self/exe"))
+        }) {
+            let tables = Tables::of(object, &memory).expect("unwind tables");
+            let name = &object.name;
+            assert!(tables._owned.is_empty(), "{name}: copied");
+            assert_eq!(tables.hdr.ptr as u64, tables.hdr_address, "{name}");
+            assert_eq!(
+                tables.eh_frame.ptr as u64, tables.eh_frame_address,
+                "{name}"
+            );
+            let end = tables.eh_frame_address + tables.eh_frame.len as u64;
+            assert!(
+                object
+                    .segments
+                    .iter()
+                    .any(|s| s.avma.contains(&tables.eh_frame_address) && s.avma.end == end),
+                "{name}: .eh_frame in place up to {end:#x}, not a segment's end: {:?}",
+                object.segments
+            );
+        }
+        assert_eq!(
+            objects
+                .iter()
+                .filter(|o| o.file.as_deref() == Some(std::path::Path::new("/proc/self/exe")))
+                .count(),
+            1,
+            "the executable is listed"
+        );
     }
 
     #[test]
@@ -584,5 +622,11 @@ mod tests {
         assert_eq!(eh_frame_len(&bytes[..10]), 10, "a cut entry: what there is");
         let huge = [0xff, 0xff, 0xff, 0x7f, 0, 0];
         assert_eq!(eh_frame_len(&huge), huge.len(), "a length past the end");
+        // A 64-bit length that ends just short of the address space's end: passed over
+        // like any length past the end, never stepped to (the next entry's length would
+        // be read at an offset that overflows).
+        let mut wrapping = 0xffff_ffffu32.to_le_bytes().to_vec();
+        wrapping.extend_from_slice(&(u64::MAX - 13).to_le_bytes());
+        assert_eq!(eh_frame_len(&wrapping), wrapping.len());
     }
 }
