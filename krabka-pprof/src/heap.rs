@@ -303,8 +303,9 @@ fn allocated(
             let Reading::Table(now) = now else {
                 return Alloc::None;
             };
+            // Whole numbers of bytes (powers of two): compared exactly.
             let period = parsed.period as f64;
-            if (table.period() - period).abs() > 0.5 {
+            if table.period() != period {
                 comments.push(format!(
                     "jemalloc's sample period changed from {} to {period} bytes: allocations \
                      sampled before were weighed by the old one",
@@ -313,8 +314,9 @@ fn allocated(
                 table.set_period(period);
             }
             comments.push(table_comment(table, &now));
+            // Only a window takes a reading at its start.
             let counts = match before {
-                Reading::Table(before) if windowed => now.since(&before),
+                Reading::Table(before) => now.since(&before),
                 _ => now,
             };
             let overflow = counts.overflow;
@@ -347,7 +349,7 @@ fn allocated(
                  of the process; {why}"
             ));
             let stacks = match before {
-                Reading::Accum(before) if windowed => {
+                Reading::Accum(before) => {
                     delta::brackets_since(&parsed.stacks, &before)
                 }
                 _ => {
