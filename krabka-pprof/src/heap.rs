@@ -349,9 +349,7 @@ fn allocated(
                  of the process; {why}"
             ));
             let stacks = match before {
-                Reading::Accum(before) => {
-                    delta::brackets_since(&parsed.stacks, &before)
-                }
+                Reading::Accum(before) => delta::brackets_since(&parsed.stacks, &before),
                 _ => {
                     let (stacks, beyond) = accum::cumulative(&parsed.stacks);
                     if beyond > 0 {

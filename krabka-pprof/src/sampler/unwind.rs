@@ -603,6 +603,49 @@ mod tests {
         assert_eq!(looked_up(), 1 + 2 * MAX_COVERED);
     }
 
+    /// A copy that runs into memory that cannot be read is refused whole: the reader
+    /// returns the readable part first, and the copy asks for the rest where it
+    /// begins, which fails. Three pages of a file of two, each with bytes of its own:
+    /// the third, past the file's end, cannot be read (even through `/proc/self/mem`,
+    /// which reads pages the process itself may not). With either reader.
+    #[test]
+    fn a_copy_that_runs_into_unreadable_memory_is_refused() {
+        use std::os::fd::AsRawFd as _;
+        const PAGE: usize = 4096;
+        let path = std::env::temp_dir().join(format!("krabka-copy-{}", std::process::id()));
+        let mut contents = vec![0xaa; PAGE];
+        contents.extend_from_slice(&[0xbb; PAGE]);
+        std::fs::write(&path, &contents).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // SAFETY: a fresh private mapping of the open file, this test's own; its third
+        // page lies past the file's end and is never touched but by the readers.
+        let pages = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                3 * PAGE,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(pages, libc::MAP_FAILED);
+        let second = pages as u64 + PAGE as u64;
+        let pid = libc::pid_t::try_from(std::process::id()).unwrap();
+        for memory in [Memory::choose().memory, Memory::VmReadv { pid }] {
+            let name = memory.name();
+            let page = copy_of(&memory, second, PAGE).expect("a readable page");
+            assert!(page.iter().all(|b| *b == 0xbb), "{name}");
+            assert!(
+                copy_of(&memory, second, 2 * PAGE).is_none(),
+                "{name}: a copy into the page past the file's end"
+            );
+        }
+        // SAFETY: the mapping made above, no longer read.
+        assert_eq!(unsafe { libc::munmap(pages, 3 * PAGE) }, 0);
+    }
+
     #[test]
     fn an_eh_frame_ends_at_its_terminator() {
         let mut bytes = Vec::new();
