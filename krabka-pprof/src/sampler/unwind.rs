@@ -184,11 +184,11 @@ impl Tables {
             .iter()
             .find(|s| s.avma.contains(&eh_frame_start))?;
         let rest = usize::try_from(segment.avma.end - eh_frame_start).ok()?;
-        let mut eh_frame = copy_of(memory, eh_frame_start, rest.min(MAX_TABLE))?;
-        let len = eh_frame_len(&eh_frame);
-        if len < eh_frame.len() {
-            eh_frame = eh_frame[..len].into();
-        }
+        // Kept up to its terminator: what follows in the segment is not unwind tables
+        // (shrinking gives the rest back to the allocator).
+        let mut eh_frame = copy_of(memory, eh_frame_start, rest.min(MAX_TABLE))?.into_vec();
+        eh_frame.truncate(eh_frame_len(&eh_frame));
+        let eh_frame = eh_frame.into_boxed_slice();
         Some(Tables {
             range,
             text,
