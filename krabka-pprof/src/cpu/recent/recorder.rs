@@ -225,10 +225,8 @@ fn record(recorder: &'static Recorder) {
             retry_at = now;
             continue;
         }
-        if cuts.is_empty() && now.duration_since(current.opened) < SLICE {
-            recording = Some(current);
-            continue;
-        }
+        // Here a request asked for a cut, or the slice's deadline passed (`wait` returns
+        // for nothing else): the slice ends now.
         let (collected, next) = current
             .sitting
             .sampler()
