@@ -351,14 +351,8 @@ fn allocated(
             let stacks = match before {
                 Reading::Accum(before) => delta::brackets_since(&parsed.stacks, &before),
                 _ => {
-                    let (stacks, beyond) = accum::cumulative(&parsed.stacks);
-                    if beyond > 0 {
-                        comments.push(format!(
-                            "{beyond} stacks beyond the {} whose counts are held at their \
-                             highest: their alloc_objects may dip between two profiles",
-                            accum::MAX_HELD
-                        ));
-                    }
+                    let (stacks, note) = accum::cumulative(&parsed.stacks);
+                    comments.extend(note);
                     stacks
                 }
             };

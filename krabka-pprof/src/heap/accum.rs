@@ -18,9 +18,13 @@ pub(super) const MAX_HELD: usize = 65_536;
 /// Highest counts yet, by a hash of the stack's addresses.
 static HIGHEST: Mutex<Option<HashMap<u64, (f64, f64)>>> = Mutex::new(None);
 
-/// Each stack's allocated counts, never lower than an earlier answer gave, and how many
-/// stacks were beyond [`MAX_HELD`] and given as the dump says.
-pub(super) fn cumulative(stacks: &[HeapStack]) -> (Vec<(Vec<u64>, f64, f64)>, usize) {
+/// A stack's addresses, and its allocated objects and bytes.
+pub(super) type Allocated = (Vec<u64>, f64, f64);
+
+/// Each stack's allocated counts, never lower than an earlier answer gave, and the
+/// profile's comment on the stacks beyond [`MAX_HELD`], given as the dump says (none
+/// where there are none).
+pub(super) fn cumulative(stacks: &[HeapStack]) -> (Vec<Allocated>, Option<String>) {
     let mut highest = HIGHEST.lock().unwrap_or_else(PoisonError::into_inner);
     let highest = highest.get_or_insert_with(HashMap::new);
     let mut beyond = 0;
@@ -48,7 +52,13 @@ pub(super) fn cumulative(stacks: &[HeapStack]) -> (Vec<(Vec<u64>, f64, f64)>, us
             (s.addresses.clone(), objects, bytes)
         })
         .collect();
-    (counted, beyond)
+    let note = (beyond > 0).then(|| {
+        format!(
+            "{beyond} stacks beyond the {MAX_HELD} whose counts are held at their highest: \
+             their alloc_objects may dip between two profiles"
+        )
+    });
+    (counted, note)
 }
 
 fn hash(addresses: &[u64]) -> u64 {
@@ -100,12 +110,19 @@ mod tests {
         let many: Vec<HeapStack> = (0..MAX_HELD as u64 + 3)
             .map(|i| at(0x1000 + i, 10.0, 640.0))
             .collect();
-        let (counted, beyond) = cumulative(&many);
-        assert_eq!((counted.len(), beyond), (MAX_HELD + 3, 3));
+        let (counted, note) = cumulative(&many);
+        assert_eq!(counted.len(), MAX_HELD + 3);
+        assert_eq!(
+            note.as_deref(),
+            Some(
+                "3 stacks beyond the 65536 whose counts are held at their highest: their \
+                 alloc_objects may dip between two profiles"
+            )
+        );
         // A stack beyond the cap is not held: a lower count is given as it is.
         let last = MAX_HELD as u64 + 2;
-        let (again, beyond) = cumulative(&[at(0x1000 + last, 9.0, 700.0), at(0x1000, 9.0, 700.0)]);
-        assert_eq!(beyond, 1);
+        let (again, note) = cumulative(&[at(0x1000 + last, 9.0, 700.0), at(0x1000, 9.0, 700.0)]);
+        assert!(note.unwrap().starts_with("1 stacks beyond"));
         assert_eq!(
             (again[0].1, again[1].1),
             (9.0, 10.0),
@@ -127,9 +144,9 @@ mod tests {
         let (first, _) = cumulative(&[stack(100.0, 6400.0)]);
         assert_eq!(first[0].1, 100.0);
         // jemalloc rounded the objects down while the bytes grew.
-        let (second, beyond) = cumulative(&[stack(99.0, 6500.0)]);
+        let (second, note) = cumulative(&[stack(99.0, 6500.0)]);
         assert_eq!((second[0].1, second[0].2), (100.0, 6500.0));
-        assert_eq!(beyond, 0);
+        assert_eq!(note, None, "no stack beyond the cap: no comment");
         let (third, _) = cumulative(&[stack(120.0, 7000.0)]);
         assert_eq!((third[0].1, third[0].2), (120.0, 7000.0));
     }
