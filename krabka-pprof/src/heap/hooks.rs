@@ -313,26 +313,23 @@ impl Table {
         let start = (key % capacity as u64) as usize;
         for probe in 0..MAX_PROBES.min(capacity) {
             let slot = self.slots.get((start + probe) % capacity)?;
-            let found = slot.key.load(Ordering::Acquire);
-            if found == key {
-                if self.holds(slot, frames) {
-                    return Some(slot);
+            let mut found = slot.key.load(Ordering::Acquire);
+            if found == 0 {
+                match slot
+                    .key
+                    .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => {
+                        self.publish(slot, frames);
+                        return Some(slot);
+                    }
+                    // Another thread claimed it meantime, perhaps for this same stack:
+                    // looked at as if it had been found claimed.
+                    Err(other) => found = other,
                 }
-                continue;
             }
-            if found != 0 {
-                continue;
-            }
-            match slot
-                .key
-                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    self.publish(slot, frames);
-                    return Some(slot);
-                }
-                Err(other) if other == key && self.holds(slot, frames) => return Some(slot),
-                Err(_) => {}
+            if found == key && self.holds(slot, frames) {
+                return Some(slot);
             }
         }
         None
