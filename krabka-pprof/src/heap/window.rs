@@ -69,3 +69,86 @@ impl Drop for WindowLease {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// The window's state is the process's: these tests take turns.
+    static TURN: Mutex<()> = Mutex::new(());
+
+    /// A runtime whose one blocking thread is held until the returned sender is dropped,
+    /// so that whatever is sent to the blocking pool meanwhile waits its turn.
+    fn runtime_with_its_blocking_thread_held() -> (tokio::runtime::Runtime, mpsc::Sender<()>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        let (release, held) = mpsc::channel::<()>();
+        let (started, running) = mpsc::channel();
+        runtime.spawn_blocking(move || {
+            started.send(()).unwrap();
+            let _ = held.recv();
+        });
+        running.recv().unwrap();
+        (runtime, release)
+    }
+
+    fn open_window() -> WindowLease {
+        *WINDOW.lock().unwrap() = Some(Instant::now() + Duration::from_secs(60));
+        WindowLease { finished: false }
+    }
+
+    fn window_is_free() -> bool {
+        WINDOW.lock().unwrap().is_none()
+    }
+
+    /// `finish` frees the window before it returns, that is before the response leaves:
+    /// a request sent as soon as the window's profile arrived is not told 409, even when
+    /// the blocking pool is busy with other work.
+    #[test]
+    fn finishing_frees_the_window_before_it_returns() {
+        let _turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
+        let (runtime, release) = runtime_with_its_blocking_thread_held();
+        let _entered = runtime.enter();
+        open_window();
+        assert!(!window_is_free());
+        open_window().finish();
+        assert!(
+            window_is_free(),
+            "the window is still held after finish returned"
+        );
+        drop(release);
+    }
+
+    /// A lease dropped unfinished (the client hung up) frees the window too, on the
+    /// blocking pool when a runtime runs (resetting jemalloc's samples walks them all: not
+    /// on an async worker), at once where none does.
+    #[test]
+    fn a_lease_dropped_unfinished_frees_the_window_off_the_async_workers() {
+        let _turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
+        drop(open_window());
+        assert!(
+            window_is_free(),
+            "dropped outside a runtime, the window is still held"
+        );
+
+        let (runtime, release) = runtime_with_its_blocking_thread_held();
+        let entered = runtime.enter();
+        drop(open_window());
+        assert!(
+            !window_is_free(),
+            "the window was freed on the dropping thread, not on the blocking pool"
+        );
+        drop(entered);
+        drop(release);
+        // The blocking pool's one thread takes its work in turn: once a task sent after
+        // the drop has run, so has the window's end.
+        runtime.block_on(async { tokio::task::spawn_blocking(|| ()).await.unwrap() });
+        assert!(
+            window_is_free(),
+            "the window is still held after the blocking pool ran"
+        );
+    }
+}
