@@ -157,19 +157,19 @@ fn record(recorder: &'static Recorder) {
     let mut recording: Option<Recording> = None;
     // Why nothing was sampled since the last slice, once the recorder has paused.
     let mut gap: Option<String> = None;
-    let (mut retry_at, mut failures) = (Instant::now(), 0u32);
+    let mut retry = Retry::at(Instant::now());
     loop {
         // A slice ends on time, not at the tick after.
         let deadline = match &recording {
-            Some(current) => current.opened + SLICE,
-            None => retry_at,
+            Some(current) => slice_end(current.opened),
+            None => retry.at,
         };
         let (leave, cuts) = recorder.wait(deadline);
         let now = Instant::now();
         let Some(mut current) = recording.take() else {
             // Nothing is sampled, nothing to cut.
             answer(cuts);
-            if now < retry_at {
+            if !retry.due(now) {
                 continue;
             }
             match sessions::sit(settings.frequency, settings.blocklist, ask.clone()) {
@@ -180,10 +180,10 @@ fn record(recorder: &'static Recorder) {
                         start,
                         opened: Instant::now(),
                     });
-                    failures = 0;
+                    retry.seated();
                 }
                 Sit::Busy => {
-                    retry_at = now + DRAIN_EVERY;
+                    retry.busy(now);
                     if gap.is_none() {
                         let why = match sessions::status().and_then(|s| s.frequency) {
                             Some(hz) => format!("a CPU profile at {hz} Hz held the sampler"),
@@ -195,11 +195,9 @@ fn record(recorder: &'static Recorder) {
                 }
                 Sit::Failed(error) => {
                     let why = format!("the sampler could not start: {}", describe(&error));
-                    if failures == 0 {
+                    if retry.failed(now) {
                         tracing::warn!(reason = %why, "the recorder is not sampling");
                     }
-                    failures += 1;
-                    retry_at = now + backoff(failures);
                     recorder.ring().pause(SystemTime::now(), why.clone());
                     gap = Some(why);
                 }
@@ -222,7 +220,7 @@ fn record(recorder: &'static Recorder) {
             drop(ring);
             gap = Some(why);
             answer(cuts);
-            retry_at = now;
+            retry.left(now);
             continue;
         }
         // Here a request asked for a cut, or the slice's deadline passed (`wait` returns
@@ -241,12 +239,71 @@ fn record(recorder: &'static Recorder) {
             let why = "another SIGPROF handler replaced the sampler's".to_owned();
             recorder.ring().pause(SystemTime::now(), why.clone());
             gap = Some(why);
-            retry_at = now + MAX_BACKOFF;
+            retry.replaced(now);
             continue;
         }
         current.start = next;
         current.opened = now;
         recording = Some(current);
+    }
+}
+
+/// When the slice opened at `opened` ends.
+fn slice_end(opened: Instant) -> Instant {
+    opened + SLICE
+}
+
+/// When the recorder, not sampling, next tries to sit on the sampler: the pace of its
+/// retries after a start failed, while another profile holds the sampler, after another
+/// `SIGPROF` handler replaced the sampler's, and after it left for another profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Retry {
+    at: Instant,
+    /// The starts that failed in a row.
+    failures: u32,
+}
+
+impl Retry {
+    /// A first try at `at`.
+    fn at(at: Instant) -> Self {
+        Self { at, failures: 0 }
+    }
+
+    /// Whether it is time to try, at `now`.
+    fn due(&self, now: Instant) -> bool {
+        now >= self.at
+    }
+
+    /// Seated: the next failure is the first again.
+    fn seated(&mut self) {
+        self.failures = 0;
+    }
+
+    /// Another profile holds the sampler: look again after a drain's time (it may be
+    /// a short one).
+    fn busy(&mut self, now: Instant) {
+        self.at = now + DRAIN_EVERY;
+    }
+
+    /// A start failed at `now`: try again after [`backoff`]. True for the first failure in
+    /// a row, the one worth a warning.
+    fn failed(&mut self, now: Instant) -> bool {
+        let first = self.failures == 0;
+        self.failures += 1;
+        self.at = now + backoff(self.failures);
+        first
+    }
+
+    /// Another `SIGPROF` handler replaced the sampler's: it is given `MAX_BACKOFF` before
+    /// the recorder's timers disturb it again.
+    fn replaced(&mut self, now: Instant) {
+        self.at = now + MAX_BACKOFF;
+    }
+
+    /// The recorder left for another profile: it sits again as soon as the sampler is
+    /// free, that is at once if it is.
+    fn left(&mut self, now: Instant) {
+        self.at = now;
     }
 }
 
@@ -297,6 +354,76 @@ mod tests {
         assert_eq!(backoff(8), Duration::from_millis(25_600));
         assert_eq!(backoff(9), Duration::from_secs(30));
         assert_eq!(backoff(u32::MAX), Duration::from_secs(30));
+    }
+
+    /// A slice ends one `SLICE` after it opened, not before.
+    #[test]
+    fn a_slice_ends_a_slice_after_it_opened() {
+        let opened = Instant::now();
+        assert_eq!(slice_end(opened), opened + SLICE);
+        assert_eq!(SLICE, Duration::from_secs(1));
+    }
+
+    /// The recorder tries to sit when its retry time has come, not a moment before.
+    #[test]
+    fn a_retry_is_due_at_its_time_and_after() {
+        let now = Instant::now();
+        let retry = Retry::at(now + Duration::from_millis(200));
+        assert!(!retry.due(now));
+        assert!(!retry.due(now + Duration::from_millis(199)));
+        assert!(retry.due(now + Duration::from_millis(200)));
+        assert!(retry.due(now + Duration::from_secs(1)));
+        assert!(Retry::at(now).due(now));
+    }
+
+    /// Failed starts are retried later and later, and only the first of a run is worth a
+    /// warning; once seated, the next failure is the first again.
+    #[test]
+    fn failed_starts_are_retried_with_a_growing_backoff_and_warned_of_once() {
+        let now = Instant::now();
+        let mut retry = Retry::at(now);
+        assert!(retry.failed(now), "the first failure is not warned of");
+        assert_eq!(retry.at, now + Duration::from_millis(200));
+        assert!(!retry.due(now));
+        let later = now + Duration::from_secs(1);
+        assert!(
+            !retry.failed(later),
+            "the second failure in a row is warned of again"
+        );
+        assert_eq!(retry.at, later + Duration::from_millis(400));
+        assert!(!retry.failed(later));
+        assert_eq!(retry.at, later + Duration::from_millis(800));
+        assert_eq!(retry.failures, 3);
+        retry.seated();
+        assert_eq!(retry.failures, 0);
+        assert!(
+            retry.failed(later),
+            "a failure after a start is not the first again"
+        );
+        assert_eq!(retry.at, later + Duration::from_millis(200));
+    }
+
+    /// While another profile holds the sampler the recorder looks again every drain; after
+    /// another `SIGPROF` handler took over it waits 30 s; after leaving it tries at once.
+    #[test]
+    fn a_busy_sampler_a_replaced_handler_and_a_leaving_set_their_own_retry_times() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(5);
+        let mut retry = Retry::at(now);
+        retry.busy(later);
+        assert_eq!(retry, Retry::at(later + DRAIN_EVERY));
+        retry.replaced(later);
+        assert_eq!(retry, Retry::at(later + Duration::from_secs(30)));
+        retry.left(later);
+        assert_eq!(retry, Retry::at(later));
+        assert!(retry.due(later));
+        // None of them forgets the failures counted before.
+        let mut failing = Retry::at(now);
+        failing.failed(now);
+        failing.busy(later);
+        failing.replaced(later);
+        failing.left(later);
+        assert_eq!(failing.failures, 1);
     }
 
     /// The pause the recorder leaves in its history when the sampler cannot start gives
