@@ -28,7 +28,7 @@
 //! signal, after the dump is gone, finds no dump with its number and returns at once.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -52,7 +52,8 @@ const RESEND_EVERY: Duration = Duration::from_millis(10);
 /// How far apart two looks at a pending thread's signal mask are.
 const BLOCKED_LOOK: Duration = Duration::from_millis(1);
 
-static NEXT_DUMP: AtomicU32 = AtomicU32::new(1);
+/// The next dump's number: 16 bits of the signal's value (wrapping, as dumps take turns).
+static NEXT_DUMP: AtomicU16 = AtomicU16::new(1);
 /// When the running dump's deadline ends, while one runs. Per process: a child made by
 /// `fork` during a dump must not inherit the turn taken.
 static TURN: PerProcess<Mutex<Option<Instant>>> = PerProcess::new(|| Mutex::new(None));
@@ -158,7 +159,7 @@ pub(crate) fn take_dump(
     let unwinding = Unwinding::new(&objects, blocklist, Memory::choose().memory);
     let tids = &tids[..tids.len().min(MAX_DUMP_THREADS)];
     let dump = Box::new(Dump {
-        id: NEXT_DUMP.fetch_add(1, Ordering::Relaxed) & 0xffff,
+        id: NEXT_DUMP.fetch_add(1, Ordering::Relaxed),
         unwinding,
         scratch: (0..scratch_slots()).map(|_| Slot::new()).collect(),
         replies: tids
@@ -287,16 +288,13 @@ impl<'d> Collector<'d> {
             }
             reply.filtered.store(true, Ordering::SeqCst);
         }
-        let early = match send(reply.tid, signal_value(self.dump.id, index)) {
+        match send(reply.tid, signal_value(self.dump.id, index)) {
             Ok(()) => {
                 self.asked[index] = true;
                 self.signalled += 1;
-                return;
             }
-            Err(err) if err.raw_os_error() == Some(libc::ESRCH) => ThreadAnswer::Exited,
-            Err(err) => ThreadAnswer::NotSignalled(err),
-        };
-        self.settle(index, early);
+            Err(err) => self.settle(index, not_signalled(err)),
+        }
     }
 
     /// Whether reply `index` was asked and has not answered yet.
@@ -309,23 +307,19 @@ impl<'d> Collector<'d> {
     /// Waits for the answers, up to `deadline` from now.
     fn wait(&mut self, deadline: Duration) {
         let wake = &*self.dump.wake;
-        let started = Instant::now();
-        let mut last_sent = started;
-        let mut last_looked = started;
-        let mut last_checked = started;
-        let mut all_unable_before = false;
+        let mut pacing = Pacing::new(Instant::now(), deadline);
         loop {
             let seen = wake.seen();
-            let elapsed = started.elapsed();
+            let now = Instant::now();
             let waiting = self.asked.iter().filter(|a| **a).count();
             let answered = self.dump.answered.load(Ordering::Acquire) as usize;
             if wake.is_cancelled()
                 || (answered >= waiting && self.deferred.is_empty())
-                || elapsed >= deadline
+                || pacing.is_over(now)
             {
                 return;
             }
-            if !self.deferred.is_empty() && last_looked.elapsed() >= BLOCKED_LOOK {
+            if !self.deferred.is_empty() && pacing.look_due(now) {
                 for index in std::mem::take(&mut self.deferred) {
                     match ProcThread::status(self.dump.replies[index].tid) {
                         None => self.settle(index, ThreadAnswer::Exited),
@@ -336,25 +330,22 @@ impl<'d> Collector<'d> {
                         Some(status) => self.ask(index, &status),
                     }
                 }
-                last_looked = Instant::now();
+                pacing.looked(Instant::now());
             }
-            if last_checked.elapsed() >= RESEND_EVERY {
+            if pacing.check_due(now) {
                 // A thread asked that has exited since, or has blocked SIGURG since, cannot
-                // answer: seen so on two looks RESEND_EVERY apart, for every thread still
-                // pending, there is nothing left to wait for.
+                // answer.
                 let all_unable = (0..self.asked.len())
                     .filter(|&index| self.is_waited_for(index))
                     .all(|index| {
                         ProcThread::status(self.dump.replies[index].tid)
                             .is_none_or(|status| status.blocks(DUMP_SIGNAL))
                     });
-                if all_unable && all_unable_before && self.deferred.is_empty() {
+                if pacing.checked(Instant::now(), all_unable, self.deferred.is_empty()) {
                     return;
                 }
-                all_unable_before = all_unable;
-                last_checked = Instant::now();
             }
-            if last_sent.elapsed() >= RESEND_EVERY {
+            if pacing.resend_due(now) {
                 for index in 0..self.asked.len() {
                     if self.is_waited_for(index) {
                         let reply = &self.dump.replies[index];
@@ -362,17 +353,10 @@ impl<'d> Collector<'d> {
                         let _ = send(reply.tid, signal_value(self.dump.id, index));
                     }
                 }
-                last_sent = Instant::now();
+                pacing.sent(Instant::now());
             }
-            // Handlers of threads with their own seccomp filter do not wake the collector:
-            // it looks at least every RESEND_EVERY.
-            let mut sleep = deadline
-                .saturating_sub(elapsed)
-                .min(RESEND_EVERY.saturating_sub(last_sent.elapsed()));
-            if !self.deferred.is_empty() {
-                sleep = sleep.min(BLOCKED_LOOK.saturating_sub(last_looked.elapsed()));
-            }
-            wake.sleep(seen, sleep.max(Duration::from_micros(100)));
+            let sleep = pacing.sleep(Instant::now(), self.deferred.is_empty());
+            wake.sleep(seen, sleep);
         }
     }
 
@@ -410,16 +394,112 @@ impl<'d> Collector<'d> {
                 drop_guessed_callers(&mut stack, &self.dump.unwinding, self.objects);
                 ThreadAnswer::Unwound(stack)
             } else {
-                match ProcThread::status(reply.tid) {
-                    Some(status) if status.blocks(DUMP_SIGNAL) => {
-                        ThreadAnswer::SignalBlocked { part }
-                    }
-                    None => ThreadAnswer::Exited,
-                    Some(_) => ThreadAnswer::NoAnswer { part },
-                }
+                unanswered(ProcThread::status(reply.tid), part)
             });
         }
         answers
+    }
+}
+
+/// What a thread that did not answer by the end is listed as, by its `status` then:
+/// blocking the signal, gone, or silent; `part` is what was read of its stack while it
+/// slept, if anything.
+fn unanswered(status: Option<ThreadStatus>, part: Option<Stack>) -> ThreadAnswer {
+    match status {
+        Some(status) if status.blocks(DUMP_SIGNAL) => ThreadAnswer::SignalBlocked { part },
+        None => ThreadAnswer::Exited,
+        Some(_) => ThreadAnswer::NoAnswer { part },
+    }
+}
+
+/// What a thread the signal could not be sent to is listed as: gone if the kernel no
+/// longer knows it, else the error.
+fn not_signalled(err: std::io::Error) -> ThreadAnswer {
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        ThreadAnswer::Exited
+    } else {
+        ThreadAnswer::NotSignalled(err)
+    }
+}
+
+/// The collector's timetable while it waits for answers: when it looks again at the
+/// threads that blocked the signal at the first look (every [`BLOCKED_LOOK`]), looks
+/// whether the threads it waits for can still answer and sends the signal again to those
+/// (each every [`RESEND_EVERY`]: handlers of threads with a seccomp filter of their own
+/// do not wake the collector), and how long it may sleep in between. Each step is given
+/// the time it happens at.
+struct Pacing {
+    started: Instant,
+    deadline: Duration,
+    looked: Instant,
+    checked: Instant,
+    sent: Instant,
+    /// Whether the last check found every thread waited for unable to answer.
+    all_unable_before: bool,
+}
+
+impl Pacing {
+    fn new(started: Instant, deadline: Duration) -> Pacing {
+        Pacing {
+            started,
+            deadline,
+            looked: started,
+            checked: started,
+            sent: started,
+            all_unable_before: false,
+        }
+    }
+
+    /// Whether the deadline has passed at `now`.
+    fn is_over(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.started) >= self.deadline
+    }
+
+    /// Whether it is time to look again at the threads that blocked the signal.
+    fn look_due(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.looked) >= BLOCKED_LOOK
+    }
+
+    fn looked(&mut self, now: Instant) {
+        self.looked = now;
+    }
+
+    /// Whether it is time to look whether the threads waited for can still answer.
+    fn check_due(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.checked) >= RESEND_EVERY
+    }
+
+    /// A check at `now` found every thread waited for unable to answer (exited, or
+    /// blocking the signal since it was sent), or not: whether there is nothing left to
+    /// wait for, which takes two such checks in a row (a thread's mask also holds the
+    /// signal while its own handler runs) and no thread deferred.
+    fn checked(&mut self, now: Instant, all_unable: bool, none_deferred: bool) -> bool {
+        let done = all_unable && self.all_unable_before && none_deferred;
+        self.all_unable_before = all_unable;
+        self.checked = now;
+        done
+    }
+
+    /// Whether it is time to send the signal again to the threads that have not answered
+    /// (one already pending on a thread makes the kernel drop the next).
+    fn resend_due(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.sent) >= RESEND_EVERY
+    }
+
+    fn sent(&mut self, now: Instant) {
+        self.sent = now;
+    }
+
+    /// How long to sleep at `now` before the next step: to the deadline, the next resend
+    /// or, unless `none_deferred`, the next look; at least 100 µs.
+    fn sleep(&self, now: Instant, none_deferred: bool) -> Duration {
+        let since = |then: Instant| now.saturating_duration_since(then);
+        let mut sleep = (self.deadline.saturating_sub(since(self.started)))
+            .min(RESEND_EVERY.saturating_sub(since(self.sent)));
+        if !none_deferred {
+            sleep = sleep.min(BLOCKED_LOOK.saturating_sub(since(self.looked)));
+        }
+        sleep.max(Duration::from_micros(100))
     }
 }
 
@@ -476,8 +556,16 @@ fn send(tid: u32, value: u64) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// The turn is the process's: the tests that take it take turns.
+    static TURNS: Mutex<()> = Mutex::new(());
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     #[test]
     fn one_turn_at_a_time_and_the_second_learns_how_long_the_first_waits() {
+        let _turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
         let first = DumpTurn::take(Duration::from_secs(2)).expect("the turn is free");
         let refused = DumpTurn::take(Duration::from_secs(2))
             .err()
@@ -492,5 +580,153 @@ mod tests {
         assert!(first.is_cancelled());
         drop(first);
         drop(DumpTurn::take(Duration::from_millis(1)).expect("given back when dropped"));
+    }
+
+    /// A finished dump is freed and no longer published: nothing of it outlives
+    /// `take_dump` (here its share of the turn's wake, which a dump left allocated keeps).
+    #[test]
+    fn a_finished_dump_is_freed() {
+        let _turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
+        let turn = DumpTurn::take(Duration::from_secs(2)).expect("the turn is free");
+        assert_eq!(Arc::strong_count(&turn.wake), 1);
+        let dump = take_dump(&turn, &[], &[], Duration::from_secs(2)).expect("a dump");
+        assert!(dump.stacks.is_empty());
+        assert!(
+            DUMP.load(Ordering::SeqCst).is_null(),
+            "the dump is still published"
+        );
+        assert_eq!(Arc::strong_count(&turn.wake), 1, "the dump was not freed");
+    }
+
+    /// The wait ends at its deadline; the deferred threads are looked at every
+    /// millisecond, the threads waited for checked and signalled again every 10 ms, each
+    /// counted from the last time it was done, none putting off the others.
+    #[test]
+    fn the_collector_looks_checks_and_resends_each_on_its_own_time() {
+        let t0 = Instant::now();
+        let mut pacing = Pacing::new(t0, ms(500));
+        assert!(!pacing.is_over(t0) && !pacing.is_over(t0 + ms(499)));
+        assert!(pacing.is_over(t0 + ms(500)) && pacing.is_over(t0 + ms(600)));
+
+        assert!(!pacing.look_due(t0 + Duration::from_micros(999)));
+        assert!(pacing.look_due(t0 + ms(1)));
+        assert!(!pacing.check_due(t0 + ms(9)) && pacing.check_due(t0 + ms(10)));
+        assert!(!pacing.resend_due(t0 + ms(9)) && pacing.resend_due(t0 + ms(10)));
+
+        pacing.looked(t0 + ms(3));
+        assert!(!pacing.look_due(t0 + ms(3) + Duration::from_micros(999)));
+        assert!(pacing.look_due(t0 + ms(4)));
+        pacing.sent(t0 + ms(12));
+        assert!(!pacing.resend_due(t0 + ms(21)) && pacing.resend_due(t0 + ms(22)));
+        assert!(pacing.check_due(t0 + ms(12)), "sending put off the check");
+        pacing.checked(t0 + ms(15), false, true);
+        assert!(!pacing.check_due(t0 + ms(24)) && pacing.check_due(t0 + ms(25)));
+        assert!(
+            pacing.resend_due(t0 + ms(22)),
+            "checking put off the resend"
+        );
+        assert!(
+            pacing.look_due(t0 + ms(15)),
+            "checking or sending put off the look"
+        );
+    }
+
+    /// Threads that can no longer answer end the wait only when two checks in a row find
+    /// every one of them so (a thread's mask holds the signal while its own handler runs)
+    /// and no thread is deferred.
+    #[test]
+    fn the_wait_ends_on_two_checks_in_a_row_finding_no_thread_able_to_answer() {
+        let t0 = Instant::now();
+        let mut pacing = Pacing::new(t0, ms(500));
+        assert!(!pacing.checked(t0, true, true), "one check was enough");
+        assert!(pacing.checked(t0, true, true));
+
+        let mut pacing = Pacing::new(t0, ms(500));
+        assert!(!pacing.checked(t0, true, true));
+        assert!(!pacing.checked(t0, false, true));
+        assert!(
+            !pacing.checked(t0, true, true),
+            "an able thread between did not count"
+        );
+        assert!(pacing.checked(t0, true, true));
+
+        let mut pacing = Pacing::new(t0, ms(500));
+        assert!(!pacing.checked(t0, true, false));
+        assert!(
+            !pacing.checked(t0, true, false),
+            "ended with a thread deferred"
+        );
+        assert!(!pacing.checked(t0, false, true));
+        assert!(!pacing.checked(t0, false, true));
+    }
+
+    /// The collector sleeps until its next step is due: the deadline, the next resend, or
+    /// the next look while threads are deferred; never less than 100 µs.
+    #[test]
+    fn the_collector_sleeps_until_its_next_step() {
+        let t0 = Instant::now();
+        let mut pacing = Pacing::new(t0, ms(500));
+        assert_eq!(pacing.sleep(t0, true), ms(10), "to the resend");
+        assert_eq!(pacing.sleep(t0 + ms(4), true), ms(6));
+        assert_eq!(pacing.sleep(t0, false), ms(1), "to the look");
+        pacing.looked(t0 + ms(2));
+        assert_eq!(pacing.sleep(t0 + ms(2), false), ms(1));
+        pacing.sent(t0 + ms(494));
+        assert_eq!(pacing.sleep(t0 + ms(495), true), ms(5), "to the deadline");
+        assert_eq!(
+            pacing.sleep(t0 + ms(505), true),
+            Duration::from_micros(100),
+            "past every step"
+        );
+        assert_eq!(
+            pacing.sleep(t0 + ms(100), false),
+            Duration::from_micros(100)
+        );
+    }
+
+    /// A thread that did not answer by the end is listed by its status then, with what
+    /// was read of its stack while it slept.
+    #[test]
+    fn a_thread_that_did_not_answer_is_listed_by_its_status_at_the_end() {
+        let part = || {
+            Some(Stack {
+                frames: vec![1, 2],
+                flags: 0,
+                complete: false,
+            })
+        };
+        let mask = 1 << (DUMP_SIGNAL - 1);
+        let blocking = ThreadStatus {
+            blocked: mask,
+            seccomp: None,
+        };
+        let open = ThreadStatus {
+            blocked: !mask,
+            seccomp: None,
+        };
+        assert!(matches!(
+            unanswered(Some(blocking), part()),
+            ThreadAnswer::SignalBlocked { part: Some(part) } if part.frames == [1, 2]
+        ));
+        assert!(matches!(
+            unanswered(Some(open), part()),
+            ThreadAnswer::NoAnswer { part: Some(part) } if part.frames == [1, 2]
+        ));
+        assert!(matches!(unanswered(None, part()), ThreadAnswer::Exited));
+    }
+
+    /// A thread the kernel no longer knows (`ESRCH`) has exited; any other error is listed
+    /// as the reason it was not signalled.
+    #[test]
+    fn a_thread_the_signal_cannot_reach_has_exited_or_shows_the_error() {
+        let error = std::io::Error::from_raw_os_error;
+        assert!(matches!(
+            not_signalled(error(libc::ESRCH)),
+            ThreadAnswer::Exited
+        ));
+        assert!(matches!(
+            not_signalled(error(libc::EPERM)),
+            ThreadAnswer::NotSignalled(err) if err.raw_os_error() == Some(libc::EPERM)
+        ));
     }
 }

@@ -55,13 +55,13 @@ const FILTERED_SPINS: u32 = 1 << 16;
 pub(crate) static DUMP: AtomicPtr<Dump> = AtomicPtr::new(std::ptr::null_mut());
 
 /// The signal value that asks reply slot `index` of dump `id` for its stack.
-pub(crate) fn signal_value(id: u32, index: usize) -> u64 {
-    DUMP_TAG << 32 | u64::from(id & 0xffff) << 16 | index as u64 & 0xffff
+pub(crate) fn signal_value(id: u16, index: usize) -> u64 {
+    DUMP_TAG << 32 | u64::from(id) << 16 | index as u64 & 0xffff
 }
 
 /// The dump number and reply slot of a dump's signal value.
-fn parse_value(value: u64) -> Option<(u32, usize)> {
-    (value >> 32 == DUMP_TAG).then_some(((value >> 16 & 0xffff) as u32, (value & 0xffff) as usize))
+fn parse_value(value: u64) -> Option<(u16, usize)> {
+    (value >> 32 == DUMP_TAG).then_some(((value >> 16) as u16, (value & 0xffff) as usize))
 }
 
 /// One thread's stack, as its handler wrote it.
@@ -150,7 +150,9 @@ impl Wake {
 
 /// Everything a dump's handlers read.
 pub(crate) struct Dump {
-    pub(crate) id: u32,
+    /// Its number, carried by its signals: a late signal of an earlier dump is not this
+    /// one's.
+    pub(crate) id: u16,
     pub(crate) unwinding: Unwinding,
     pub(crate) scratch: Box<[Slot]>,
     pub(crate) replies: Box<[Reply]>,
@@ -358,8 +360,15 @@ mod tests {
 
     #[test]
     fn signal_values_carry_the_dump_and_the_slot() {
-        let value = signal_value(0x1_2345, 7);
+        let value = signal_value(0x2345, 7);
         assert_eq!(parse_value(value), Some((0x2345, 7)));
+        let highest = signal_value(u16::MAX, 0xffff);
+        assert_eq!(
+            highest >> 32,
+            DUMP_TAG,
+            "the dump's number ran into the tag"
+        );
+        assert_eq!(parse_value(highest), Some((u16::MAX, 0xffff)));
         assert_eq!(
             parse_value(super::super::timers::thread_value(3)),
             None,
