@@ -222,6 +222,13 @@ async fn heap_seconds_is_what_was_allocated_during_the_window_and_what_is_in_use
             "{:?}",
             comments(&profile)
         );
+        // Only a child forked after the routes were built is told its counts include its
+        // parent's.
+        assert!(
+            !says(&profile, "was forked from"),
+            "{:?}",
+            comments(&profile)
+        );
         // The retaining site holds memory and allocated nothing in the window: in a
         // window that is what its counts say, not a stack the counts missed.
         assert!(

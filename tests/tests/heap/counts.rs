@@ -114,6 +114,26 @@ async fn prof_accum_from_the_environment_gives_jemallocs_own_counts() {
         }
         earlier = Some(now);
     }
+    // A window: the difference of jemalloc's counts around it, not their totals since the
+    // process started (which hold the retaining site's 64 MiB and every byte churned).
+    let before = child.churned().await;
+    let (window, _) = child.profile("/debug/pprof/allocs?seconds=1").await;
+    let after = child.churned().await;
+    let said = comments(&window).join("\n");
+    assert!(said.contains("a window of 1 s"), "{said}");
+    let (churn, _) = site(&window, CHURN);
+    assert!(
+        churn > 0.0 && churn <= (after - before) as f64 * 1.25,
+        "{:.1} MiB allocated around the window; alloc_space says {:.1} MiB",
+        (after - before) as f64 / MIB,
+        churn / MIB
+    );
+    let (retained, _) = site(&window, RETAIN);
+    assert!(
+        retained < MIB,
+        "the retaining site allocated nothing in the window; alloc_space says {:.1} MiB",
+        retained / MIB
+    );
 }
 
 #[tokio::test]
