@@ -252,6 +252,18 @@ async fn a_running_thread_that_blocks_the_signal_is_listed_as_such_and_not_waite
     let dump = text(&server, "/debug/pprof/threads?debug=2&deadline=5s").await;
     let elapsed = started.elapsed();
     let (tid, function) = (spinner.tid, spinner.function);
+    // Not signalled at all: a SIGURG sent to it would still be pending on it now.
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    let pending = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigPnd:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .expect("a SigPnd line");
+    assert_eq!(
+        pending & (1 << (libc::SIGURG - 1)),
+        0,
+        "the thread that blocks SIGURG was sent it: {status}"
+    );
     drop(spinner);
     let block = thread_block(&dump, tid);
     assert!(
