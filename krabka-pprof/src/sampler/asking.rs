@@ -582,6 +582,40 @@ mod tests {
         drop(DumpTurn::take(Duration::from_millis(1)).expect("given back when dropped"));
     }
 
+    /// The collector waits for, and signals again, only the threads it asked that have
+    /// neither been settled nor answered (or begun to): whether a reply is waited for is
+    /// each of the three, not any of them.
+    #[test]
+    fn only_threads_asked_unsettled_and_unanswered_are_waited_for() {
+        let objects = Objects::current();
+        let reply = |state| Reply {
+            tid: 1,
+            state: AtomicU8::new(state),
+            filtered: AtomicBool::new(false),
+            answer: UnsafeCell::new(Answer::new()),
+        };
+        let dump = Dump {
+            id: 1,
+            unwinding: Unwinding::new(&objects, &[], Memory::choose().memory),
+            scratch: Box::new([]),
+            // 0: pending; 1: done; 2: being written; 3: pending, never asked;
+            // 4: pending, settled meanwhile (its state left pending here).
+            replies: [PENDING, DONE, WRITING, PENDING, PENDING]
+                .into_iter()
+                .map(reply)
+                .collect(),
+            answered: AtomicU32::new(0),
+            wake: Arc::new(Wake::default()),
+            released: AtomicU32::new(0),
+            expired: AtomicBool::new(false),
+        };
+        let mut collector = Collector::new(&dump, &objects);
+        collector.asked = vec![true, true, true, false, true];
+        collector.outcome[4] = Some(ThreadAnswer::Exited);
+        let waited: Vec<bool> = (0..5).map(|i| collector.is_waited_for(i)).collect();
+        assert_eq!(waited, [true, false, false, false, false]);
+    }
+
     /// A finished dump is freed and no longer published: nothing of it outlives
     /// `take_dump` (here its share of the turn's wake, which a dump left allocated keeps).
     #[test]
