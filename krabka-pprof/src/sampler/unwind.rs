@@ -611,10 +611,14 @@ mod tests {
     #[test]
     fn a_copy_that_runs_into_unreadable_memory_is_refused() {
         use std::os::fd::AsRawFd as _;
-        const PAGE: usize = 4096;
+        // The kernel's page size (4 KiB here, 16 or 64 KiB on some arm64 kernels): the
+        // third page must lie wholly past the file's end.
+        // SAFETY: sysconf reads a constant of the system.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let page = usize::try_from(page).expect("a page size");
         let path = std::env::temp_dir().join(format!("krabka-copy-{}", std::process::id()));
-        let mut contents = vec![0xaa; PAGE];
-        contents.extend_from_slice(&[0xbb; PAGE]);
+        let mut contents = vec![0xaa; page];
+        contents.resize(2 * page, 0xbb);
         std::fs::write(&path, &contents).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
@@ -623,7 +627,7 @@ mod tests {
         let pages = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                3 * PAGE,
+                3 * page,
                 libc::PROT_READ,
                 libc::MAP_PRIVATE,
                 file.as_raw_fd(),
@@ -631,19 +635,19 @@ mod tests {
             )
         };
         assert_ne!(pages, libc::MAP_FAILED);
-        let second = pages as u64 + PAGE as u64;
+        let second = pages as u64 + page as u64;
         let pid = libc::pid_t::try_from(std::process::id()).unwrap();
         for memory in [Memory::choose().memory, Memory::VmReadv { pid }] {
             let name = memory.name();
-            let page = copy_of(&memory, second, PAGE).expect("a readable page");
-            assert!(page.iter().all(|b| *b == 0xbb), "{name}");
+            let copied = copy_of(&memory, second, page).expect("a readable page");
+            assert!(copied.iter().all(|b| *b == 0xbb), "{name}");
             assert!(
-                copy_of(&memory, second, 2 * PAGE).is_none(),
+                copy_of(&memory, second, 2 * page).is_none(),
                 "{name}: a copy into the page past the file's end"
             );
         }
         // SAFETY: the mapping made above, no longer read.
-        assert_eq!(unsafe { libc::munmap(pages, 3 * PAGE) }, 0);
+        assert_eq!(unsafe { libc::munmap(pages, 3 * page) }, 0);
     }
 
     #[test]
