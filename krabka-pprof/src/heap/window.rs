@@ -112,9 +112,9 @@ mod tests {
         let _turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
         let (runtime, release) = runtime_with_its_blocking_thread_held();
         let _entered = runtime.enter();
-        open_window();
+        let lease = open_window();
         assert!(!window_is_free());
-        open_window().finish();
+        lease.finish();
         assert!(
             window_is_free(),
             "the window is still held after finish returned"
