@@ -806,7 +806,10 @@ pub(crate) mod tests {
         }
         let sampler = Sampler::start(1000, &[]).expect("a sampler");
         let window = sampler.open_window(1);
-        let deadline = Instant::now() + Duration::from_secs(2);
+        // Until 200 samples are in (a virtual machine's vCPU can miss the kernel's ticks, at
+        // which CPU timers fire, for 100 ms of CPU at a stretch, and a busy machine gives
+        // the spinner less than a core), for at most a minute.
+        let deadline = Instant::now() + Duration::from_secs(60);
         let mut samples = 0;
         while samples < 200 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
@@ -840,8 +843,8 @@ pub(crate) mod tests {
     fn rotated_windows_follow_one_another_without_a_gap_and_a_forgotten_one_gathers_nothing() {
         let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
         let stop = Arc::new(AtomicBool::new(false));
-        // The spinner's own CPU clock (the kernel's), in nanoseconds: each slice is cut
-        // once the spinner has run 50 ms more, however busy the machine is.
+        // The spinner's own CPU clock (the kernel's), in nanoseconds: each slice grows by
+        // 10 ms more of the spinner's CPU at a time, however busy the machine is.
         let spun = Arc::new(AtomicU64::new(0));
         let thread_cpu = || {
             let mut time = libc::timespec {
@@ -885,10 +888,40 @@ pub(crate) mod tests {
         let opened = first.started_at;
         let mut start = first;
         let mut slices = Vec::new();
+        let samples_in = |id: u64| -> u64 {
+            sampler
+                .state()
+                .windows
+                .stacks(id)
+                .map_or(0, |stacks| stacks.values().map(|tally| tally.samples).sum())
+        };
         for next in 2..=4 {
-            spin_more(50_000_000);
-            sampler.drain();
+            // CPU timers fire at the kernel's ticks, which a virtual machine's vCPU can miss
+            // for 100 ms of CPU at a stretch: a slice lasts until its window has drained two
+            // samples of the spinner, in steps of 10 ms of its CPU, for at most a minute.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut seen = 0;
+            while seen < 2 {
+                assert!(
+                    Instant::now() < deadline,
+                    "slice {} drained {seen} samples in a minute",
+                    next - 2
+                );
+                spin_more(10_000_000);
+                sampler.drain();
+                seen = samples_in(start.id);
+            }
             let (collected, following) = sampler.rotate_window(start, next);
+            let kept: u64 = collected.stacks.values().map(|t| t.samples).sum();
+            assert!(
+                kept >= seen,
+                "the slice lost samples it had: {kept} of {seen}"
+            );
+            assert_eq!(
+                samples_in(next),
+                0,
+                "the next window starts with nothing: the rotation's drain was the slice's"
+            );
             assert_eq!(
                 following.started_at - opened,
                 slices
@@ -907,8 +940,7 @@ pub(crate) mod tests {
         spinner.join().unwrap();
         drop(sampler);
         assert!(last.duration > Duration::ZERO);
-        // 50 ms of the spinner's CPU is 5 ticks even of a 100 Hz kernel; each slice holds
-        // its own samples, not its neighbour's.
+        // Each slice holds its own samples, not its neighbour's.
         for (i, slice) in slices.iter().enumerate() {
             let samples: u64 = slice.stacks.values().map(|t| t.samples).sum();
             assert!(samples >= 2, "slice {i} has {samples} samples");
@@ -936,15 +968,33 @@ pub(crate) mod tests {
         assert_eq!(buffer_words(10_000, 64), 1024 * 1024);
     }
 
+    /// Whether the running kernel is older than `major.minor`, and its release.
+    fn kernel_before(major: u32, minor: u32) -> (bool, String) {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut numbers = release
+            .trim()
+            .split(['.', '-'])
+            .map(|n| n.parse::<u32>().unwrap_or(0));
+        let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+        (version < (major, minor), release.trim().to_owned())
+    }
+
     #[test]
     fn the_names_of_threads_gone_are_forgotten_by_the_session() {
         let _one = ONE_SAMPLER.lock().unwrap_or_else(PoisonError::into_inner);
+        // Before 6.4 the backstop's signals go to the main thread: threads no listing saw
+        // are counted, not sampled, and so never named (docs/platforms.md).
+        let (old_kernel, release) = kernel_before(6, 4);
         let sampler = Sampler::start(1000, &[]).expect("a sampler");
         let window = sampler.open_window(1);
         // Threads that start and end between two drains, no listing sees them: the
-        // backstop samples them (5 ms of CPU each, several ticks).
-        let short: Vec<u32> = (0..40)
-            .map(|_| {
+        // backstop samples them. Its timer fires at the kernel's ticks, which a virtual
+        // machine's vCPU can miss for 100 ms of CPU at a stretch: rounds of ten threads
+        // (5 ms of CPU each) until one of them was sampled, for at most a minute.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut short: Vec<u32> = Vec::new();
+        loop {
+            short.extend((0..10).map(|_| {
                 std::thread::spawn(|| {
                     // SAFETY: gettid has no preconditions.
                     let tid = unsafe { libc::gettid() as u32 };
@@ -957,9 +1007,17 @@ pub(crate) mod tests {
                 })
                 .join()
                 .unwrap()
-            })
-            .collect();
-        sampler.drain();
+            }));
+            sampler.drain();
+            let sampled_one = sampler
+                .state()
+                .windows
+                .stacks(window.id)
+                .is_some_and(|stacks| stacks.keys().any(|key| short.contains(&key.tid)));
+            if sampled_one || old_kernel || Instant::now() >= deadline {
+                break;
+            }
+        }
         let named: Vec<u32> = sampler.state().names.keys().copied().collect();
         let collected = sampler.close_window(window);
         drop(sampler);
@@ -970,16 +1028,10 @@ pub(crate) mod tests {
             .filter(|tid| short.contains(tid))
             .collect();
         if sampled.is_empty() {
-            // Before 6.4 the backstop's signals go to the main thread: threads no listing
-            // saw are counted, not sampled, and so never named (docs/platforms.md).
-            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-            let mut numbers = release
-                .split(['.', '-'])
-                .map(|n| n.parse::<u32>().unwrap_or(0));
-            let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
             assert!(
-                version < (6, 4),
-                "the short-lived threads were sampled on {release}"
+                old_kernel,
+                "none of {} short-lived threads was sampled in a minute on {release}",
+                short.len()
             );
             eprintln!("kernel {release}: short-lived threads are not sampled; nothing to show");
             return;

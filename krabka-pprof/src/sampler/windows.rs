@@ -111,6 +111,12 @@ impl Windows {
         }
     }
 
+    /// What window `id` has drained so far, if it is open.
+    #[cfg(test)]
+    pub(crate) fn stacks(&self, id: u64) -> Option<&HashMap<StackKey, Tally>> {
+        self.open.iter().find(|w| w.id == id).map(|w| &w.stacks)
+    }
+
     /// The code addresses window `id` has drained so far (sorted, unique), as its profile
     /// will name them: each stack's leaf as sampled, its return addresses minus one.
     pub(crate) fn addresses(&self, id: u64) -> Vec<u64> {
