@@ -391,6 +391,38 @@ mod tests {
         let _ = std::hint::black_box(until.recv());
     }
 
+    /// Locals that must lie on a 64-byte boundary: the function realigns its stack, so
+    /// its unwind table finds its caller through the frame pointer, and its frame record
+    /// lies above the locals, `N` bytes and more above the return address of its callee.
+    #[repr(C, align(64))]
+    struct Aligned<const N: usize>([u8; N]);
+
+    /// Polls `fd` once, below 3.5 KiB of its own locals.
+    #[inline(never)]
+    fn krabka_test_polling_far(fd: i32) -> i32 {
+        let mut locals = Aligned([0u8; 3584]);
+        std::hint::black_box(&mut locals);
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 60_000) };
+        std::hint::black_box(&locals);
+        n
+    }
+
+    /// [`krabka_test_polling_far`], called 2 KiB further down the stack.
+    #[inline(never)]
+    fn krabka_test_padding(fd: i32) -> i32 {
+        let mut locals = Aligned([0u8; 2048]);
+        std::hint::black_box(&mut locals);
+        let n = krabka_test_polling_far(fd);
+        std::hint::black_box(&locals);
+        n
+    }
+
     /// Waits until `tid` sleeps in the kernel.
     fn asleep(tid: u32) {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -482,6 +514,68 @@ mod tests {
         );
         drop(stop);
         waiter.join().unwrap();
+        // SAFETY: the read end, no longer polled.
+        unsafe { libc::close(read_end) };
+    }
+
+    /// A thread asleep below a frame that needs the frame pointer, whose frame record lies
+    /// 3.5 KiB above the return address the first unwind stopped at: beyond the page that
+    /// unwind copied, unless that address lies in the first eighth of its page. Of two
+    /// such threads, 2 KiB apart on their stacks, at least one has it beyond: the record
+    /// is fetched, and both stacks are read whole.
+    #[test]
+    fn a_frame_record_a_page_above_the_first_copy_is_fetched() {
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let [read_end, write_end] = fds;
+        let mut pollers = Vec::new();
+        for (padded, function) in [
+            (false, "krabka_test_polling_far"),
+            (true, "krabka_test_padding"),
+        ] {
+            let (tx, rx) = channel();
+            let poller = std::thread::spawn(move || {
+                tx.send(current_tid()).unwrap();
+                if padded {
+                    krabka_test_padding(read_end)
+                } else {
+                    krabka_test_polling_far(read_end)
+                }
+            });
+            pollers.push((poller, rx.recv().unwrap(), function));
+        }
+        let mut reader = Asleep::new();
+        for (_, tid, function) in &pollers {
+            asleep(*tid);
+            let stack = match reader.read(&unwinding, &objects, *tid) {
+                Read::Whole(stack) => stack,
+                Read::Part(stack) => panic!("{function}: part {:?}", names(&stack, &objects)),
+                Read::NotAsleep => panic!("{function}'s thread is read without a signal"),
+            };
+            let names = names(&stack, &objects);
+            assert!(stack.complete, "{names:?}");
+            for name in ["krabka_test_polling_far", function] {
+                assert!(
+                    names.iter().any(|n| n.contains(name)),
+                    "{name} in {names:?}"
+                );
+            }
+        }
+        // SAFETY: closing our end of the pipe ends both polls with POLLHUP.
+        unsafe { libc::close(write_end) };
+        for (poller, _, function) in pollers {
+            assert_eq!(
+                poller.join().unwrap(),
+                1,
+                "{function}'s poll ended by the hang-up"
+            );
+        }
         // SAFETY: the read end, no longer polled.
         unsafe { libc::close(read_end) };
     }
