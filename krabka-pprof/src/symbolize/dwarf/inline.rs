@@ -177,9 +177,9 @@ impl<'a> Die<'a> {
             gimli::DW_AT_abstract_origin | gimli::DW_AT_specification => {
                 self.refers_to = Some(value);
             }
-            gimli::DW_AT_decl_file => self.decl_file = file_index(unit, value),
+            gimli::DW_AT_decl_file => self.decl_file = file_index(unit.header.version(), value),
             gimli::DW_AT_decl_line => self.decl_line = line_number(&attr),
-            gimli::DW_AT_call_file => self.call_file = file_index(unit, value),
+            gimli::DW_AT_call_file => self.call_file = file_index(unit.header.version(), value),
             gimli::DW_AT_call_line => self.call_line = line_number(&attr),
             _ => {}
         }
@@ -189,21 +189,13 @@ impl<'a> Die<'a> {
     fn hits(&self, unit: UnitRef<'_, Reader<'a>>, at: &[u64]) -> Vec<usize> {
         let mut spans: Vec<Range<usize>> = Vec::new();
         if let Some(offset) = self.ranges {
+            let mut list = SpanList::new(at.len());
             if let Ok(mut ranges) = unit.ranges(offset) {
                 while let Ok(Some(range)) = ranges.next() {
-                    let span = span(at, range.begin, range.end);
-                    if span.is_empty() {
-                        continue;
-                    }
-                    spans.push(span);
-                    // Merged, the spans are disjoint and each holds an address: never
-                    // more than there are addresses, however long the list.
-                    if spans.len() > 2 * at.len() + 8 {
-                        merge(&mut spans);
-                    }
+                    list.push(span(at, range.begin, range.end));
                 }
             }
-            merge(&mut spans);
+            spans = list.merged();
         } else if let Some(low) = self.low_pc {
             let high = self
                 .high_pc
@@ -366,6 +358,42 @@ impl<'d> Origins<'d> {
     }
 }
 
+/// The spans of a DIE's range list that hold wanted addresses, gathered as the list is
+/// read: merged whenever they pass `2 * addresses + 8`, so that a list however long keeps
+/// no more than that between two spans (merged, the spans are disjoint and each holds an
+/// address: never more than there are addresses), and is sorted no more often than once
+/// per `addresses + 4` spans.
+struct SpanList {
+    spans: Vec<Range<usize>>,
+    bound: usize,
+}
+
+impl SpanList {
+    fn new(addresses: usize) -> SpanList {
+        SpanList {
+            spans: Vec::new(),
+            bound: 2 * addresses + 8,
+        }
+    }
+
+    /// Adds `span` (indexes of addresses), unless it holds none.
+    fn push(&mut self, span: Range<usize>) {
+        if span.is_empty() {
+            return;
+        }
+        self.spans.push(span);
+        if self.spans.len() > self.bound {
+            merge(&mut self.spans);
+        }
+    }
+
+    /// The spans, sorted, those that overlap or touch joined.
+    fn merged(mut self) -> Vec<Range<usize>> {
+        merge(&mut self.spans);
+        self.spans
+    }
+}
+
 /// Sorts `spans` and joins those that overlap or touch.
 fn merge(spans: &mut Vec<Range<usize>>) {
     spans.sort_unstable_by_key(|span| span.start);
@@ -379,10 +407,11 @@ fn merge(spans: &mut Vec<Range<usize>>) {
     *spans = joined;
 }
 
-/// A file index attribute, where DWARF 4's index 0 means "no file" and DWARF 5's does not.
-fn file_index(unit: UnitRef<'_, Reader<'_>>, value: AttributeValue<Reader<'_>>) -> Option<u64> {
+/// A file index attribute of a unit of DWARF `version`, where DWARF 4's index 0 means "no
+/// file" and DWARF 5's does not.
+fn file_index<R: gimli::Reader>(version: u16, value: AttributeValue<R>) -> Option<u64> {
     match value {
-        AttributeValue::FileIndex(index) if index > 0 || unit.header.version() >= 5 => Some(index),
+        AttributeValue::FileIndex(index) if index > 0 || version >= 5 => Some(index),
         _ => None,
     }
 }
@@ -457,6 +486,46 @@ mod tests {
         let mut apart = vec![4..5, 0..1];
         merge(&mut apart);
         assert_eq!(apart, [0..1, 4..5]);
+    }
+
+    #[test]
+    fn a_long_range_list_keeps_at_most_its_bound_and_is_merged_only_past_it() {
+        // Three addresses: a bound of 14 spans. Two spans that cannot be joined, over and
+        // over (a crafted list is as long as it likes), and spans that hold no address.
+        let mut list = SpanList::new(3);
+        let mut longest = 0;
+        for i in 0..1000 {
+            list.push(if i % 2 == 0 { 0..1 } else { 2..3 });
+            list.push(5..5);
+            longest = longest.max(list.spans.len());
+            assert!(list.spans.len() <= 14, "{} spans kept", list.spans.len());
+        }
+        assert_eq!(longest, 14, "sorted only once past its bound, not before");
+        assert_eq!(
+            list.merged(),
+            [0..1, 2..3],
+            "and none that holds no address"
+        );
+    }
+
+    #[test]
+    fn file_index_0_is_no_file_before_dwarf_5() {
+        type Value = AttributeValue<gimli::EndianSlice<'static, gimli::LittleEndian>>;
+        for (version, index, file) in [
+            (2, 0, None),
+            (4, 0, None),
+            (4, 1, Some(1)),
+            (4, 7, Some(7)),
+            (5, 0, Some(0)),
+            (5, 3, Some(3)),
+        ] {
+            assert_eq!(
+                file_index(version, Value::FileIndex(index)),
+                file,
+                "DWARF {version}, index {index}"
+            );
+        }
+        assert_eq!(file_index(5, Value::Udata(1)), None, "not a file index");
     }
 
     fn scope(
