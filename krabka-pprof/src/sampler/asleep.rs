@@ -400,7 +400,11 @@ mod tests {
     /// Polls `fd` once, below 3.5 KiB of its own locals.
     #[inline(never)]
     fn krabka_test_polling_far(fd: i32) -> i32 {
-        let mut locals = Aligned([0u8; 3584]);
+        // Zeroed where they lie: an unoptimised build of `Aligned([0; N])` would put a
+        // temporary copy in the frame as well, twice the size.
+        let mut locals = std::mem::MaybeUninit::<Aligned<3584>>::uninit();
+        // SAFETY: writes zeros over the whole of `locals`, memory of that size.
+        unsafe { locals.as_mut_ptr().write_bytes(0, 1) };
         std::hint::black_box(&mut locals);
         let mut pfd = libc::pollfd {
             fd,
@@ -416,11 +420,27 @@ mod tests {
     /// [`krabka_test_polling_far`], called 2 KiB further down the stack.
     #[inline(never)]
     fn krabka_test_padding(fd: i32) -> i32 {
-        let mut locals = Aligned([0u8; 2048]);
+        // Zeroed where they lie: an unoptimised build of `Aligned([0; N])` would put a
+        // temporary copy in the frame as well, twice the size.
+        let mut locals = std::mem::MaybeUninit::<Aligned<2048>>::uninit();
+        // SAFETY: writes zeros over the whole of `locals`, memory of that size.
+        unsafe { locals.as_mut_ptr().write_bytes(0, 1) };
         std::hint::black_box(&mut locals);
+        clear_below();
         let n = krabka_test_polling_far(fd);
         std::hint::black_box(&locals);
         n
+    }
+
+    /// Zeroes 8 KiB of the stack below its caller, and returns. A new thread's stack may be
+    /// one a thread that exited left (glibc keeps them for new threads): frame records
+    /// of its calls, in what a new frame has not written yet, would be found first.
+    #[inline(never)]
+    fn clear_below() {
+        let mut below = std::mem::MaybeUninit::<Aligned<8192>>::uninit();
+        // SAFETY: writes zeros over the whole of `below`, memory of that size.
+        unsafe { below.as_mut_ptr().write_bytes(0, 1) };
+        std::hint::black_box(&mut below);
     }
 
     /// Waits until `tid` sleeps in the kernel.
@@ -545,6 +565,7 @@ mod tests {
                 if padded {
                     krabka_test_padding(read_end)
                 } else {
+                    clear_below();
                     krabka_test_polling_far(read_end)
                 }
             });
