@@ -365,14 +365,14 @@ impl<'d> Origins<'d> {
 /// per `addresses + 4` spans.
 struct SpanList {
     spans: Vec<Range<usize>>,
-    bound: usize,
+    addresses: usize,
 }
 
 impl SpanList {
     fn new(addresses: usize) -> SpanList {
         SpanList {
             spans: Vec::new(),
-            bound: 2 * addresses + 8,
+            addresses,
         }
     }
 
@@ -382,7 +382,7 @@ impl SpanList {
             return;
         }
         self.spans.push(span);
-        if self.spans.len() > self.bound {
+        if self.spans.len() > 2 * self.addresses + 8 {
             merge(&mut self.spans);
         }
     }
