@@ -77,6 +77,9 @@ pub(super) fn log_report(report: &sampler::Report, capped: bool, shared_with: us
 /// A sample's identity once threads of one name are merged: name, id (when split), flags, frames, labels.
 type MergeKey<'a> = (Arc<str>, Option<u32>, u8, &'a [u64], &'a SampleLabels);
 
+/// The slowest kernel tick of Linux, in Hz.
+const SLOWEST_TICK_HZ: u32 = 100;
+
 /// The pprof profile of a finished session: `samples/count` and `cpu/nanoseconds`, one
 /// sample per distinct (thread, stack); and whether the kernel capped the rate (the
 /// samples stand for more periods than there were signals).
@@ -163,7 +166,11 @@ pub(super) fn report_profile(
             Vec::new(),
         );
     }
-    let capped = periods > signals + signals / 8;
+    // The tick caps a rate only above it, and no Linux kernel ticks slower than 100 Hz
+    // (`CONFIG_HZ` is 100, 250, 300 or 1000). At or below that, periods beyond the
+    // signals are signals delivered late (a thread that waited for a core, a virtual
+    // machine's vCPU that missed ticks): kept in the samples' CPU time, not called a cap.
+    let capped = collected.frequency > SLOWEST_TICK_HZ && periods > signals + signals / 8;
     let report = &collected.report;
     let mut comments = vec![
         format!(
@@ -345,51 +352,40 @@ mod tests {
 
     #[test]
     fn samples_standing_for_more_periods_keep_their_cpu_time_and_say_so() {
-        let (profile, capped) = report_profile(collected(
-            Tally {
-                samples: 10,
-                periods: 40,
-            },
-            Tally::default(),
-        ));
+        let at = |frequency: u32, samples: u64, periods: u64| {
+            let mut collected = collected(Tally { samples, periods }, Tally::default());
+            collected.frequency = frequency;
+            report_profile(collected)
+        };
+        let (profile, capped) = at(1000, 10, 40);
         assert!(capped);
         let total: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
         assert_eq!(
             total,
-            40 * 10_000_000,
+            40 * 1_000_000,
             "cpu/nanoseconds counts periods, not signals"
         );
         let counts: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
         assert_eq!(counts, 10, "samples/count counts signals");
-        let comments: Vec<&str> = profile
-            .comment
-            .iter()
-            .map(|&i| profile.string_table[i as usize].as_str())
-            .collect();
+        let said = comments(&profile);
         assert!(
-            comments
-                .iter()
+            said.iter()
                 .any(|c| c.starts_with("10 signals stood for 40 periods")),
-            "{comments:?}"
+            "{said:?}"
         );
         // 120 periods from 100 signals is beyond the 1/8 margin.
-        let (_, capped) = report_profile(collected(
-            Tally {
-                samples: 100,
-                periods: 120,
-            },
-            Tally::default(),
-        ));
-        assert!(capped);
+        assert!(at(1000, 100, 120).1);
         // At the margin: 45 periods from 40 signals is not a cap.
-        let (_, capped) = report_profile(collected(
-            Tally {
-                samples: 40,
-                periods: 45,
-            },
-            Tally::default(),
-        ));
+        assert!(!at(1000, 40, 45).1);
+        // At 100 Hz and below no tick caps the rate: signals that came late keep their
+        // CPU time, and are not called a cap.
+        let (profile, capped) = at(100, 10, 40);
         assert!(!capped);
+        let total: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
+        assert_eq!(total, 40 * 10_000_000);
+        let said = comments(&profile);
+        assert!(!said.iter().any(|c| c.contains("capped")), "{said:?}");
+        assert!(at(101, 10, 40).1, "above 100 Hz a tick may cap it");
     }
 
     /// The profile's comments.
