@@ -97,7 +97,7 @@ mod windows;
 
 pub(crate) use asking::{Canceller, DumpTurn, ThreadAnswer, ThreadStacks, take_dump};
 pub(crate) use buffer::{StackKey, Tally};
-pub(crate) use dump::MAX_DUMP_THREADS;
+pub(crate) use dump::{MAX_DUMP_THREADS, Stack};
 pub(crate) use frames::stack_frames;
 pub(crate) use signals::StartError;
 pub(crate) use windows::{Collected, Report};

@@ -90,29 +90,16 @@ pub(super) fn take(
         Part(Vec<u64>, u8, String),
         Missing(String),
     }
-    let deadline = humantime::format_duration(request.deadline);
+    let deadline = humantime::format_duration(request.deadline).to_string();
     let mut groups: HashMap<Group, usize> = HashMap::new();
     let mut members: Vec<(Vec<Frame>, Vec<usize>)> = Vec::new();
     let mut dumped = Vec::with_capacity(threads.len());
     let mut answered = 0;
     for (index, (proc, (_, answer))) in threads.into_iter().zip(taken.stacks).enumerate() {
-        let (why, part) = match answer {
-            ThreadAnswer::Unwound(stack) => {
-                answered += 1;
-                (None, Some(stack))
-            }
-            ThreadAnswer::SignalBlocked { part } => (
-                Some("blocks SIGURG (SigBlk), so it cannot be asked for its stack".to_owned()),
-                part,
-            ),
-            ThreadAnswer::NoAnswer { part } => {
-                (Some(format!("did not answer within {deadline}")), part)
-            }
-            ThreadAnswer::Exited => (Some("exited during the dump".to_owned()), None),
-            ThreadAnswer::NotSignalled(err) => {
-                (Some(format!("could not be signalled: {err}")), None)
-            }
-        };
+        if matches!(answer, ThreadAnswer::Unwound(_)) {
+            answered += 1;
+        }
+        let (why, part) = reason(answer, &deadline);
         let (group, missing) = match (why, part) {
             (None, Some(stack)) => (
                 Group::Stack(stack.frames, stack.flags, stack.complete),
@@ -191,6 +178,28 @@ pub(super) fn take(
     })
 }
 
+/// Why a thread's answer holds no whole stack (`None`: it answered with one), and the
+/// stack it holds: its own, or the part of one read while it slept.
+#[cfg(sampler)]
+fn reason(
+    answer: crate::sampler::ThreadAnswer,
+    deadline: &str,
+) -> (Option<String>, Option<crate::sampler::Stack>) {
+    use crate::sampler::ThreadAnswer;
+    match answer {
+        ThreadAnswer::Unwound(stack) => (None, Some(stack)),
+        ThreadAnswer::SignalBlocked { part } => (
+            Some("blocks SIGURG (SigBlk), so it cannot be asked for its stack".to_owned()),
+            part,
+        ),
+        ThreadAnswer::NoAnswer { part } => {
+            (Some(format!("did not answer within {deadline}")), part)
+        }
+        ThreadAnswer::Exited => (Some("exited during the dump".to_owned()), None),
+        ThreadAnswer::NotSignalled(err) => (Some(format!("could not be signalled: {err}")), None),
+    }
+}
+
 /// Asks each of `tids` for its stack (see `sampler/asking.rs`); blocks up to `deadline`,
 /// or until `turn`'s dump is cancelled.
 #[cfg(sampler)]
@@ -210,4 +219,64 @@ fn ask_every_thread(
         StartError::Running => DumpError::Failed("another dump holds the handler".to_owned()),
         StartError::System(call, error) => DumpError::Failed(format!("{call} failed: {error}")),
     })
+}
+
+#[cfg(test)]
+#[cfg(sampler)]
+mod tests {
+    use super::*;
+    use crate::sampler::{Stack, ThreadAnswer};
+
+    /// Each answer's reason, as the dump's text and profile show it: a thread that exited
+    /// before it was asked is said to have, whichever race made it so.
+    #[test]
+    fn each_answer_says_why_a_thread_has_no_whole_stack() {
+        let stack = Stack {
+            frames: vec![0x1000, 0x2000],
+            flags: 0,
+            complete: true,
+        };
+        let part = Stack {
+            frames: vec![0x1000],
+            flags: 0,
+            complete: false,
+        };
+        assert_eq!(
+            reason(ThreadAnswer::Unwound(stack.clone()), "1s"),
+            (None, Some(stack))
+        );
+        assert_eq!(
+            reason(
+                ThreadAnswer::SignalBlocked {
+                    part: Some(part.clone())
+                },
+                "1s"
+            ),
+            (
+                Some("blocks SIGURG (SigBlk), so it cannot be asked for its stack".to_owned()),
+                Some(part.clone())
+            )
+        );
+        assert_eq!(
+            reason(
+                ThreadAnswer::NoAnswer {
+                    part: Some(part.clone())
+                },
+                "250ms"
+            ),
+            (Some("did not answer within 250ms".to_owned()), Some(part))
+        );
+        assert_eq!(
+            reason(ThreadAnswer::Exited, "1s"),
+            (Some("exited during the dump".to_owned()), None)
+        );
+        let denied = std::io::Error::from_raw_os_error(libc::EPERM);
+        assert_eq!(
+            reason(ThreadAnswer::NotSignalled(denied), "1s"),
+            (
+                Some("could not be signalled: Operation not permitted (os error 1)".to_owned()),
+                None
+            )
+        );
+    }
 }

@@ -301,8 +301,10 @@ async fn a_handler_replaced_during_the_window_is_reported_and_its_signals_stop()
     );
     let log = child.log();
     assert!(
-        log.contains("handler_replaced=true") && log.contains("replaced this profiler"),
-        "the response's log line says so: {log}"
+        log.contains("handler_replaced=true")
+            && log.contains("replaced this profiler")
+            && log.contains("counting stopped there, the profile covers only the time before"),
+        "the response's log line says so, and that counting stopped: {log}"
     );
 }
 
