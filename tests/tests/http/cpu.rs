@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, Profile, SAMPLER_VAR, TestServer, client, comments, decode, go_pprof_top,
-    pprof_rs_sampler, profile_window, sample_types, serial, string, thread_samples, total,
-    total_in,
+    Burner, Profile, SAMPLER_VAR, TestServer, assert_sample_count, client, comments, decode,
+    go_pprof_top, pprof_rs_sampler, profile_window, sample_types, serial, string, thread_samples,
+    total, total_in,
 };
 use reqwest::StatusCode;
 
@@ -117,20 +117,33 @@ async fn profile_is_gzipped_pprof_with_the_hot_function() {
     let timeline = burner.finish();
     let (start, end) = profile_window(&profile);
     let burned = timeline.cpu_within(start, end);
-    let expected = burned.as_secs_f64() * 99.0;
+    // Within 20 %; fewer only where the burner did not have its core (a machine busy with
+    // other work), where the kernel folds its periods into fewer signals.
+    let share = timeline.least_core_share(start, end);
     let in_burner = total_in(&profile, 0, "Burner") as f64;
-    assert!(
-        (in_burner - expected).abs() <= expected * 0.2,
-        "{in_burner} samples for {burned:?} of burner CPU at 99 Hz (expected about {expected:.0})"
-    );
+    assert_sample_count("the burner", in_burner, burned, 99, share, 0.2);
     let samples = total(&profile, 0) as f64;
     // cpu/nanoseconds is CPU time: the burner's, by its own clock, within 20%.
     let burner_nanos = total_in(&profile, 1, "Burner") as f64;
-    let truth = burned.as_nanos() as f64;
-    assert!(
-        (burner_nanos - truth).abs() <= truth * 0.2,
-        "cpu/nanoseconds says {burner_nanos} ns in the burner, its clock {burned:?}"
-    );
+    if pprof_rs_sampler() {
+        // The pprof crate's sampler weighs each signal as one period: its nanoseconds are
+        // its count's, and fold with it.
+        assert_sample_count(
+            "the burner's cpu/nanoseconds, in periods",
+            burner_nanos / (1e9 / 99.0),
+            burned,
+            99,
+            share,
+            0.2,
+        );
+    } else {
+        // krabka-pprof's own sampler counts the periods folded into each signal.
+        let truth = burned.as_nanos() as f64;
+        assert!(
+            (burner_nanos - truth).abs() <= truth * 0.2,
+            "cpu/nanoseconds says {burner_nanos} ns in the burner, its clock {burned:?}"
+        );
+    }
 
     let hot = total_in(&profile, 0, "krabka_hot_spin") as f64;
     assert!(
