@@ -362,7 +362,7 @@ impl<'d> Origins<'d> {
 /// read: merged whenever they pass `2 * addresses + 8`, so that a list however long keeps
 /// no more than that between two spans (merged, the spans are disjoint and each holds an
 /// address: never more than there are addresses), and is sorted no more often than once
-/// per `addresses + 4` spans.
+/// per `addresses + 9` spans.
 struct SpanList {
     spans: Vec<Range<usize>>,
     addresses: usize,
