@@ -185,6 +185,39 @@ pub fn assert_sample_count(
     );
 }
 
+/// Checks the `cpu/nanoseconds` of threads that used `cpu`, sampled at `frequency`:
+/// within `tolerance` of `cpu` for krabka-pprof's own sampler, which counts the periods
+/// the kernel folded into each signal (its overruns), so folded signals lose no
+/// nanoseconds. The `pprof` crate's sampler weighs each signal as one period: its
+/// nanoseconds are its count's, fold with it where a busy machine folds the signals, and
+/// are judged as [`assert_sample_count`] judges a count (`share` as there).
+pub fn assert_cpu_nanos(
+    what: &str,
+    nanos: f64,
+    cpu: Duration,
+    frequency: u32,
+    share: f64,
+    tolerance: f64,
+) {
+    if crate::pprof_rs_sampler() {
+        assert_sample_count(
+            &format!("{what}: cpu/nanoseconds, in periods"),
+            nanos / (1e9 / f64::from(frequency)),
+            cpu,
+            frequency,
+            share,
+            tolerance,
+        );
+        return;
+    }
+    let truth = cpu.as_nanos() as f64;
+    assert!(
+        (nanos - truth).abs() <= truth * tolerance,
+        "{what}: cpu/nanoseconds {nanos} for {cpu:?} of CPU, not within {:.0}%",
+        tolerance * 100.0
+    );
+}
+
 /// Prints why a test cannot show (all or part of) what it guards on this machine, past
 /// the test harness's capture of `eprintln!`, so that every run shows it.
 pub fn skip(test: &str, why: &str) {

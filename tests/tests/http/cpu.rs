@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, Profile, SAMPLER_VAR, TestServer, assert_sample_count, client, comments, decode,
-    go_pprof_top, pprof_rs_sampler, profile_window, sample_types, serial, string, thread_samples,
-    total, total_in,
+    Burner, Profile, SAMPLER_VAR, TestServer, assert_cpu_nanos, assert_sample_count, client,
+    comments, decode, go_pprof_top, pprof_rs_sampler, profile_window, sample_types, serial, string,
+    thread_samples, total, total_in,
 };
 use reqwest::StatusCode;
 
@@ -125,25 +125,7 @@ async fn profile_is_gzipped_pprof_with_the_hot_function() {
     let samples = total(&profile, 0) as f64;
     // cpu/nanoseconds is CPU time: the burner's, by its own clock, within 20%.
     let burner_nanos = total_in(&profile, 1, "Burner") as f64;
-    if pprof_rs_sampler() {
-        // The pprof crate's sampler weighs each signal as one period: its nanoseconds are
-        // its count's, and fold with it.
-        assert_sample_count(
-            "the burner's cpu/nanoseconds, in periods",
-            burner_nanos / (1e9 / 99.0),
-            burned,
-            99,
-            share,
-            0.2,
-        );
-    } else {
-        // krabka-pprof's own sampler counts the periods folded into each signal.
-        let truth = burned.as_nanos() as f64;
-        assert!(
-            (burner_nanos - truth).abs() <= truth * 0.2,
-            "cpu/nanoseconds says {burner_nanos} ns in the burner, its clock {burned:?}"
-        );
-    }
+    assert_cpu_nanos("the burner", burner_nanos, burned, 99, share, 0.2);
 
     let hot = total_in(&profile, 0, "krabka_hot_spin") as f64;
     assert!(

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, ProcessCpu, Profile, Readings, TestServer, assert_sample_count, assert_split,
-    assert_window_inside, client, decode, hot, just_under_the_tick, kernel_tick_hz,
+    Burner, ProcessCpu, Profile, Readings, TestServer, assert_cpu_nanos, assert_sample_count,
+    assert_split, assert_window_inside, client, decode, hot, just_under_the_tick, kernel_tick_hz,
     process_cpu_time, profile_window, quiet_cores, serial, skip, stacks, total, total_in,
 };
 use reqwest::StatusCode;
@@ -120,24 +120,13 @@ async fn sample_count_matches_frequency_times_cpu_time() {
         0.15,
     );
     let nanos = total_in(&profile, 1, "Burner") as f64;
-    if krabka_pprof_tests::pprof_rs_sampler() {
-        // The pprof crate's sampler weighs each signal as one period: its nanoseconds are
-        // its count's, and fold with it where a busy machine folds the signals.
-        assert_sample_count(
-            "the burners' cpu/nanoseconds, in periods",
-            nanos / (1e9 / 99.0),
-            cpu,
-            99,
-            timeline.least_core_share(start, end),
-            0.15,
-        );
-        return;
-    }
-    // krabka-pprof's own sampler counts the periods the kernel folded into each signal
-    // (its overruns), so folded signals lose no nanoseconds.
-    assert!(
-        (nanos - cpu.as_nanos() as f64).abs() <= cpu.as_nanos() as f64 * 0.15,
-        "cpu/nanoseconds {nanos} for {cpu:?} of CPU"
+    assert_cpu_nanos(
+        "the burners",
+        nanos,
+        cpu,
+        99,
+        timeline.least_core_share(start, end),
+        0.15,
     );
 }
 

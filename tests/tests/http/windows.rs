@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{
-    Burner, CpuTimeline, Options, Profile, ServerLog, TestServer, assert_sample_count,
-    assert_window_inside, comments, decode, krabka_sampler_only, pprof_rs_sampler, says, serial,
-    skip, total_in, unpooled_client, with_hold_route,
+    Burner, CpuTimeline, Options, Profile, ServerLog, TestServer, assert_cpu_nanos,
+    assert_sample_count, assert_window_inside, comments, decode, krabka_sampler_only,
+    pprof_rs_sampler, says, serial, skip, total_in, unpooled_client, with_hold_route,
 };
 use reqwest::StatusCode;
 
@@ -96,23 +96,7 @@ impl Answer {
         }
         let frequency = (1e9 / period).round() as u32;
         let share = timeline.least_core_share(start, end);
-        if pprof_rs_sampler() {
-            // The pprof crate's sampler weighs each signal as one period: its nanoseconds
-            // are its count's, and fold with it where a busy machine folds the signals.
-            assert_sample_count(
-                &format!("{what}: cpu/nanoseconds, in periods"),
-                nanos / period,
-                cpu,
-                frequency,
-                share,
-                0.15,
-            );
-        } else {
-            assert!(
-                (nanos - cpu.as_nanos() as f64).abs() <= cpu.as_nanos() as f64 * 0.15,
-                "{what}: the burner's samples stand for {nanos} ns, its clock says {cpu:?}"
-            );
-        }
+        assert_cpu_nanos(what, nanos, cpu, frequency, share, 0.15);
         assert_sample_count(
             what,
             total_in(&self.profile, 0, "Burner") as f64,
