@@ -452,6 +452,32 @@ mod tests {
         }
     }
 
+    /// A new pipe: its read end and its write end.
+    fn pipe() -> (i32, i32) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        (fds[0], fds[1])
+    }
+
+    /// Thread `tid`'s stack, read whole by `reader` without a signal, and its functions
+    /// ([`names`]); a panic naming `function` if it is read only in part, or not at all.
+    fn read_whole(
+        reader: &mut Asleep,
+        unwinding: &Unwinding,
+        objects: &Objects,
+        tid: u32,
+        function: &str,
+    ) -> (Stack, Vec<String>) {
+        let stack = match reader.read(unwinding, objects, tid) {
+            Read::Whole(stack) => stack,
+            Read::Part(stack) => panic!("{function}: part {:?}", names(&stack, objects)),
+            Read::NotAsleep => panic!("{function}'s thread is read without a signal"),
+        };
+        let names = names(&stack, objects);
+        (stack, names)
+    }
+
     /// The functions of `stack`, leaf first, each frame's inlined ones first.
     fn names(stack: &Stack, objects: &Objects) -> Vec<String> {
         let at: Vec<u64> = (stack.frames.iter().enumerate())
@@ -475,10 +501,7 @@ mod tests {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let objects = Objects::current();
         let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
-        let mut fds = [0; 2];
-        // SAFETY: pipe writes two descriptors.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        let [read_end, write_end] = fds;
+        let (read_end, write_end) = pipe();
         let (tx, rx) = channel();
         let poller = std::thread::spawn(move || {
             tx.send(current_tid()).unwrap();
@@ -501,14 +524,7 @@ mod tests {
                 (poller_tid, "krabka_test_polling"),
                 (waiter_tid, "krabka_test_waiting"),
             ] {
-                let stack = match reader.read(&unwinding, &objects, tid) {
-                    Read::Whole(stack) => stack,
-                    Read::Part(stack) => {
-                        panic!("{function}: part {:?}", names(&stack, &objects))
-                    }
-                    Read::NotAsleep => panic!("{function}'s thread is read without a signal"),
-                };
-                let names = names(&stack, &objects);
+                let (stack, names) = read_whole(&mut reader, &unwinding, &objects, tid, function);
                 assert!(
                     names.iter().any(|n| n.contains(function)),
                     "{function} in {names:?}"
@@ -550,10 +566,7 @@ mod tests {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let objects = Objects::current();
         let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
-        let mut fds = [0; 2];
-        // SAFETY: pipe writes two descriptors.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        let [read_end, write_end] = fds;
+        let (read_end, write_end) = pipe();
         let mut pollers = Vec::new();
         for (padded, function) in [
             (false, "krabka_test_polling_far"),
@@ -574,12 +587,7 @@ mod tests {
         let mut reader = Asleep::new();
         for (_, tid, function) in &pollers {
             asleep(*tid);
-            let stack = match reader.read(&unwinding, &objects, *tid) {
-                Read::Whole(stack) => stack,
-                Read::Part(stack) => panic!("{function}: part {:?}", names(&stack, &objects)),
-                Read::NotAsleep => panic!("{function}'s thread is read without a signal"),
-            };
-            let names = names(&stack, &objects);
+            let (stack, names) = read_whole(&mut reader, &unwinding, &objects, *tid, function);
             assert!(stack.complete, "{names:?}");
             for name in ["krabka_test_polling_far", function] {
                 assert!(
