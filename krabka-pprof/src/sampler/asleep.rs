@@ -25,20 +25,25 @@
 //! standard library is built with frame pointers (`futex_wait` above `syscall`,
 //! `thread::sleep` above `nanosleep`, a thread's start above frames that never touch the
 //! frame pointer). The frame that stopped the unwind then has its frame record looked for
-//! on the stack, above where its return address was read: a 16-byte-aligned pair of a
-//! saved frame pointer and a return address just after a call instruction in a loaded
-//! object. The lowest one with which the whole stack unwinds to its outermost frame,
-//! through return addresses that each follow a call, gives the frame pointer the unwind
-//! starts with (the frames below the stopped one never changed it). Every stack read so
-//! is held to that: it ends at the first address no call returns to (a leaf in code
-//! without unwind tables is unwound by the rule of the function before it, into garbage),
-//! and after the first frame no unwind table covers (`frames.rs`), where it counts as
-//! whole: a signal would answer the same. A stack that still does not unwind to its
-//! outermost frame is asked for with a signal after all, and this part kept in case no
-//! answer comes; so are the threads of a glibc built with frame
-//! pointers, whose wrappers need it for the leaf itself. On aarch64 a leaf function's
-//! return address is in the link register and its frame in x29, neither of which the file
-//! gives: there every thread is asked with a signal.
+//! on the stack, above where its return address was read: a 16-byte-aligned pair of a saved
+//! frame pointer and a return address just after a call instruction in a loaded object, a
+//! call of the stopped frame's function where the call's bytes tell (a direct call, through
+//! a PLT stub or not, or through a RIP-relative slot, as Rust calls other objects). Memory
+//! a frame has not written may still hold a record an exited thread's calls left (glibc
+//! hands its stack to a new thread), whose stack unwinds just as whole, to the zeros above:
+//! its call is of another function. The lowest record with which the whole stack unwinds to
+//! its outermost frame, through return addresses that each follow a call, gives the frame
+//! pointer the unwind starts with (the frames below the stopped one never changed it). A
+//! function reached by a tail call, whose record's call is of the function that jumped to
+//! it, is refused so too, and left to the signal. Every stack read so is held to that: it
+//! ends at the first address no call returns to (a leaf in code without unwind tables is
+//! unwound by the rule of the function before it, into garbage), and after the first frame
+//! no unwind table covers (`frames.rs`), where it counts as whole: a signal would answer
+//! the same. A stack that still does not unwind to its outermost frame is asked for with a
+//! signal after all, and this part kept in case no answer comes; so are the threads of a
+//! glibc built with frame pointers, whose wrappers need it for the leaf itself. On aarch64
+//! a leaf function's return address is in the link register and its frame in x29, neither
+//! of which the file gives: there every thread is asked with a signal.
 
 #![cfg_attr(
     not(target_arch = "x86_64"),
@@ -207,6 +212,9 @@ impl Asleep {
         window[..got].copy_from_slice(&copy[read_at + 8..read_at + 8 + got]);
         let mut fetched = false;
         let mut tried = 0;
+        // Where the stopped frame's function begins: a record's return address follows a
+        // call of it, where the call tells.
+        let start = unwinding.function_start(stopped - 1);
         // From the first 16-byte-aligned address at or above the frame's stack pointer.
         let mut at = ((16 - frame_sp % 16) % 16) as usize;
         loop {
@@ -229,6 +237,14 @@ impl Asleep {
             let record = frame_sp + at as u64;
             at += 16;
             if !is_return_address(unwinding, objects, return_address) {
+                continue;
+            }
+            // A record left by a call of another function (by an exited thread on the
+            // stack glibc gave this one, in memory the frame has not written) is passed
+            // over however whole its stack unwinds.
+            if let (Some(start), Some(callee)) = (start, callee(unwinding, return_address))
+                && callee != start
+            {
                 continue;
             }
             let (stack, _) = self.unwind(unwinding, pc, sp, record);
@@ -288,10 +304,14 @@ pub(super) fn is_return_address(unwinding: &Unwinding, objects: &Objects, addres
 /// and displacement, maybe after a REX prefix).
 #[cfg(target_arch = "x86_64")]
 fn follows_a_call(before: &[u8; 8]) -> bool {
-    if before[3] == 0xe8 {
-        return true;
-    }
-    (2..=7).any(|len: usize| {
+    before[3] == 0xe8 || indirect_calls(before).next().is_some()
+}
+
+/// The lengths of the `call r/m64` instructions (`ff /2`) the 8 bytes `before` an address
+/// can end with: each length tells where the instruction would begin.
+#[cfg(target_arch = "x86_64")]
+fn indirect_calls(before: &[u8; 8]) -> impl Iterator<Item = usize> + '_ {
+    (2..=7).filter(|&len: &usize| {
         let at = 8 - len;
         let modrm = before[at + 1];
         if before[at] != 0xff || (modrm >> 3) & 7 != 2 {
@@ -314,6 +334,51 @@ fn follows_a_call(before: &[u8; 8]) -> bool {
         };
         encoded == len
     })
+}
+
+/// The function the call just before return address `address` calls, where its bytes
+/// tell: `call rel32`'s target, or, where that is a PLT stub (`jmp *disp32(%rip)`, after
+/// the `endbr64` and `bnd` a linker may put first), the address in the stub's slot; the
+/// address in `call *disp32(%rip)`'s slot (how Rust calls into other objects, without a
+/// PLT). `None` for a call through a register or other memory, where the bytes could end
+/// more than one call, or where they cannot be read. Read through the dump's reader.
+#[cfg(target_arch = "x86_64")]
+fn callee(unwinding: &Unwinding, address: u64) -> Option<u64> {
+    let read = |at: u64, bytes: &mut [u8]| unwinding.memory.read(at, bytes) == bytes.len();
+    let slot = |at: u64| {
+        let mut word = [0u8; 8];
+        read(at, &mut word).then_some(u64::from_ne_bytes(word))
+    };
+    let disp =
+        |bytes: &[u8]| i64::from(i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
+    let mut before = [0u8; 8];
+    if !read(address - 8, &mut before) {
+        return None;
+    }
+    let mut indirect = indirect_calls(&before);
+    let target = match (before[3] == 0xe8, indirect.next(), indirect.next()) {
+        (true, None, _) => address.wrapping_add_signed(disp(&before[4..])),
+        (false, Some(6), None) if before[3] == 0x15 => {
+            return slot(address.wrapping_add_signed(disp(&before[4..])));
+        }
+        _ => return None,
+    };
+    let mut stub = [0u8; 11];
+    if !read(target, &mut stub) {
+        return Some(target);
+    }
+    let mut at = if stub[..4] == [0xf3, 0x0f, 0x1e, 0xfa] {
+        4
+    } else {
+        0
+    };
+    if stub[at] == 0xf2 {
+        at += 1;
+    }
+    if stub[at..at + 2] != [0xff, 0x25] {
+        return Some(target);
+    }
+    slot((target + at as u64 + 6).wrapping_add_signed(disp(&stub[at + 2..])))
 }
 
 #[cfg(test)]
@@ -361,6 +426,67 @@ mod tests {
             assert!(!follows_a_call(&ending_with(other)), "{other:02x?}");
         }
     }
+    /// Code bytes laid out in one buffer, read through the dump's reader as a return
+    /// address's would be: each case's call ends where its return address is.
+    #[test]
+    fn a_calls_callee_is_its_target_or_what_the_slot_it_jumps_through_holds() {
+        const TARGET: u64 = 0x1234_5678_9abc_def0;
+        let unwinding = Unwinding::new(&Objects::current(), &[], Memory::choose().memory);
+        let mut code = vec![0x90u8; 512];
+        let base = code.as_ptr() as u64;
+        // Slot at 0 holds TARGET; the stubs at 64, 96 and 128; the calls' ends from 256.
+        code[..8].copy_from_slice(&TARGET.to_ne_bytes());
+        let rel = |from: usize, to: usize| (to as i32 - from as i32).to_le_bytes();
+        let stubs: [&[u8]; 3] = [
+            &[0xff, 0x25],                               // jmp *disp32(%rip)
+            &[0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25], // endbr64; bnd jmp
+            &[0xf3, 0x0f, 0x1e, 0xfa, 0xff, 0x25],       // endbr64; jmp
+        ];
+        for (stub, at) in stubs.iter().zip([64, 96, 128]) {
+            code[at..at + stub.len()].copy_from_slice(stub);
+            let end = at + stub.len() + 4;
+            code[end - 4..end].copy_from_slice(&rel(end, 0));
+        }
+        // `call rel32` to `to`, ending at `end`.
+        let mut call = |end: usize, bytes: &[u8]| {
+            code[end - bytes.len()..end].copy_from_slice(bytes);
+            base + end as u64
+        };
+        let mut direct = |end: usize, to: usize| {
+            let mut bytes = vec![0xe8];
+            bytes.extend(rel(end, to));
+            call(end, &bytes)
+        };
+        let through = [direct(256, 64), direct(272, 96), direct(288, 128)];
+        let plain = direct(304, 160);
+        let mut call_rip = vec![0xff, 0x15];
+        call_rip.extend(rel(336, 0));
+        let cases = [
+            (through[0], Some(TARGET), "through a stub"),
+            (through[1], Some(TARGET), "through an endbr64; bnd stub"),
+            (through[2], Some(TARGET), "through an endbr64 stub"),
+            (plain, Some(base + 160), "to code that is no stub"),
+            (call(336, &call_rip), Some(TARGET), "call *disp32(%rip)"),
+            (call(352, &[0xff, 0xd0]), None, "call *%rax"),
+            (
+                call(368, &[0xff, 0x90, 0, 1, 0, 0]),
+                None,
+                "call *0x100(%rax)",
+            ),
+            // `e8` ending a `mov -0x18(%rbp),%rdi`, then `call *%rax`: either could be.
+            (
+                call(384, &[0x48, 0x8b, 0x7d, 0xe8, 0x90, 0x90, 0xff, 0xd0]),
+                None,
+                "call rel32 or call *%rax",
+            ),
+            (8 + 8, None, "unreadable"),
+        ];
+        for (address, callee_is, case) in cases {
+            assert_eq!(callee(&unwinding, address), callee_is, "{case}");
+        }
+        std::hint::black_box(&code);
+    }
+
     use crate::objects::Objects;
     use crate::process::{InKernel, ProcThread, current_tid};
     use crate::sampler::memory::Memory;
@@ -443,14 +569,56 @@ mod tests {
         std::hint::black_box(&mut below);
     }
 
-    /// Waits until `tid` sleeps in the kernel.
-    fn asleep(tid: u32) {
+    /// Polls `fd` once, below a frame record of its own making: `record` (a saved frame
+    /// pointer's place and a return address) at the bottom of 1 KiB of zeroed locals,
+    /// under the frame record its caller's call left.
+    #[inline(never)]
+    fn krabka_test_polling_planted(fd: i32, return_address: u64) -> i32 {
+        let mut locals = std::mem::MaybeUninit::<Aligned<1024>>::uninit();
+        // SAFETY: writes zeros over the whole of `locals`, memory of that size.
+        unsafe { locals.as_mut_ptr().write_bytes(0, 1) };
+        let base = locals.as_mut_ptr().cast::<u64>();
+        // SAFETY: the first two words of `locals`; the saved frame pointer points into
+        // its zeros, where the chain ends.
+        unsafe {
+            base.write(base as u64 + 512);
+            base.add(1).write(return_address);
+        }
+        std::hint::black_box(&mut locals);
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 60_000) };
+        std::hint::black_box(&locals);
+        n
+    }
+
+    /// Calls [`krabka_test_polling_planted`]: the frame its real record returns to.
+    #[inline(never)]
+    fn krabka_test_planting(fd: i32, return_address: u64) -> i32 {
+        std::hint::black_box(krabka_test_polling_planted(fd, return_address))
+    }
+
+    /// Waits until `tid` sleeps in the kernel in one of the system calls `calls` (not on
+    /// its way there, in a page fault: `nr` -1).
+    fn asleep(tid: u32, calls: &[i64]) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !matches!(ProcThread::in_kernel(tid), Some(InKernel::Asleep { .. })) {
+        while !matches!(
+            ProcThread::in_kernel(tid),
+            Some(InKernel::Asleep { nr, .. }) if calls.contains(&nr)
+        ) {
             assert!(Instant::now() < deadline, "{tid} never slept");
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+
+    /// The system calls `poll` may be made with.
+    const POLL: &[i64] = &[libc::SYS_poll, libc::SYS_ppoll];
+    /// The one a wait on a futex is.
+    const FUTEX: &[i64] = &[libc::SYS_futex];
 
     /// A new pipe: its read end and its write end.
     fn pipe() -> (i32, i32) {
@@ -515,8 +683,8 @@ mod tests {
             krabka_test_waiting(&until);
         });
         let waiter_tid = rx.recv().unwrap();
-        asleep(poller_tid);
-        asleep(waiter_tid);
+        asleep(poller_tid, POLL);
+        asleep(waiter_tid, FUTEX);
 
         let mut reader = Asleep::new();
         for _round in 0..20 {
@@ -586,7 +754,7 @@ mod tests {
         }
         let mut reader = Asleep::new();
         for (_, tid, function) in &pollers {
-            asleep(*tid);
+            asleep(*tid, POLL);
             let (stack, names) = read_whole(&mut reader, &unwinding, &objects, *tid, function);
             assert!(stack.complete, "{names:?}");
             for name in ["krabka_test_polling_far", function] {
@@ -605,6 +773,81 @@ mod tests {
                 "{function}'s poll ended by the hang-up"
             );
         }
+        // SAFETY: the read end, no longer polled.
+        unsafe { libc::close(read_end) };
+    }
+
+    /// A thread asleep below a frame whose frame record has, below it in its locals,
+    /// another one: a saved frame pointer and a real return address, in the function
+    /// that waits on a channel, after its call of `recv` (as an exited thread's calls
+    /// leave on the stack glibc hands a new thread). With that one the stack unwinds
+    /// whole, to the zeros above it; its call is not of the frame's function, so it is
+    /// passed over and the real record, above, gives the real callers.
+    #[test]
+    fn a_frame_record_left_by_a_call_of_another_function_is_passed_over() {
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let mut reader = Asleep::new();
+        let (stop, until) = channel::<()>();
+        let (tx, rx) = channel();
+        let waiter = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            krabka_test_waiting(&until);
+        });
+        let waiter_tid = rx.recv().unwrap();
+        asleep(waiter_tid, FUTEX);
+        let (waiting, _) = read_whole(
+            &mut reader,
+            &unwinding,
+            &objects,
+            waiter_tid,
+            "krabka_test_waiting",
+        );
+        drop(stop);
+        waiter.join().unwrap();
+        let in_waiting = |address: u64| {
+            (Resolved::of(&objects, vec![address - 1]).functions(address - 1))
+                .is_some_and(|f| f.iter().any(|f| f.name.contains("krabka_test_waiting")))
+        };
+        let stale = *(waiting.frames[1..].iter())
+            .find(|&&address| in_waiting(address))
+            .expect("a return address in krabka_test_waiting");
+        assert!(
+            callee(&unwinding, stale).is_some(),
+            "krabka_test_waiting's call of recv is one whose callee is known"
+        );
+
+        let (read_end, write_end) = pipe();
+        let (tx, rx) = channel();
+        let planted = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            clear_below();
+            krabka_test_planting(read_end, stale)
+        });
+        let tid = rx.recv().unwrap();
+        asleep(tid, POLL);
+        let (stack, names) = read_whole(
+            &mut reader,
+            &unwinding,
+            &objects,
+            tid,
+            "krabka_test_polling_planted",
+        );
+        assert!(stack.complete, "{names:?}");
+        assert!(
+            names.iter().any(|n| n.contains("krabka_test_planting")),
+            "the real caller in {names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.contains("krabka_test_waiting")),
+            "no frame of the planted record in {names:?}"
+        );
+        // SAFETY: closing our end of the pipe ends the poll with POLLHUP.
+        unsafe { libc::close(write_end) };
+        assert_eq!(planted.join().unwrap(), 1, "the poll ended by the hang-up");
         // SAFETY: the read end, no longer polled.
         unsafe { libc::close(read_end) };
     }

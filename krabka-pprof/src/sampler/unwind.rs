@@ -332,6 +332,25 @@ impl Unwinding {
     fn look_up(&self, address: u64) -> Option<bool> {
         #[cfg(test)]
         (self.looked_up).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match self.entry_start(address)? {
+            Ok(_) => Some(true),
+            Err(gimli::Error::NoUnwindInfoForAddress) => Some(false),
+            Err(_) => None,
+        }
+    }
+
+    /// Where the function whose code holds `address` begins, by the unwind table entry
+    /// that covers it (a compiler writes one per function; a function split in two, as
+    /// GCC splits off its `.cold` part, has one per part). `None` where no entry covers
+    /// it or no table could tell. Off the signal path (gimli parses the entry).
+    pub(crate) fn function_start(&self, address: u64) -> Option<u64> {
+        self.entry_start(address)?.ok()
+    }
+
+    /// The first address the unwind table entry for `address` covers; the error gimli
+    /// gave where none does (`NoUnwindInfoForAddress`) or a table is malformed; `None`
+    /// where no object with tables holds `address`, or its search table is unreadable.
+    fn entry_start(&self, address: u64) -> Option<Result<u64, gimli::Error>> {
         use gimli::{BaseAddresses, EhFrame, EhFrameHdr, NativeEndian, UnwindSection as _};
         let tables = self.tables.iter().find(|t| t.range.contains(&address))?;
         let bases = BaseAddresses::default()
@@ -344,14 +363,11 @@ impl Unwinding {
             .ok()?;
         let mut eh_frame = EhFrame::new(&tables.eh_frame, NativeEndian);
         eh_frame.set_address_size(size);
-        match hdr
-            .table()?
-            .fde_for_address(&eh_frame, &bases, address, EhFrame::cie_from_offset)
-        {
-            Ok(_) => Some(true),
-            Err(gimli::Error::NoUnwindInfoForAddress) => Some(false),
-            Err(_) => None,
-        }
+        Some(
+            hdr.table()?
+                .fde_for_address(&eh_frame, &bases, address, EhFrame::cie_from_offset)
+                .map(|fde| fde.initial_address()),
+        )
     }
 
     /// Whether `address` lies in blocklisted code.
@@ -601,6 +617,25 @@ mod tests {
         let remembered = unwinding.covered.lock().unwrap().len();
         assert!((1..=MAX_COVERED).contains(&remembered), "{remembered}");
         assert_eq!(looked_up(), 1 + 2 * MAX_COVERED);
+    }
+
+    #[test]
+    fn a_functions_start_is_where_the_entry_that_covers_its_code_begins() {
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        // This crate's code, and a library's (read from a copy of its tables).
+        let ours = Unwinding::covers as *const () as u64;
+        let libcs = libc::poll as *const () as u64;
+        for start in [ours, libcs] {
+            for inside in [start, start + 1, start + 7] {
+                assert_eq!(
+                    unwinding.function_start(inside),
+                    Some(start),
+                    "{inside:#x} in the function at {start:#x}"
+                );
+            }
+        }
+        assert_eq!(unwinding.function_start(8), None, "in no object");
     }
 
     /// A copy that runs into memory that cannot be read is refused whole: the reader
