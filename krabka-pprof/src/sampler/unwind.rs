@@ -343,6 +343,10 @@ impl Unwinding {
     /// that covers it (a compiler writes one per function; a function split in two, as
     /// GCC splits off its `.cold` part, has one per part). `None` where no entry covers
     /// it or no table could tell. Off the signal path (gimli parses the entry).
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        allow(dead_code, reason = "sleeping threads are read so on x86_64 alone")
+    )]
     pub(crate) fn function_start(&self, address: u64) -> Option<u64> {
         self.entry_start(address)?.ok()
     }
