@@ -569,20 +569,27 @@ mod tests {
         std::hint::black_box(&mut below);
     }
 
-    /// Polls `fd` once, below a frame record of its own making: `record` (a saved frame
-    /// pointer's place and a return address) at the bottom of 1 KiB of zeroed locals,
-    /// under the frame record its caller's call left.
+    /// Polls `fd` once, below a frame record of its own making, at the bottom of 1 KiB
+    /// of zeroed locals, under the frame record its caller's call left: a saved frame
+    /// pointer and `return_address`. The saved frame pointer points into the locals, so
+    /// the record's stack goes on through them: to their zeros, where it ends whole; or,
+    /// `cut`, through a second record there, an address in no mapping and
+    /// `return_address` again, where a frame that keeps its frame pointer stops short of
+    /// the outermost frame, every frame a return address.
     #[inline(never)]
-    fn krabka_test_polling_planted(fd: i32, return_address: u64) -> i32 {
+    fn krabka_test_polling_planted(fd: i32, return_address: u64, cut: bool) -> i32 {
         let mut locals = std::mem::MaybeUninit::<Aligned<1024>>::uninit();
         // SAFETY: writes zeros over the whole of `locals`, memory of that size.
         unsafe { locals.as_mut_ptr().write_bytes(0, 1) };
         let base = locals.as_mut_ptr().cast::<u64>();
-        // SAFETY: the first two words of `locals`; the saved frame pointer points into
-        // its zeros, where the chain ends.
+        // SAFETY: words 0, 1, 64 and 65 of the 128 of `locals`.
         unsafe {
-            base.write(base as u64 + 512);
+            base.write(base.add(64) as u64);
             base.add(1).write(return_address);
+            if cut {
+                base.add(64).write(0x10);
+                base.add(65).write(return_address);
+            }
         }
         std::hint::black_box(&mut locals);
         let mut pfd = libc::pollfd {
@@ -598,8 +605,69 @@ mod tests {
 
     /// Calls [`krabka_test_polling_planted`]: the frame its real record returns to.
     #[inline(never)]
-    fn krabka_test_planting(fd: i32, return_address: u64) -> i32 {
-        std::hint::black_box(krabka_test_polling_planted(fd, return_address))
+    fn krabka_test_planting(fd: i32, return_address: u64, cut: bool) -> i32 {
+        std::hint::black_box(krabka_test_polling_planted(fd, return_address, cut))
+    }
+
+    /// The return addresses of a thread waiting on a channel in [`krabka_test_waiting`],
+    /// read while it waits, each with the function it lies in (the outermost where
+    /// calls were inlined).
+    fn waiting_frames(
+        reader: &mut Asleep,
+        unwinding: &Unwinding,
+        objects: &Objects,
+    ) -> Vec<(u64, String)> {
+        let (stop, until) = channel::<()>();
+        let (tx, rx) = channel();
+        let waiter = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            krabka_test_waiting(&until);
+        });
+        let tid = rx.recv().unwrap();
+        asleep(tid, FUTEX);
+        let (waiting, _) = read_whole(reader, unwinding, objects, tid, "krabka_test_waiting");
+        drop(stop);
+        waiter.join().unwrap();
+        let returns = waiting.frames[1..].to_vec();
+        let at: Vec<u64> = returns.iter().map(|r| r - 1).collect();
+        let resolved = Resolved::of(objects, at.clone());
+        (returns.iter().zip(at))
+            .filter_map(|(&r, at)| Some((r, resolved.functions(at)?.last()?.name.clone())))
+            .collect()
+    }
+
+    /// A thread asleep in [`krabka_test_polling_planted`] (`return_address`, `cut`),
+    /// called by [`krabka_test_planting`], read whole without a signal: its functions.
+    fn read_planted(
+        reader: &mut Asleep,
+        unwinding: &Unwinding,
+        objects: &Objects,
+        return_address: u64,
+        cut: bool,
+    ) -> Vec<String> {
+        let (read_end, write_end) = pipe();
+        let (tx, rx) = channel();
+        let planted = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            clear_below();
+            krabka_test_planting(read_end, return_address, cut)
+        });
+        let tid = rx.recv().unwrap();
+        asleep(tid, POLL);
+        let (stack, names) = read_whole(
+            reader,
+            unwinding,
+            objects,
+            tid,
+            "krabka_test_polling_planted",
+        );
+        assert!(stack.complete, "{names:?}");
+        // SAFETY: closing our end of the pipe ends the poll with POLLHUP.
+        unsafe { libc::close(write_end) };
+        assert_eq!(planted.join().unwrap(), 1, "the poll ended by the hang-up");
+        // SAFETY: the read end, no longer polled.
+        unsafe { libc::close(read_end) };
+        names
     }
 
     /// Waits until `tid` sleeps in the kernel in one of the system calls `calls` (not on
@@ -791,52 +859,15 @@ mod tests {
         let objects = Objects::current();
         let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
         let mut reader = Asleep::new();
-        let (stop, until) = channel::<()>();
-        let (tx, rx) = channel();
-        let waiter = std::thread::spawn(move || {
-            tx.send(current_tid()).unwrap();
-            krabka_test_waiting(&until);
-        });
-        let waiter_tid = rx.recv().unwrap();
-        asleep(waiter_tid, FUTEX);
-        let (waiting, _) = read_whole(
-            &mut reader,
-            &unwinding,
-            &objects,
-            waiter_tid,
-            "krabka_test_waiting",
-        );
-        drop(stop);
-        waiter.join().unwrap();
-        let in_waiting = |address: u64| {
-            (Resolved::of(&objects, vec![address - 1]).functions(address - 1))
-                .is_some_and(|f| f.iter().any(|f| f.name.contains("krabka_test_waiting")))
-        };
-        let stale = *(waiting.frames[1..].iter())
-            .find(|&&address| in_waiting(address))
+        let waiting = waiting_frames(&mut reader, &unwinding, &objects);
+        let (stale, _) = (waiting.iter())
+            .find(|(_, function)| function.contains("krabka_test_waiting"))
             .expect("a return address in krabka_test_waiting");
         assert!(
-            callee(&unwinding, stale).is_some(),
+            callee(&unwinding, *stale).is_some(),
             "krabka_test_waiting's call of recv is one whose callee is known"
         );
-
-        let (read_end, write_end) = pipe();
-        let (tx, rx) = channel();
-        let planted = std::thread::spawn(move || {
-            tx.send(current_tid()).unwrap();
-            clear_below();
-            krabka_test_planting(read_end, stale)
-        });
-        let tid = rx.recv().unwrap();
-        asleep(tid, POLL);
-        let (stack, names) = read_whole(
-            &mut reader,
-            &unwinding,
-            &objects,
-            tid,
-            "krabka_test_polling_planted",
-        );
-        assert!(stack.complete, "{names:?}");
+        let names = read_planted(&mut reader, &unwinding, &objects, *stale, false);
         assert!(
             names.iter().any(|n| n.contains("krabka_test_planting")),
             "the real caller in {names:?}"
@@ -845,10 +876,34 @@ mod tests {
             !names.iter().any(|n| n.contains("krabka_test_waiting")),
             "no frame of the planted record in {names:?}"
         );
-        // SAFETY: closing our end of the pipe ends the poll with POLLHUP.
-        unsafe { libc::close(write_end) };
-        assert_eq!(planted.join().unwrap(), 1, "the poll ended by the hang-up");
-        // SAFETY: the read end, no longer polled.
-        unsafe { libc::close(read_end) };
+    }
+
+    /// As above, but the planted record's return address follows a call whose target
+    /// its bytes do not tell (through a register or memory), in a function that keeps
+    /// its frame pointer (the standard library's), and the record's stack is cut short:
+    /// every frame a return address, but not to the outermost. That record, and the
+    /// second one it leads to, are each passed over because their stacks are not whole
+    /// (two tries), and the real record gives the callers.
+    #[test]
+    fn a_frame_record_whose_stack_does_not_unwind_whole_is_passed_over() {
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let mut reader = Asleep::new();
+        let waiting = waiting_frames(&mut reader, &unwinding, &objects);
+        let (unknown, function) = (waiting.iter())
+            .find(|(r, _)| callee(&unwinding, *r).is_none())
+            .expect("a return address after an indirect call");
+        let names = read_planted(&mut reader, &unwinding, &objects, *unknown, true);
+        assert!(
+            names.iter().any(|n| n.contains("krabka_test_planting")),
+            "the real caller in {names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n == function),
+            "no frame of the planted record ({function}) in {names:?}"
+        );
     }
 }
