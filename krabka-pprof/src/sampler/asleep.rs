@@ -487,6 +487,31 @@ mod tests {
         std::hint::black_box(&code);
     }
 
+    /// Bytes that end like a call, in the executable's writable data: the address after
+    /// them lies in a loaded object, above the start of its code, but not in its code.
+    #[test]
+    fn an_address_after_call_bytes_outside_the_code_is_no_return_address() {
+        use std::sync::atomic::AtomicU64;
+        static CALL_THEN: [AtomicU64; 2] = [
+            AtomicU64::new(u64::from_le_bytes([0x90, 0x90, 0x90, 0xe8, 0, 0, 0, 0])),
+            AtomicU64::new(0),
+        ];
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let after = &raw const CALL_THEN[1] as u64;
+        let (_, object) = objects.find(after).expect("the executable's data");
+        let text = object.text().expect("the executable's code").avma.clone();
+        assert!(
+            text.start + 8 <= after && !text.contains(&after),
+            "{text:x?}"
+        );
+        let mut before = [0u8; 8];
+        assert_eq!(unwinding.memory.read(after - 8, &mut before), 8);
+        assert!(follows_a_call(&before), "{before:02x?}");
+        assert!(!is_return_address(&unwinding, &objects, after));
+        std::hint::black_box(&CALL_THEN);
+    }
+
     use crate::objects::Objects;
     use crate::process::{InKernel, ProcThread, current_tid};
     use crate::sampler::memory::Memory;
