@@ -594,24 +594,27 @@ mod tests {
         std::hint::black_box(&mut below);
     }
 
-    /// Polls `fd` once, below a frame record of its own making, at the bottom of 1 KiB
-    /// of zeroed locals, under the frame record its caller's call left: a saved frame
+    /// Polls `fd` once, below frame records of its own making, at the bottom of 1 KiB of
+    /// zeroed locals, under the frame record its caller's call left: each a saved frame
     /// pointer and `return_address`. The saved frame pointer points into the locals, so
-    /// the record's stack goes on through them: to their zeros, where it ends whole; or,
-    /// `cut`, through a second record there, an address in no mapping and
+    /// a record's stack goes on through them. With `cut` 0, one record, whose stack ends
+    /// whole at their zeros. Otherwise `cut` records (at most 31), whose stacks each go
+    /// through a second record in the middle of the locals, an address in no mapping and
     /// `return_address` again, where a frame that keeps its frame pointer stops short of
-    /// the outermost frame, every frame a return address.
+    /// the outermost frame, every frame a return address: `cut + 1` records that fail.
     #[inline(never)]
-    fn krabka_test_polling_planted(fd: i32, return_address: u64, cut: bool) -> i32 {
+    fn krabka_test_polling_planted(fd: i32, return_address: u64, cut: usize) -> i32 {
         let mut locals = std::mem::MaybeUninit::<Aligned<1024>>::uninit();
         // SAFETY: writes zeros over the whole of `locals`, memory of that size.
         unsafe { locals.as_mut_ptr().write_bytes(0, 1) };
         let base = locals.as_mut_ptr().cast::<u64>();
-        // SAFETY: words 0, 1, 64 and 65 of the 128 of `locals`.
+        // SAFETY: words below 64, and 64 and 65, of the 128 of `locals`.
         unsafe {
-            base.write(base.add(64) as u64);
-            base.add(1).write(return_address);
-            if cut {
+            for record in 0..cut.clamp(1, 31) {
+                base.add(2 * record).write(base.add(64) as u64);
+                base.add(2 * record + 1).write(return_address);
+            }
+            if cut > 0 {
                 base.add(64).write(0x10);
                 base.add(65).write(return_address);
             }
@@ -630,7 +633,7 @@ mod tests {
 
     /// Calls [`krabka_test_polling_planted`]: the frame its real record returns to.
     #[inline(never)]
-    fn krabka_test_planting(fd: i32, return_address: u64, cut: bool) -> i32 {
+    fn krabka_test_planting(fd: i32, return_address: u64, cut: usize) -> i32 {
         std::hint::black_box(krabka_test_polling_planted(fd, return_address, cut))
     }
 
@@ -662,14 +665,14 @@ mod tests {
     }
 
     /// A thread asleep in [`krabka_test_polling_planted`] (`return_address`, `cut`),
-    /// called by [`krabka_test_planting`], read whole without a signal: its functions.
+    /// called by [`krabka_test_planting`], read without a signal.
     fn read_planted(
         reader: &mut Asleep,
         unwinding: &Unwinding,
         objects: &Objects,
         return_address: u64,
-        cut: bool,
-    ) -> Vec<String> {
+        cut: usize,
+    ) -> Read {
         let (read_end, write_end) = pipe();
         let (tx, rx) = channel();
         let planted = std::thread::spawn(move || {
@@ -679,19 +682,24 @@ mod tests {
         });
         let tid = rx.recv().unwrap();
         asleep(tid, POLL);
-        let (stack, names) = read_whole(
-            reader,
-            unwinding,
-            objects,
-            tid,
-            "krabka_test_polling_planted",
-        );
-        assert!(stack.complete, "{names:?}");
+        let read = reader.read(unwinding, objects, tid);
         // SAFETY: closing our end of the pipe ends the poll with POLLHUP.
         unsafe { libc::close(write_end) };
         assert_eq!(planted.join().unwrap(), 1, "the poll ended by the hang-up");
         // SAFETY: the read end, no longer polled.
         unsafe { libc::close(read_end) };
+        read
+    }
+
+    /// The functions of a stack read whole, to its outermost frame; a panic otherwise.
+    fn whole(read: Read, objects: &Objects) -> Vec<String> {
+        let stack = match read {
+            Read::Whole(stack) => stack,
+            Read::Part(stack) => panic!("read in part: {:?}", names(&stack, objects)),
+            Read::NotAsleep => panic!("read as not asleep"),
+        };
+        let names = names(&stack, objects);
+        assert!(stack.complete, "{names:?}");
         names
     }
 
@@ -892,7 +900,8 @@ mod tests {
             callee(&unwinding, *stale).is_some(),
             "krabka_test_waiting's call of recv is one whose callee is known"
         );
-        let names = read_planted(&mut reader, &unwinding, &objects, *stale, false);
+        let read = read_planted(&mut reader, &unwinding, &objects, *stale, 0);
+        let names = whole(read, &objects);
         assert!(
             names.iter().any(|n| n.contains("krabka_test_planting")),
             "the real caller in {names:?}"
@@ -921,7 +930,8 @@ mod tests {
         let (unknown, function) = (waiting.iter())
             .find(|(r, _)| callee(&unwinding, *r).is_none())
             .expect("a return address after an indirect call");
-        let names = read_planted(&mut reader, &unwinding, &objects, *unknown, true);
+        let read = read_planted(&mut reader, &unwinding, &objects, *unknown, 1);
+        let names = whole(read, &objects);
         assert!(
             names.iter().any(|n| n.contains("krabka_test_planting")),
             "the real caller in {names:?}"
@@ -930,5 +940,56 @@ mod tests {
             !names.iter().any(|n| n == function),
             "no frame of the planted record ({function}) in {names:?}"
         );
+    }
+
+    /// As above, with as many failing records below the real one as the search tries
+    /// (`RECORD_TRIES - 1` cut short, and the one they lead to): the search gives up
+    /// before it reaches the real one, and the stack is read in part, for the signal to
+    /// finish. With one fewer, the real one is still found.
+    #[test]
+    fn past_as_many_failing_records_as_it_tries_the_search_gives_up() {
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let mut reader = Asleep::new();
+        let waiting = waiting_frames(&mut reader, &unwinding, &objects);
+        let (unknown, _) = (waiting.iter())
+            .find(|(r, _)| callee(&unwinding, *r).is_none())
+            .expect("a return address after an indirect call");
+        // `cut` records fail and so does the one they lead to: one fewer failing than
+        // the search tries, and the real record is still found.
+        let read = read_planted(
+            &mut reader,
+            &unwinding,
+            &objects,
+            *unknown,
+            RECORD_TRIES - 2,
+        );
+        let found = whole(read, &objects);
+        assert!(
+            found.iter().any(|n| n.contains("krabka_test_planting")),
+            "the real caller in {found:?}"
+        );
+        match read_planted(
+            &mut reader,
+            &unwinding,
+            &objects,
+            *unknown,
+            RECORD_TRIES - 1,
+        ) {
+            Read::Part(stack) => {
+                let part = names(&stack, &objects);
+                assert!(!stack.complete, "{part:?}");
+                assert!(
+                    part.iter()
+                        .any(|n| n.contains("krabka_test_polling_planted")),
+                    "the frames below the search kept: {part:?}"
+                );
+            }
+            Read::Whole(stack) => panic!("read whole: {:?}", names(&stack, &objects)),
+            Read::NotAsleep => panic!("read as not asleep"),
+        }
     }
 }
