@@ -426,6 +426,7 @@ mod tests {
             assert!(!follows_a_call(&ending_with(other)), "{other:02x?}");
         }
     }
+
     /// Code bytes laid out in one buffer, read through the dump's reader as a return
     /// address's would be: each case's call ends where its return address is.
     #[test]
@@ -447,11 +448,12 @@ mod tests {
             let end = at + stub.len() + 4;
             code[end - 4..end].copy_from_slice(&rel(end, 0));
         }
-        // `call rel32` to `to`, ending at `end`.
+        // A call's `bytes`, ending at `end`: its return address.
         let mut call = |end: usize, bytes: &[u8]| {
             code[end - bytes.len()..end].copy_from_slice(bytes);
             base + end as u64
         };
+        // `call rel32` to `to`, ending at `end`.
         let mut direct = |end: usize, to: usize| {
             let mut bytes = vec![0xe8];
             bytes.extend(rel(end, to));
