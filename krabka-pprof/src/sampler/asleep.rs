@@ -213,8 +213,9 @@ impl Asleep {
         let mut fetched = false;
         let mut tried = 0;
         // Where the stopped frame's function begins: a record's return address follows a
-        // call of it, where the call tells.
-        let start = unwinding.function_start(stopped - 1);
+        // call of it, where the call tells. None for a stopped "frame" of 0, which an
+        // unwind through code without unwind tables can give (musl's system calls).
+        let start = (stopped.checked_sub(1)).and_then(|code| unwinding.function_start(code));
         // From the first 16-byte-aligned address at or above the frame's stack pointer.
         let mut at = ((16 - frame_sp % 16) % 16) as usize;
         loop {
@@ -487,6 +488,33 @@ mod tests {
             assert_eq!(callee(&unwinding, address), callee_is, "{case}");
         }
         std::hint::black_box(&code);
+    }
+
+    /// A first unwind that stopped at a "frame" of 0 (as one through musl's system call
+    /// wrappers, which have no unwind tables, can) over a stack of zeros: the search
+    /// finds no record, and gives up without a panic.
+    #[test]
+    fn a_search_above_a_frame_of_zero_finds_nothing_and_does_not_panic() {
+        let objects = Objects::current();
+        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+        let mut reader = Asleep::new();
+        let zeros = vec![0u8; 2 * RECORD_SCAN];
+        let pc = Unwinding::covers as *const () as u64;
+        let first = Stack {
+            frames: vec![pc, 0],
+            flags: 0,
+            complete: false,
+        };
+        // The scratch copy is fresh pages, zeros too: the 0 is found at its start.
+        let found = reader.with_frame_record(
+            &unwinding,
+            &objects,
+            (pc, zeros.as_ptr() as u64),
+            &first,
+            64,
+        );
+        assert!(found.is_none());
+        std::hint::black_box(&zeros);
     }
 
     /// Bytes that end like a call, in the executable's writable data: the address after
