@@ -721,16 +721,35 @@ mod tests {
         read
     }
 
-    /// The functions of a stack read whole, to its outermost frame; a panic otherwise.
-    fn whole(read: Read, objects: &Objects) -> Vec<String> {
-        let stack = match read {
-            Read::Whole(stack) => stack,
-            Read::Part(stack) => panic!("read in part: {:?}", names(&stack, objects)),
-            Read::NotAsleep => panic!("read as not asleep"),
-        };
-        let names = names(&stack, objects);
+    /// A thread asleep below planted records ([`read_planted`]), which must be read
+    /// whole, to its outermost frame, through the real caller
+    /// ([`krabka_test_planting`]): its functions.
+    fn read_past_planted(
+        reader: &mut Asleep,
+        unwinding: &Unwinding,
+        objects: &Objects,
+        return_address: u64,
+        cut: usize,
+    ) -> Vec<String> {
+        let read = read_planted(reader, unwinding, objects, return_address, cut);
+        let (stack, names) = whole(read, objects, "krabka_test_polling_planted");
         assert!(stack.complete, "{names:?}");
+        assert!(
+            names.iter().any(|n| n.contains("krabka_test_planting")),
+            "the real caller in {names:?}"
+        );
         names
+    }
+
+    /// A return address of [`waiting_frames`] after a call whose target its bytes do
+    /// not tell (through a register or memory), with its function.
+    fn after_an_unknown_call<'a>(
+        waiting: &'a [(u64, String)],
+        unwinding: &Unwinding,
+    ) -> &'a (u64, String) {
+        (waiting.iter())
+            .find(|(r, _)| callee(unwinding, *r).is_none())
+            .expect("a return address after an indirect call")
     }
 
     /// Waits until `tid` sleeps in the kernel in one of the system calls `calls` (not on
@@ -768,7 +787,13 @@ mod tests {
         tid: u32,
         function: &str,
     ) -> (Stack, Vec<String>) {
-        let stack = match reader.read(unwinding, objects, tid) {
+        whole(reader.read(unwinding, objects, tid), objects, function)
+    }
+
+    /// The stack `read` gave whole, and its functions ([`names`]); a panic naming
+    /// `function` if it was read only in part, or not at all.
+    fn whole(read: Read, objects: &Objects, function: &str) -> (Stack, Vec<String>) {
+        let stack = match read {
             Read::Whole(stack) => stack,
             Read::Part(stack) => panic!("{function}: part {:?}", names(&stack, objects)),
             Read::NotAsleep => panic!("{function}'s thread is read without a signal"),
@@ -930,12 +955,7 @@ mod tests {
             callee(&unwinding, *stale).is_some(),
             "krabka_test_waiting's call of recv is one whose callee is known"
         );
-        let read = read_planted(&mut reader, &unwinding, &objects, *stale, 0);
-        let names = whole(read, &objects);
-        assert!(
-            names.iter().any(|n| n.contains("krabka_test_planting")),
-            "the real caller in {names:?}"
-        );
+        let names = read_past_planted(&mut reader, &unwinding, &objects, *stale, 0);
         assert!(
             !names.iter().any(|n| n.contains("krabka_test_waiting")),
             "no frame of the planted record in {names:?}"
@@ -957,15 +977,8 @@ mod tests {
         let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
         let mut reader = Asleep::new();
         let waiting = waiting_frames(&mut reader, &unwinding, &objects);
-        let (unknown, function) = (waiting.iter())
-            .find(|(r, _)| callee(&unwinding, *r).is_none())
-            .expect("a return address after an indirect call");
-        let read = read_planted(&mut reader, &unwinding, &objects, *unknown, 1);
-        let names = whole(read, &objects);
-        assert!(
-            names.iter().any(|n| n.contains("krabka_test_planting")),
-            "the real caller in {names:?}"
-        );
+        let (unknown, function) = after_an_unknown_call(&waiting, &unwinding);
+        let names = read_past_planted(&mut reader, &unwinding, &objects, *unknown, 1);
         assert!(
             !names.iter().any(|n| n == function),
             "no frame of the planted record ({function}) in {names:?}"
@@ -985,22 +998,15 @@ mod tests {
         let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
         let mut reader = Asleep::new();
         let waiting = waiting_frames(&mut reader, &unwinding, &objects);
-        let (unknown, _) = (waiting.iter())
-            .find(|(r, _)| callee(&unwinding, *r).is_none())
-            .expect("a return address after an indirect call");
+        let (unknown, _) = after_an_unknown_call(&waiting, &unwinding);
         // `cut` records fail and so does the one they lead to: one fewer failing than
         // the search tries, and the real record is still found.
-        let read = read_planted(
+        read_past_planted(
             &mut reader,
             &unwinding,
             &objects,
             *unknown,
             RECORD_TRIES - 2,
-        );
-        let found = whole(read, &objects);
-        assert!(
-            found.iter().any(|n| n.contains("krabka_test_planting")),
-            "the real caller in {found:?}"
         );
         match read_planted(
             &mut reader,
