@@ -66,9 +66,33 @@ impl LoadedObject {
             })
     }
 
-    /// The executable segment, for the pprof mapping.
+    /// The executable segment.
     pub(crate) fn text(&self) -> Option<&Segment> {
         self.segments.iter().find(|s| s.executable)
+    }
+
+    /// The pprof mapping of this object's code, as the kernel lists it in
+    /// `/proc/self/maps` (and as Go's runtime, perf and every other profiler write it):
+    /// the pages that hold the executable segment, and the file offset of the first.
+    /// Readers compute the load bias from these and the ELF program headers: Go's own
+    /// (`go tool pprof` since 1.21) as `memory_start` minus the segment's page-aligned
+    /// address, google/pprof's (`binutils`, with llvm-symbolizer or addr2line) as
+    /// `memory_start - file_offset + p_offset - p_vaddr`, both of which give the bias
+    /// only from page-aligned values when the segment does not start on a page (lld
+    /// and GNU ld lay it out so). Go 1.20 and older take `p_vaddr` unaligned and misname
+    /// such binaries, Go's own profiles of them too (docs/release-builds.md).
+    /// `(memory_start..memory_limit, file_offset)`.
+    pub(crate) fn mapping(&self) -> (Range<u64>, u64) {
+        let page = page_size();
+        let down = |address: u64| address - address % page;
+        let up = |address: u64| address.div_ceil(page) * page;
+        match self.text() {
+            Some(text) => (
+                down(text.avma.start)..up(text.avma.end),
+                down(text.file_offset),
+            ),
+            None => (down(self.range.start)..up(self.range.end), 0),
+        }
     }
 
     /// The whole mapped image as a byte slice, up to the end of its last page (where the
@@ -307,6 +331,19 @@ unsafe fn read_object(info: &libc::dl_phdr_info) -> Option<LoadedObject> {
     })
 }
 
+/// The size of a page of this process's memory: the unit the kernel maps files in.
+pub(crate) fn page_size() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if let Ok(size @ 1..) = u64::try_from(size) {
+            return size;
+        }
+    }
+    4096
+}
+
 /// The `NT_GNU_BUILD_ID` descriptor in a run of ELF notes.
 fn gnu_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
     const NT_GNU_BUILD_ID: u32 = 3;
@@ -536,6 +573,43 @@ mod tests {
         assert!(vdso.is_named("vdso"));
         assert!(!vdso.is_named("libc"), "the vDSO is named by `vdso` alone");
         assert!(!named("/lib/x86_64-linux-gnu/libc.so.6", "vdso"));
+    }
+
+    /// The mapping a profile carries is the kernel's own line of `/proc/self/maps`, which
+    /// is what pprof's readers compute the load bias from: the executable's (whose code
+    /// does not start on a page with lld or GNU ld) and libc's.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_mapping_of_code_is_the_kernels_line_in_proc_self_maps() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line_of = |address: u64| -> (Range<u64>, u64) {
+            maps.lines()
+                .find_map(|line| {
+                    let mut fields = line.split_whitespace();
+                    let (start, end) = fields.next()?.split_once('-')?;
+                    let range =
+                        u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
+                    let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
+                    range.contains(&address).then_some((range, offset))
+                })
+                .unwrap_or_else(|| panic!("{address:#x} is in no line of {maps}"))
+        };
+        let objects = Objects::current();
+        for here in [
+            build_id_note_is_found as *const () as u64,
+            libc::getpid as *const () as u64,
+        ] {
+            let (_, object) = objects.find(here).unwrap();
+            let text = object.text().unwrap();
+            assert_eq!(object.mapping(), line_of(here), "{}", object.name);
+            assert_eq!(
+                object.mapping().0.start % page_size(),
+                0,
+                "{}: whole pages",
+                object.name
+            );
+            assert!(object.mapping().0.contains(&text.avma.start));
+        }
     }
 
     #[cfg(target_os = "linux")]

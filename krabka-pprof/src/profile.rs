@@ -295,13 +295,13 @@ impl<'o> ProfileBuilder<'o> {
                     let mapping_id = object.map_or(0, |index| {
                         *mapping_ids.entry(index).or_insert_with(|| {
                             let object = objects.get(index).expect("a known object");
-                            let text = object.text();
+                            let (memory, file_offset) = object.mapping();
                             let id = profile.mapping.len() as u64 + 1;
                             profile.mapping.push(Mapping {
                                 id,
-                                memory_start: text.map_or(object.range.start, |t| t.avma.start),
-                                memory_limit: text.map_or(object.range.end, |t| t.avma.end),
-                                file_offset: text.map_or(0, |t| t.file_offset),
+                                memory_start: memory.start,
+                                memory_limit: memory.end,
+                                file_offset,
                                 filename: strings.get(&object.name),
                                 build_id: object
                                     .build_id

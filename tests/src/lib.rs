@@ -1,12 +1,12 @@
 //! Helpers for krabka-pprof's HTTP tests: real servers on `127.0.0.1:0` and loopback
-//! clients (`servers.rs`), profile decoding with `pprof::protos` and `go tool pprof`
-//! (`profiles.rs`), CPU burners that keep their own clocks (`burners.rs`), the
-//! functions whose names the tests look for (`hot.rs`), threads parked in known places
-//! for thread dumps (`parked.rs`), threads behind code without unwind tables
-//! (`untabled.rs`), arbitrary query strings and what
-//! the contract says of each (`queries.rs`), the kernel's tick and the cores, measured
-//! (`machine.rs`). Here: what every test binary
-//! shares, the one-profile-at-a-time lock and the choice of sampler.
+//! clients (`servers.rs`), profile decoding with `pprof::protos` (`profiles.rs`), the
+//! pprof readers and `addr2line` (`readers.rs`), CPU burners that keep their own clocks
+//! (`burners.rs`), the functions whose names the tests look for (`hot.rs`), threads
+//! parked in known places for thread dumps (`parked.rs`), threads behind code without
+//! unwind tables (`untabled.rs`), arbitrary query strings and what the contract says of
+//! each (`queries.rs`), the kernel's tick and the cores, measured (`machine.rs`). Here:
+//! what every test binary shares, the one-profile-at-a-time lock and the choice of
+//! sampler.
 
 pub use pprof::protos::{Message as _, Profile};
 
@@ -16,6 +16,7 @@ mod machine;
 pub mod parked;
 mod profiles;
 pub mod queries;
+mod readers;
 mod servers;
 #[cfg(target_arch = "x86_64")]
 pub mod untabled;
@@ -23,6 +24,7 @@ pub mod untabled;
 pub use burners::*;
 pub use machine::*;
 pub use profiles::*;
+pub use readers::*;
 pub use servers::*;
 
 /// The guard of the tests' guarded apps: admits requests that say they come from inside

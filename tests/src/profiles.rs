@@ -1,13 +1,12 @@
 //! Reading profiles: gunzip and decode with `pprof::protos`, stacks by function name,
-//! totals, the split check, comments, the sampled window, and `go tool pprof -top`.
+//! totals, the split check, comments and the sampled window.
 
 use std::io::Read as _;
-use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use pprof::protos::Message as _;
 
-use crate::{Profile, temp_path};
+use crate::Profile;
 
 /// Gunzips and decodes a profile body, failing with a clear message if it is not one.
 pub fn decode(body: &[u8]) -> Profile {
@@ -181,38 +180,6 @@ pub fn assert_split(
         );
     }
     Ok(parts)
-}
-
-/// Runs `go tool pprof -top` on a profile body and returns its output.
-pub fn go_pprof_top(body: &[u8]) -> String {
-    go_pprof(&["-top", "-nodecount=1000"], body)
-}
-
-/// Runs `go tool pprof` with `args` (a report such as `-top` or `-traces`) on a profile
-/// body and returns its output.
-pub fn go_pprof(args: &[&str], body: &[u8]) -> String {
-    let path = temp_path("profile.pb.gz");
-    std::fs::write(&path, body).expect("write the profile");
-    let output = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .arg(&path)
-        .env("HOME", std::env::temp_dir())
-        .output()
-        .unwrap_or_else(|err| {
-            panic!(
-                "cannot run `go tool pprof` ({err}); install Go (Debian: apt-get install golang-go) \
-                 or run the tests through scripts/test, which does"
-            )
-        });
-    let _ = std::fs::remove_file(&path);
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "go tool pprof failed: {}\n{stdout}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
 }
 
 /// The profile's comments, as `go tool pprof -comments` prints them.

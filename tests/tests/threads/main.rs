@@ -20,7 +20,7 @@ use krabka_pprof_tests::parked::{
     Cast, MaskedSpinner, cast, krabka_spinning, thread_cpu_of, wait_until_asleep,
 };
 use krabka_pprof_tests::{
-    ProcessCpu, Profile, TestServer, client, comments, decode, go_pprof, profile_window, serial,
+    ProcessCpu, Profile, Reader, TestServer, client, comments, decode, profile_window, serial,
     stacks, string, total, total_in,
 };
 use reqwest::StatusCode;
@@ -460,22 +460,26 @@ async fn the_profile_has_one_sample_per_distinct_stack_and_go_tool_pprof_reads_i
             .and_then(|(_, tail)| tail.strip_suffix(" signalled")?.parse().ok())
             .unwrap_or_else(|| panic!("the count of threads signalled in {note:?}"));
         assert!(signalled >= 1, "{note}");
-        let top = go_pprof(&["-top", "-nodecount=1000"], &body);
-        assert!(top.contains("Type: threads"), "{top}");
-        let traces = go_pprof(&["-traces"], &body);
         if !cfg!(target_env = "musl") {
             assert_eq!(total_in(&profile, 0, cast.trio[0].function), 3);
-            assert!(top.contains("krabka_one_of_three"), "{top}");
+        }
+        for reader in Reader::TEXT {
+            let top = reader.run(&["-top", "-nodecount=1000"], &body);
+            assert!(top.contains("Type: threads"), "{reader:?}: {top}");
+            let traces = reader.run(&["-traces"], &body);
+            if !cfg!(target_env = "musl") {
+                assert!(top.contains("krabka_one_of_three"), "{reader:?}: {top}");
+                assert!(
+                    traces.contains("krabka_deadlock_first")
+                        && traces.contains("krabka_deadlock_second"),
+                    "{reader:?}: {traces}"
+                );
+            }
             assert!(
-                traces.contains("krabka_deadlock_first")
-                    && traces.contains("krabka_deadlock_second"),
-                "{traces}"
+                traces.contains("thread:") && traces.contains("krabka-trio"),
+                "{reader:?}: {traces}"
             );
         }
-        assert!(
-            traces.contains("thread:") && traces.contains("krabka-trio"),
-            "{traces}"
-        );
     }
 }
 
