@@ -29,3 +29,6 @@ pub mod platforms {}
 
 #[doc = include_str!("../docs/limits.md")]
 pub mod limits {}
+
+#[doc = include_str!("../docs/operating.md")]
+pub mod operating {}

@@ -1,4 +1,9 @@
-//! Go-grade pprof endpoints for axum services, from one attribute.
+//! Go-compatible pprof endpoints for axum services, from one attribute.
+//!
+//! ```toml
+//! [dependencies]
+//! krabka-pprof = "0.1"   # Rust 1.88 or later; axum 0.8 (0.8.9 or later)
+//! ```
 //!
 //! ```
 //! use axum::{Router, routing::get};
@@ -18,16 +23,38 @@
 //! the keys). Without the attribute, [`pprof_router`] and [`pprof_router_with_config`]
 //! build the same routes, for example to serve them on an internal listener.
 //!
+//! Before it reaches production: with neither `token_env` nor `guard`, the routes are
+//! open to every client that reaches the listener, and building them logs a `warn` that
+//! says so. A token, a guard, or an internal listener closes them; which to choose, and
+//! what each route reveals, is in
+//! [SECURITY.md](https://github.com/krabka/krabka-pprof/blob/main/SECURITY.md). Release
+//! builds keep their symbols and take `debug = "line-tables-only"` for source lines
+//! ([release builds](guide::release_builds)); what the routes cost, how to switch them
+//! off and what a sandbox must allow is in [operating it](guide::operating).
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `flamegraph` | on | `?format=svg`: flamegraphs drawn by inferno |
+//! | `heap-profiling` | off | `/heap` and `/allocs` through jemalloc's sampling, and `Jemalloc`, the global allocator that turns it on; heap profiles are served on Linux with glibc, and answer 503 elsewhere ([heap profiling](guide::heap)) |
+//! | `opentelemetry` | off | [`labels::layer`] labels samples with the OpenTelemetry span and trace ids of the local root span |
+//! | `task-dump` | off | `/tasks`, tokio's task dump, when the app is also built with `RUSTFLAGS="--cfg tokio_unstable"` on Linux ([thread and task dumps](guide::threads)) |
+//!
 //! The HTTP contract follows; the [`guide`] has a page for each of the rest:
 //! [how the CPU sampler works](guide::cpu), [labels on samples](guide::labels),
 //! [profiles of the past](guide::recent) (the `recent` recorder), [heap profiling](guide::heap),
 //! [thread and task dumps](guide::threads), [scraping with Parca and Grafana
 //! Alloy](guide::scraping), [good stacks in release builds](guide::release_builds),
-//! [platforms](guide::platforms) and [limits](guide::limits).
+//! [platforms](guide::platforms), [limits](guide::limits) and [operating
+//! it](guide::operating).
 //!
 //! # The HTTP contract
 //!
 #![doc = include_str!("../docs/http.md")]
+// docs.rs builds with `--cfg docsrs` (Cargo.toml's `[package.metadata.docs.rs]`): its
+// nightly rustdoc then labels each item with the features it needs. No effect elsewhere.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The platform conditions (`sampler`, `pprof_rs`, `procfs`, `elf`, `jemalloc`,
 // `heap_dumps`, `task_dumps`) are named once, in build.rs. The rooms and the one way their
