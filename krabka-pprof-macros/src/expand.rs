@@ -1,6 +1,8 @@
 //! Code generation: checks the annotated item, then wraps its body so the routes are merged
-//! into whatever router the body produced. The body itself is never parsed, only moved, so
-//! the user's own syntax and type errors surface exactly as they would without the attribute.
+//! into whatever router the body produced: under the layers of its returned expression
+//! where it has some (`placement.rs`), after it otherwise. A body is parsed only to find
+//! those layers; one that does not parse is moved as it is, so the user's own syntax and
+//! type errors surface exactly as they would without the attribute.
 
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
@@ -187,21 +189,26 @@ fn generate(args: &Args, function: FnItem) -> TokenStream {
         quote_spanned!(heap.span=> #krate::__private::require_heap_profiling!(#on);)
     });
 
-    let produce = if sig.asyncness.is_some() {
-        quote!(async move #body.await)
-    } else {
-        quote!((move || -> #ret #body)())
-    };
     // The expansion's own locals resolve at the call site, whatever context the return
     // type's tokens come from (a `macro_rules!` may have written it); the merge call keeps
     // the return type's span so that a type error points there.
     let router = syn::Ident::new("__krabka_pprof_router", Span::call_site());
     let config_ref = syn::Ident::new("__krabka_pprof_config", Span::call_site());
+    let placed = syn::Ident::new("__krabka_pprof_placed", Span::call_site());
     let router_at_ret = syn::Ident::new(
         "__krabka_pprof_router",
         Span::call_site().located_at(ret.span()),
     );
-    let merge = quote_spanned!(ret.span()=> #krate::__private::merge(#router_at_ret, #config_ref));
+    let merge = quote_spanned!(ret.span()=>
+        #krate::__private::merge(#router_at_ret, #config_ref, #placed)
+    );
+    let body = place_under_layers(body, &krate, &config_ref, &placed);
+
+    let produce = if sig.asyncness.is_some() {
+        quote!(async move #body.await)
+    } else {
+        quote!((move || -> #ret #body)())
+    };
 
     // An inline `const` rather than a `static` item: it is still evaluated (and its
     // checks still panic) at compile time, and it may name `Self` and the function's
@@ -210,12 +217,33 @@ fn generate(args: &Args, function: FnItem) -> TokenStream {
         #(#attrs)*
         #vis #sig {
             let #config_ref: &'static #krate::ProfilingConfig = &const { #config };
+            let #placed: &::core::cell::Cell<bool> = &::core::cell::Cell::new(false);
             #heap_check
             #[allow(clippy::redundant_closure_call, unused_mut)]
             let #router: #ret = #produce;
             #merge
         }
     }
+}
+
+/// The body with the routes placed under the layers of the router it returns
+/// (`placement.rs`). A body that does not parse is moved as it is, so that its own errors
+/// surface exactly as they would without the attribute.
+fn place_under_layers(
+    body: TokenStream,
+    krate: &TokenStream,
+    config_ref: &syn::Ident,
+    placed: &syn::Ident,
+) -> TokenStream {
+    let Ok(mut block) = syn::parse2::<syn::Block>(body.clone()) else {
+        return body;
+    };
+    let merge = quote!(#krate::__private::merge_under_layers);
+    let args = quote!(#config_ref, #placed);
+    if crate::placement::place(&mut block, &merge, &args) == 0 {
+        return body;
+    }
+    block.into_token_stream()
 }
 
 /// `ProfilingConfig::new().with_…(…).checked()`: only the keys the user wrote, so the

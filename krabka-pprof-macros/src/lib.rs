@@ -12,6 +12,7 @@ mod args;
 mod duration;
 mod expand;
 mod keys;
+mod placement;
 mod rules;
 mod size;
 mod values;

@@ -142,9 +142,35 @@ pub mod __private {
         )
     }
 
-    /// Merges the profiling routes into the router the annotated function built.
-    pub fn merge<R: Routes>(router: R, config: &'static ProfilingConfig) -> R {
-        router.with_profiling_routes(config)
+    /// Merges the profiling routes into the router the annotated function built, unless
+    /// its returned expression already placed them under its layers
+    /// ([`merge_under_layers`]).
+    pub fn merge<R: Routes>(
+        router: R,
+        config: &'static ProfilingConfig,
+        placed: &core::cell::Cell<bool>,
+    ) -> R {
+        if placed.get() {
+            router
+        } else {
+            router.with_profiling_routes(config)
+        }
+    }
+
+    /// Merges the profiling routes into the router the function returns at the point of
+    /// its returned expression where the function's own layers will cover them: before
+    /// its first `.layer(…)` or `.route_layer(…)`. Notes that it did, so that [`merge`]
+    /// does not merge them twice.
+    pub fn merge_under_layers<R: Routes>(
+        router: R,
+        config: &'static ProfilingConfig,
+        placed: &core::cell::Cell<bool>,
+    ) -> R {
+        if placed.replace(true) {
+            router
+        } else {
+            router.with_profiling_routes(config)
+        }
     }
 
     /// Makes this process take CPU profiles with the `pprof` crate's sampler instead of

@@ -198,3 +198,82 @@ fn routes_already_under_the_prefix_panic_at_startup_naming_both_fixes() {
     // The inner router alone is fine, and so is the prefix moved away.
     drop(inner_annotated());
 }
+
+/// What a team puts inside its builder: a session check on the whole router.
+async fn require_session(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let has_session = request
+        .headers()
+        .get(axum::http::header::COOKIE)
+        .is_some_and(|cookie| cookie == "session=ok");
+    if has_session {
+        next.run(request).await
+    } else {
+        (StatusCode::UNAUTHORIZED, "log in first").into_response()
+    }
+}
+
+/// The layer in the returned chain.
+#[pprof_routes(cpu_max = "5s")]
+fn session_layer_in_the_chain() -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(axum::middleware::from_fn(require_session))
+}
+
+/// The layer on a variable the body returns, as a route layer (which covers only the
+/// routes the router has when it is called, and answers 404 for the rest).
+#[pprof_routes(cpu_max = "5s")]
+fn session_layer_on_a_variable() -> Router {
+    let app = Router::new().route("/", get(|| async { "hello" }));
+    let app = app.route_layer(axum::middleware::from_fn(require_session));
+    app
+}
+
+/// Every profiling route of an app whose own layer demands a session answers 401
+/// without one, as the app's own route does; with one, they answer.
+#[tokio::test]
+async fn a_layer_inside_the_builder_covers_the_profiling_routes() {
+    let http = client();
+    for (name, server) in [
+        (
+            "in the chain",
+            TestServer::start(session_layer_in_the_chain),
+        ),
+        (
+            "on a variable",
+            TestServer::start(session_layer_on_a_variable),
+        ),
+    ] {
+        for path in [
+            "/",
+            "/debug/pprof/",
+            "/debug/pprof/profile?seconds=1",
+            "/debug/pprof/threads?debug=1",
+            "/debug/pprof/goroutine?debug=2",
+            "/debug/pprof/recent",
+        ] {
+            let response = http.get(server.url(path)).send().await.unwrap();
+            assert_eq!(
+                response.status(),
+                StatusCode::UNAUTHORIZED,
+                "{name}: {path} without a session"
+            );
+            assert_eq!(
+                response.text().await.unwrap(),
+                "log in first",
+                "{name}: {path}"
+            );
+        }
+        let index = http
+            .get(server.url("/debug/pprof/"))
+            .header("cookie", "session=ok")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(index.status(), StatusCode::OK, "{name}: with a session");
+    }
+}
