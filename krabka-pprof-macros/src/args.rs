@@ -28,6 +28,7 @@ pub(crate) struct Args {
     pub(crate) heap_max: Option<Spanned<Duration>>,
     pub(crate) alloc_stacks: Option<Spanned<u32>>,
     pub(crate) threads: Option<Spanned<bool>>,
+    pub(crate) cmdline: Option<Spanned<bool>>,
     pub(crate) recent: Option<Spanned<Duration>>,
     /// Bytes.
     pub(crate) recent_memory: Option<Spanned<u64>>,
@@ -143,6 +144,7 @@ impl Args {
             "blocklist" => self.blocklist = Some(values::blocklist_value(&value)?),
             "heap" => self.heap = Some(values::bool_value(key, &value)?),
             "threads" => self.threads = Some(values::bool_value(key, &value)?),
+            "cmdline" => self.cmdline = Some(values::bool_value(key, &value)?),
             "recent" => self.recent = Some(values::recent_value(&value)?),
             "recent_memory" => self.recent_memory = Some(values::recent_memory_value(&value)?),
             "prefix" => self.prefix = Some(values::prefix_value(&value)?),

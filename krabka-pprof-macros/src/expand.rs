@@ -290,6 +290,10 @@ fn config_expr(args: &Args, krate: &TokenStream) -> TokenStream {
         let stacks = v.value;
         calls.extend(quote_spanned!(v.span=> .with_alloc_stacks(#stacks)));
     }
+    if let Some(v) = &args.cmdline {
+        let on = v.value;
+        calls.extend(quote_spanned!(v.span=> .with_cmdline(#on)));
+    }
     if let Some(v) = &args.threads {
         let on = v.value;
         calls.extend(quote_spanned!(v.span=> .with_threads(#on)));
@@ -364,6 +368,19 @@ mod tests {
         assert!(off.contains(". with_threads (false)"), "{off}");
         let unset = expand_str(quote!(), item);
         assert!(!unset.contains("with_threads"), "{unset}");
+    }
+
+    #[test]
+    fn cmdline_reaches_the_config_only_when_written() {
+        let item = quote!(
+            fn app() -> Router {
+                Router::new()
+            }
+        );
+        let on = expand_str(quote!(cmdline = true), item.clone());
+        assert!(on.contains(". with_cmdline (true)"), "{on}");
+        let unset = expand_str(quote!(), item);
+        assert!(!unset.contains("with_cmdline"), "{unset}");
     }
 
     #[test]

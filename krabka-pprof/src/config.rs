@@ -61,6 +61,7 @@ pub struct ProfilingConfig {
     /// Distinct stacks the cumulative allocation counts keep; `0`: no counts.
     alloc_stacks: u32,
     threads: bool,
+    cmdline: bool,
     /// `None`: no recorder.
     recent: Option<Duration>,
     recent_memory: usize,
@@ -79,7 +80,7 @@ impl ProfilingConfig {
     /// The defaults: CPU profiles of 30 s unless asked otherwise, at most 60 s, at 99 Hz,
     /// unwinding through every library (an empty blocklist); heap profiling off
     /// (10 s default window, 30 s max, and allocation counts of up to 4096 stacks when
-    /// on); thread dumps on; no recorder (`recent` off, 8 MiB when on); routes under
+    /// on); thread dumps on; `/cmdline` off; no recorder (`recent` off, 8 MiB when on); routes under
     /// `/debug/pprof`; no guard and no token.
     pub const fn new() -> Self {
         Self {
@@ -93,6 +94,7 @@ impl ProfilingConfig {
             heap_max: Duration::from_secs(30),
             alloc_stacks: 4096,
             threads: true,
+            cmdline: false,
             recent: None,
             recent_memory: DEFAULT_RECENT_MEMORY,
             prefix: "/debug/pprof",
@@ -181,6 +183,14 @@ impl ProfilingConfig {
         self
     }
 
+    /// Serve `/cmdline`, the process's command line as Go serves it (off unless set: a
+    /// command line often carries secrets, and a profiler needs none of it). Off, the
+    /// route answers 404 with a sentence that names this setting.
+    pub const fn with_cmdline(mut self, on: bool) -> Self {
+        self.cmdline = on;
+        self
+    }
+
     /// Keep this much CPU history, at the configured `frequency`, in an always-on
     /// recorder that `/recent?seconds=N` answers from at once. The recorder starts when
     /// the router is built and runs for the life of the process (see the guide's
@@ -263,6 +273,10 @@ impl ProfilingConfig {
     /// See [`with_threads`](Self::with_threads).
     pub const fn threads(&self) -> bool {
         self.threads
+    }
+    /// See [`with_cmdline`](Self::with_cmdline).
+    pub const fn cmdline(&self) -> bool {
+        self.cmdline
     }
     /// See [`with_recent`](Self::with_recent): `None` when the recorder is off.
     pub const fn recent(&self) -> Option<Duration> {

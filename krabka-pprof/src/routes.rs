@@ -23,7 +23,7 @@ use tracing::{Instrument as _, field};
 
 use self::access::Access;
 use self::query::{CpuQuery, HeapQuery, RecentQuery, ThreadsAnswer, ThreadsQuery};
-use self::response::{bad_request, redirect};
+use self::response::{bad_request, not_found, redirect};
 use crate::config::{ConfigError, ProfilingConfig};
 use crate::cpu::{self, CpuError, CpuRequest, RecentError, RecentRequest, RecorderSettings};
 use crate::heap::{self, HeapError, HeapRequest, HeapRoute};
@@ -106,7 +106,45 @@ where
             .route(&format!("{prefix}/goroutine"), handler(Route::Goroutine))
             .route(&format!("{prefix}/tasks"), handler(Route::Tasks));
     }
-    router.route(&format!("{prefix}/cmdline"), handler(Route::Cmdline))
+    // Always mounted: off, it says which key turns it on.
+    let router = router.route(&format!("{prefix}/cmdline"), handler(Route::Cmdline));
+    announce_open_routes(&config);
+    router
+}
+
+/// Once per process, where neither a token nor a guard protects the routes: a `warn`
+/// naming them, saying who can reach them and how to close them. Zero configuration
+/// keeps working; it no longer does so silently.
+fn announce_open_routes(config: &ProfilingConfig) {
+    static ANNOUNCED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if config.token_env().is_some() || config.guard().is_some() {
+        return;
+    }
+    if ANNOUNCED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let prefix = config.prefix();
+    let mut routes = vec!["/", "/profile", "/recent"];
+    if config.heap() {
+        routes.extend(["/heap", "/allocs"]);
+    }
+    if config.threads() {
+        routes.extend(["/threads", "/goroutine", "/tasks"]);
+    }
+    if config.cmdline() {
+        routes.push("/cmdline");
+    }
+    let routes = routes
+        .iter()
+        .map(|route| format!("{prefix}{route}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    tracing::warn!(
+        routes = %routes,
+        "the profiling routes are open to every client that reaches this listener: no \
+         token_env and no guard; close them with `token_env = \"VAR\"`, a `guard`, or by \
+         serving krabka_pprof::pprof_router() on an internal listener only (SECURITY.md)"
+    );
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,7 +219,14 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
                 Ok(text) => response::dump_text(text),
                 Err(error) => answers::task_dump(error),
             },
-            Route::Cmdline => response::cmdline(crate::process::cmdline()),
+            Route::Cmdline if shared.config.cmdline() => {
+                response::cmdline(crate::process::cmdline())
+            }
+            Route::Cmdline => not_found(
+                "/cmdline is off: it shows this process's command line, which often carries \
+                 secrets; turn it on with `cmdline = true` in #[pprof_routes] \
+                 (ProfilingConfig::with_cmdline(true))",
+            ),
         }
     }
     .instrument(span)

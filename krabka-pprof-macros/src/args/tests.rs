@@ -40,6 +40,7 @@ fn all_keys_parse() {
         heap_default = "5s",
         heap_max = "1m",
         threads = false,
+        cmdline = true,
         prefix = "/internal/pprof",
         guard = crate::admin::allow,
         token_env = "PPROF_TOKEN",
@@ -53,6 +54,7 @@ fn all_keys_parse() {
     assert_eq!(args.heap_default.unwrap().value, Duration::from_secs(5));
     assert_eq!(args.heap_max.unwrap().value, Duration::from_secs(60));
     assert!(!args.threads.unwrap().value);
+    assert!(args.cmdline.unwrap().value);
     assert_eq!(args.prefix.unwrap().value, "/internal/pprof");
     assert_eq!(args.token_env.unwrap().value, "PPROF_TOKEN");
     let krate = args.krate.unwrap().value;
@@ -189,6 +191,7 @@ fn key_without_value() {
         ("heap_max", "\"30s\""),
         ("alloc_stacks", "4096"),
         ("threads", "true"),
+        ("cmdline", "true"),
         ("recent", "\"10m\""),
         ("recent_memory", "\"8MiB\""),
         ("prefix", "\"/debug/pprof\""),
@@ -202,7 +205,7 @@ fn key_without_value() {
             [format!("`{key}` needs a value: write `{key} = {value}`")]
         );
     }
-    assert_eq!(KEYS.len(), 16, "a new key needs its example above");
+    assert_eq!(KEYS.len(), 17, "a new key needs its example above");
     // An unknown key without a value is unknown first.
     assert!(
         messages(quote!(cpu_maxx))[0]

@@ -117,10 +117,12 @@ pub(super) fn index_html(
              href=\"tasks\">text</a></td></tr>\n",
         );
     }
-    rows.push_str(
-        "<tr><td><code>cmdline</code></td><td>This process's command line, arguments \
-         separated by NUL bytes, as Go's.</td><td><a href=\"cmdline\">text</a></td></tr>\n",
-    );
+    if config.cmdline() {
+        rows.push_str(
+            "<tr><td><code>cmdline</code></td><td>This process's command line, arguments \
+             separated by NUL bytes, as Go's.</td><td><a href=\"cmdline\">text</a></td></tr>\n",
+        );
+    }
     let access = match (config.token_env(), config.guard().is_some()) {
         (Some(variable), true) => format!(
             "bearer token from <code>{}</code>, and a guard function",

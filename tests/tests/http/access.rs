@@ -1,6 +1,7 @@
 //! `token_env`: bearer tokens checked in constant time before anything else (the guard
 //! included); an unset variable locks the routes (503), never opens them. Run in a child
-//! process, whose environment at startup the test chooses.
+//! process, whose environment at startup the test chooses. Without a token or a guard, the
+//! routes say at startup that they are open.
 
 use krabka_pprof_tests::{ChildServer, client, decode, raw_request};
 use reqwest::StatusCode;
@@ -176,4 +177,35 @@ async fn with_a_token_and_a_guard_the_token_is_checked_first() {
         assert_eq!(heap.status(), StatusCode::OK);
         decode(&heap.bytes().await.unwrap());
     }
+}
+
+/// With neither a token nor a guard, building the routes says once, at `warn`, that they
+/// are open, naming them and how to close them.
+#[tokio::test]
+async fn open_routes_are_announced_once_at_warn() {
+    let child = ChildServer::start_logged(CHILD, "serve-cpu", &[]);
+    // Served: the routes were built before the listener answered.
+    let index = client()
+        .get(child.url("/debug/pprof/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(index.status(), StatusCode::OK);
+    let log = child.log();
+    let announced: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("open to every client"))
+        .collect();
+    assert_eq!(announced.len(), 1, "once: {log}");
+    let line = announced[0];
+    assert!(line.contains(" WARN "), "{line}");
+    for part in [
+        "/debug/pprof/profile",
+        "/debug/pprof/threads",
+        "token_env",
+        "guard",
+    ] {
+        assert!(line.contains(part), "{part}: {line}");
+    }
+    assert!(!line.contains("/cmdline"), "off by default: {line}");
 }

@@ -86,8 +86,8 @@ async fn only_get_and_head_are_routes() {
     assert_eq!(response.headers()["allow"], "GET,HEAD");
 }
 
-#[cfg_attr(feature = "heap-profiling", pprof_routes(heap = true))]
-#[cfg_attr(not(feature = "heap-profiling"), pprof_routes)]
+#[cfg_attr(feature = "heap-profiling", pprof_routes(heap = true, cmdline = true))]
+#[cfg_attr(not(feature = "heap-profiling"), pprof_routes(cmdline = true))]
 fn heap_app() -> Router {
     Router::new()
 }

@@ -8,7 +8,7 @@ use krabka_pprof::pprof_routes;
 use krabka_pprof_tests::{Burner, TestServer, assert_valid_xml, client, decode, serial};
 use reqwest::StatusCode;
 
-#[pprof_routes(cpu_max = "1s", frequency = 250)]
+#[pprof_routes(cpu_max = "1s", frequency = 250, cmdline = true)]
 fn app() -> Router {
     Router::new()
 }

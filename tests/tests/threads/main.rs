@@ -25,7 +25,7 @@ use krabka_pprof_tests::{
 };
 use reqwest::StatusCode;
 
-#[pprof_routes(cpu_max = "10s")]
+#[pprof_routes(cpu_max = "10s", cmdline = true)]
 fn app() -> Router {
     Router::new()
 }
@@ -35,7 +35,7 @@ fn without_threads() -> Router {
     Router::new()
 }
 
-#[pprof_routes(guard = krabka_pprof_tests::internal_only)]
+#[pprof_routes(guard = krabka_pprof_tests::internal_only, cmdline = true)]
 fn guarded() -> Router {
     Router::new()
 }
@@ -640,10 +640,25 @@ async fn threads_false_leaves_the_thread_routes_out() {
         let (status, _, _) = get(&server, &format!("/debug/pprof/{route}")).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{route}");
     }
-    let (status, _, _) = get(&server, "/debug/pprof/cmdline").await;
-    assert_eq!(status, StatusCode::OK);
     let index = server.text("/debug/pprof/").await;
     assert!(!index.contains("<code>threads</code>"), "{index}");
+}
+
+/// A command line often carries secrets: `/cmdline` answers only with `cmdline = true`,
+/// and otherwise says which key turns it on; the index leaves it out.
+#[tokio::test]
+async fn cmdline_is_off_unless_asked_for_and_says_which_key() {
+    let _serial = serial().await;
+    let server = TestServer::start(without_threads);
+    let (status, content_type, body) = get(&server, "/debug/pprof/cmdline").await;
+    let body = String::from_utf8(body).unwrap();
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(content_type, "text/plain; charset=utf-8");
+    assert!(body.contains("cmdline = true"), "{body}");
+    let own_args = std::env::args().next().unwrap();
+    assert!(!body.contains(&own_args), "no argument leaks: {body}");
+    let index = server.text("/debug/pprof/").await;
+    assert!(!index.contains("<code>cmdline</code>"), "{index}");
 }
 
 #[tokio::test]
