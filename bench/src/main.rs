@@ -77,6 +77,9 @@ mod expand;
 #[path = "../../krabka-pprof-macros/src/keys.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod keys;
+#[path = "../../krabka-pprof-macros/src/placement.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod placement;
 #[path = "../../krabka-pprof-macros/src/rules.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod rules;

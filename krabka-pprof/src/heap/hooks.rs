@@ -52,7 +52,7 @@ use std::time::SystemTime;
 
 use tikv_jemalloc_ctl::raw;
 
-use super::jemalloc::IN_USE;
+use super::jemalloc::serves_the_global_allocator;
 
 /// Slots probed for a stack before it counts as having no room.
 pub(super) const MAX_PROBES: usize = 64;
@@ -183,7 +183,7 @@ pub(super) fn install(stacks: u32) -> Result<&'static Table, &'static str> {
 }
 
 fn try_install(stacks: usize) -> Result<&'static Table, String> {
-    if !IN_USE.load(Ordering::Relaxed) {
+    if !serves_the_global_allocator() {
         return Err("jemalloc is not this process's global allocator".to_owned());
     }
     // SAFETY: documented jemalloc controls of these types.

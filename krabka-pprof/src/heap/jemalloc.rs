@@ -18,8 +18,36 @@ use super::dump::{Parsed, parse};
 use super::request::HeapError;
 
 /// Set by the first allocation through [`Jemalloc`]: proof that it is the global
-/// allocator, which jemalloc itself cannot tell (its `stats` are compiled out).
+/// allocator without asking jemalloc (see [`serves_the_global_allocator`] for the
+/// others, `tikv_jemallocator::Jemalloc` among them).
 pub(crate) static IN_USE: AtomicBool = AtomicBool::new(false);
+
+#[cfg(heap_dumps)]
+/// Whether jemalloc serves this process's global allocator: through [`Jemalloc`], or
+/// through any other wrapper of the same jemalloc (a service already on
+/// `tikv_jemallocator::Jemalloc`, whose jemalloc is this crate's: one crate links it,
+/// and cargo unifies its `profiling` feature). Asked of jemalloc once: the bytes this
+/// thread allocated through it (`thread.allocated`, which the `stats` feature keeps)
+/// grow by an allocation made through the global allocator only if jemalloc served it.
+/// The answer cannot change for the life of the process.
+pub(crate) fn serves_the_global_allocator() -> bool {
+    static SERVES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if IN_USE.load(Ordering::Relaxed) {
+        return true;
+    }
+    *SERVES.get_or_init(|| {
+        const PROBE: usize = 64 * 1024;
+        // SAFETY: "thread.allocated" is a documented read-only u64 (with stats).
+        let allocated = || unsafe { raw::read::<u64>(b"thread.allocated\0") }.ok();
+        let Some(before) = allocated() else {
+            return false;
+        };
+        let probe = std::hint::black_box(Vec::<u8>::with_capacity(PROBE));
+        let after = allocated().unwrap_or(before);
+        drop(probe);
+        after.saturating_sub(before) >= PROBE as u64
+    })
+}
 
 /// jemalloc as the global allocator, with heap sampling on from process start.
 ///
@@ -104,7 +132,7 @@ mod conf {
 #[cfg(heap_dumps)]
 /// Whether jemalloc samples this process's heap, and whether sampling is active now.
 pub(super) fn state() -> Result<bool, HeapError> {
-    if !IN_USE.load(Ordering::Relaxed) {
+    if !serves_the_global_allocator() {
         return Err(HeapError::NotJemalloc);
     }
     // Read `opt.prof` ourselves first: jemalloc_pprof's PROF_CTL unwraps it and would
@@ -157,15 +185,43 @@ pub(super) fn switch_sampling_off() {
 }
 
 #[cfg(heap_dumps)]
-/// Dumps jemalloc's samples, parsed.
+/// Dumps jemalloc's samples, parsed. jemalloc writes a dump only to a named file: the name
+/// given is `/proc/self/fd/N` of an in-memory file (`memfd_create`), so no filesystem
+/// needs to be writable (a read-only root, no `TMPDIR`). Where the kernel has no memfd
+/// (before 3.17), `jemalloc_pprof`'s temporary file as before.
 pub(super) fn dump() -> Result<Parsed, HeapError> {
+    use std::io::{Seek as _, SeekFrom};
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+
     let ctl = jemalloc_pprof::PROF_CTL
         .as_ref()
         .ok_or(HeapError::ProfilingOff)?;
-    let file = ctl
-        .blocking_lock()
-        .dump()
-        .map_err(|e| HeapError::Failed(format!("jemalloc's heap dump failed: {e}")))?;
-    parse(BufReader::new(file))
-        .map_err(|e| HeapError::Failed(format!("jemalloc's heap dump is unreadable: {e}")))
+    // Held across the dump: jemalloc_pprof's own dumps and (de)activations wait for it.
+    let mut ctl = ctl.blocking_lock();
+    // SAFETY: a NUL-terminated name; memfd_create has no other precondition.
+    let fd = unsafe { libc::memfd_create(c"krabka-pprof-heap".as_ptr(), libc::MFD_CLOEXEC) };
+    let mut file = if fd >= 0 {
+        // SAFETY: a new descriptor that nothing else owns.
+        let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+        let path = format!("/proc/self/fd/{}\0", file.as_raw_fd());
+        // SAFETY: "prof.dump" takes a NUL-terminated file name, which outlives the call.
+        unsafe { raw::write(b"prof.dump\0", path.as_ptr()) }.map_err(|e| {
+            HeapError::Failed(format!(
+                "jemalloc's heap dump into memory failed ({e}): is /proc mounted?"
+            ))
+        })?;
+        file.seek(SeekFrom::Start(0))
+            .map_err(|e| HeapError::Failed(format!("jemalloc's heap dump is unreadable: {e}")))?;
+        file
+    } else {
+        ctl.dump().map_err(|e| {
+            HeapError::Failed(format!(
+                "jemalloc's heap dump failed: {e} (this kernel has no memfd_create, so the \
+                 dump goes through a file in TMPDIR, which must be writable)"
+            ))
+        })?
+    };
+    drop(ctl);
+    let parsed = parse(BufReader::new(&mut file));
+    parsed.map_err(|e| HeapError::Failed(format!("jemalloc's heap dump is unreadable: {e}")))
 }

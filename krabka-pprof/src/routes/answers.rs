@@ -125,9 +125,10 @@ pub(super) fn heap(error: HeapError) -> Response {
         HeapError::BadRequest(reason) => bad_request(&reason),
         HeapError::Unsupported(reason) => unavailable(reason),
         HeapError::NotJemalloc => unavailable(
-            "heap profiling needs jemalloc as the global allocator: add \
-             `#[global_allocator] static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;` \
-             to the binary and restart it",
+            "heap profiling needs jemalloc as the global allocator, and this binary's is \
+             another (the system's, mimalloc, ...): make its #[global_allocator] line \
+             `static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;` (or \
+             tikv_jemallocator::Jemalloc), in place of the one it has, and restart it",
         ),
         HeapError::NoProfilingSupport => unavailable(
             "this binary's jemalloc was built without profiling: enable krabka-pprof's \

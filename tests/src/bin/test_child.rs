@@ -6,7 +6,8 @@
 //! how many bytes so far; `serve-no-counts` the same with `alloc_stacks = 0`;
 //! `serve-sites-after-no-counts` as `serve-sites`, after building such a router first;
 //! `serve-full-table` with `alloc_stacks = 64`, after allocating along 100 distinct
-//! stacks), one
+//! stacks; `serve-tikv` as `serve-sites` with `tikv_jemallocator::Jemalloc` as the global
+//! allocator), one
 //! whose routes need the bearer token in `KRABKA_PPROF_TEST_TOKEN` (`serve-token`; with a
 //! guard admitting `X-Internal: yes` too, `serve-token-guard`), or a
 //! CPU-profiling app with a busy thread, logging to stderr (`serve-cpu`; with
@@ -48,9 +49,62 @@ use std::time::{Duration, Instant};
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 
+/// The global allocator: jemalloc through `krabka_pprof::Jemalloc`, as the docs say to
+/// install it, once `main` has chosen it (every mode but `serve-tikv`); until then, and
+/// for the whole life of `serve-tikv`, through `tikv_jemallocator::Jemalloc`, as a
+/// service already on tikv-jemallocator has it. One jemalloc either way: a block either
+/// allocated may be freed by the other.
 #[cfg(feature = "heap-profiling")]
-#[global_allocator]
-static ALLOC: krabka_pprof::Jemalloc = krabka_pprof::Jemalloc;
+mod allocator {
+    use std::alloc::{GlobalAlloc, Layout};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    pub(crate) static KRABKAS: AtomicBool = AtomicBool::new(false);
+
+    pub(crate) struct Chosen;
+
+    // SAFETY: each method forwards to one of two allocators of the same jemalloc, both of
+    // which uphold the GlobalAlloc contract.
+    unsafe impl GlobalAlloc for Chosen {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe {
+                if KRABKAS.load(Ordering::Relaxed) {
+                    krabka_pprof::Jemalloc.alloc(layout)
+                } else {
+                    tikv_jemallocator::Jemalloc.alloc(layout)
+                }
+            }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe {
+                if KRABKAS.load(Ordering::Relaxed) {
+                    krabka_pprof::Jemalloc.alloc_zeroed(layout)
+                } else {
+                    tikv_jemallocator::Jemalloc.alloc_zeroed(layout)
+                }
+            }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: forwarded with the caller's guarantees; one jemalloc behind both.
+            unsafe { tikv_jemallocator::Jemalloc.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe {
+                if KRABKAS.load(Ordering::Relaxed) {
+                    krabka_pprof::Jemalloc.realloc(ptr, layout, new_size)
+                } else {
+                    tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size)
+                }
+            }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: Chosen = Chosen;
+}
 
 // With the tests crate's `heap-profiling` feature off (the HTTP tests' second run), the
 // apps are those of a build without it: no `heap = true`, the system allocator.
@@ -803,6 +857,10 @@ fn serve(router: Router) {
 }
 
 fn main() {
+    #[cfg(feature = "heap-profiling")]
+    if std::env::args().nth(1).as_deref() != Some("serve-tikv") {
+        allocator::KRABKAS.store(true, Ordering::Relaxed);
+    }
     krabka_pprof_tests::choose_sampler();
     match std::env::args().nth(1).as_deref() {
         #[cfg(feature = "heap-profiling")]
@@ -825,6 +883,13 @@ fn main() {
             );
         }
         Some("serve") => serve(app()),
+        // A service already on tikv-jemallocator: the same routes.
+        #[cfg(feature = "heap-profiling")]
+        Some("serve-tikv") => {
+            let router = app();
+            start_sites();
+            serve(router);
+        }
         #[cfg(feature = "heap-profiling")]
         Some("serve-sites") => {
             // The routes first: building them starts the allocation counts.

@@ -227,3 +227,46 @@ async fn a_client_that_hangs_up_during_a_window_leaves_sampling_off() {
         profile.duration_nanos
     );
 }
+
+/// A container with a read-only root and no TMPDIR: heap dumps need no file.
+#[tokio::test]
+async fn heap_profiles_need_no_writable_filesystem() {
+    let child = ChildServer::start(
+        CHILD,
+        "serve",
+        &[("TMPDIR", Some("/nonexistent/krabka-pprof-tmp"))],
+    );
+    let http = client();
+    for route in ["/debug/pprof/heap", "/debug/pprof/allocs"] {
+        let response = http.get(child.url(route)).send().await.unwrap();
+        let status = response.status();
+        let body = response.bytes().await.unwrap();
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{route}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let profile = decode(&body);
+        assert!(!profile.sample.is_empty(), "{route}: samples of the heap");
+    }
+}
+
+/// A service already on `tikv_jemallocator::Jemalloc` (the same jemalloc) gets heap
+/// profiles, with its allocation site in them, and never the 503 for another allocator.
+#[tokio::test]
+async fn a_service_on_tikv_jemallocator_gets_heap_profiles() {
+    let child = ChildServer::start(CHILD, "serve-tikv", &[]);
+    let response = client()
+        .get(child.url("/debug/pprof/heap"))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = response.bytes().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let profile = decode(&body);
+    // `serve-tikv` keeps 64 MiB at one site from start.
+    let held = total_in(&profile, 3, "retain_64_mib");
+    assert!(held >= 32 << 20, "inuse_space at the site: {held} bytes");
+}
