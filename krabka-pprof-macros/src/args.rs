@@ -21,6 +21,7 @@ pub(crate) struct Args {
     pub(crate) cpu_default: Option<Spanned<Duration>>,
     pub(crate) cpu_max: Option<Spanned<Duration>>,
     pub(crate) frequency: Option<Spanned<u32>>,
+    pub(crate) frequency_max: Option<Spanned<u32>>,
     pub(crate) max_windows: Option<Spanned<u32>>,
     pub(crate) blocklist: Option<Spanned<Vec<String>>>,
     pub(crate) heap: Option<Spanned<bool>>,
@@ -123,6 +124,15 @@ impl Args {
                     &value,
                 )?);
             }
+            "frequency_max" => {
+                self.frequency_max = Some(values::integer_value(
+                    key,
+                    " in Hz",
+                    250,
+                    rules::check_frequency_max,
+                    &value,
+                )?);
+            }
             "max_windows" => {
                 self.max_windows = Some(values::integer_value(
                     key,
@@ -164,6 +174,23 @@ impl Args {
             ("cpu_default", self.cpu_default.as_ref()),
             ("cpu_max", self.cpu_max.as_ref(), rules::DEFAULT_CPU_MAX),
         );
+
+        if let Some(max) = &self.frequency_max {
+            let (frequency, which) = match &self.frequency {
+                Some(frequency) => (frequency.value, ""),
+                None => (rules::DEFAULT_FREQUENCY, "default "),
+            };
+            if frequency > max.value {
+                errors.at(
+                    max.span,
+                    format!(
+                        "`frequency_max` must be at least `frequency` ({which}{frequency} Hz), \
+                         found {}",
+                        max.value
+                    ),
+                );
+            }
+        }
 
         let heap_on = self.heap.as_ref().is_some_and(|heap| heap.value);
         let alloc_stacks = self.alloc_stacks.as_ref().map(|stacks| stacks.span);

@@ -266,6 +266,10 @@ fn config_expr(args: &Args, krate: &TokenStream) -> TokenStream {
         let hz = v.value;
         calls.extend(quote_spanned!(v.span=> .with_frequency(#hz)));
     }
+    if let Some(v) = &args.frequency_max {
+        let hz = v.value;
+        calls.extend(quote_spanned!(v.span=> .with_frequency_max(#hz)));
+    }
     if let Some(v) = &args.max_windows {
         let windows = v.value;
         calls.extend(quote_spanned!(v.span=> .with_max_windows(#windows)));

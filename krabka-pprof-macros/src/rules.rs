@@ -141,6 +141,16 @@ pub(crate) fn check_frequency(found: &str) -> Result<u32, String> {
     }
 }
 
+/// The frequency when `frequency` is not written (`ProfilingConfig::new`'s).
+pub(crate) const DEFAULT_FREQUENCY: u32 = 99;
+
+/// `frequency_max` lies within `MIN_FREQUENCY ..= MAX_FREQUENCY` Hz (the
+/// `FrequencyMaxOutOfRange` check in `ProfilingConfig::validate`). `found` as in
+/// [`check_frequency`].
+pub(crate) fn check_frequency_max(found: &str) -> Result<u32, String> {
+    check_frequency(found).map_err(|message| message.replacen("`frequency`", "`frequency_max`", 1))
+}
+
 /// `max_windows` lies within `MIN_WINDOWS ..= MAX_WINDOWS` (the `WindowsOutOfRange` check
 /// in `ProfilingConfig::validate`). `found` as in [`check_frequency`].
 pub(crate) fn check_max_windows(found: &str) -> Result<u32, String> {

@@ -18,9 +18,9 @@ mod rules;
 mod tests;
 
 pub use bounds::{
-    DEFAULT_RECENT_MEMORY, MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_RECENT,
-    MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_RECENT,
-    MIN_RECENT_MEMORY, MIN_WINDOWS,
+    DEFAULT_FREQUENCY_MAX, DEFAULT_RECENT_MEMORY, MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY,
+    MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY,
+    MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
 };
 pub(crate) use error::Bytes;
 pub use error::{ConfigError, DurationField};
@@ -52,6 +52,8 @@ pub struct ProfilingConfig {
     cpu_default: Option<Duration>,
     cpu_max: Duration,
     frequency: u32,
+    /// `None`: 250 Hz, or `frequency` if that is higher.
+    frequency_max: Option<u32>,
     max_windows: u32,
     blocklist: &'static [&'static str],
     heap: bool,
@@ -87,6 +89,7 @@ impl ProfilingConfig {
             cpu_default: None,
             cpu_max: Duration::from_secs(60),
             frequency: 99,
+            frequency_max: None,
             max_windows: 8,
             blocklist: &[],
             heap: false,
@@ -120,6 +123,15 @@ impl ProfilingConfig {
     /// CPU sampling frequency in Hz when the request has no `frequency`.
     pub const fn with_frequency(mut self, hz: u32) -> Self {
         self.frequency = hz;
+        self
+    }
+
+    /// The highest frequency a request may ask for with `?frequency=` (1 ..= 1000 Hz, at
+    /// least `frequency`); above it, a 400 that names this setting. Unset: 250 Hz, or
+    /// `frequency` if that is higher. A caller who can reach the routes can otherwise make
+    /// the signal handler run up to 1000 times a second on every busy thread.
+    pub const fn with_frequency_max(mut self, hz: u32) -> Self {
+        self.frequency_max = Some(hz);
         self
     }
 
@@ -242,6 +254,14 @@ impl ProfilingConfig {
     /// See [`with_frequency`](Self::with_frequency).
     pub const fn frequency(&self) -> u32 {
         self.frequency
+    }
+    /// See [`with_frequency_max`](Self::with_frequency_max).
+    pub const fn frequency_max(&self) -> u32 {
+        match self.frequency_max {
+            Some(hz) => hz,
+            None if self.frequency > DEFAULT_FREQUENCY_MAX => self.frequency,
+            None => DEFAULT_FREQUENCY_MAX,
+        }
     }
     /// See [`with_max_windows`](Self::with_max_windows).
     pub const fn max_windows(&self) -> u32 {

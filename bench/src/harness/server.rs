@@ -7,7 +7,7 @@
 use axum::{Router, routing::get};
 use krabka_pprof::pprof_routes;
 
-#[pprof_routes(cpu_max = "60s", frequency = 99)]
+#[pprof_routes(cpu_max = "60s", frequency = 99, frequency_max = 1000)]
 fn with_profiling() -> Router {
     plain().route("/work", get(work))
 }

@@ -35,6 +35,7 @@ fn all_keys_parse() {
         cpu_default = "10s",
         cpu_max = "2m",
         frequency = 250,
+        frequency_max = 500,
         blocklist = ["libc", "vdso"],
         heap = true,
         heap_default = "5s",
@@ -49,6 +50,7 @@ fn all_keys_parse() {
     assert_eq!(args.cpu_default.unwrap().value, Duration::from_secs(10));
     assert_eq!(args.cpu_max.unwrap().value, Duration::from_secs(120));
     assert_eq!(args.frequency.unwrap().value, 250);
+    assert_eq!(args.frequency_max.unwrap().value, 500);
     assert_eq!(args.blocklist.unwrap().value, ["libc", "vdso"]);
     assert!(args.heap.unwrap().value);
     assert_eq!(args.heap_default.unwrap().value, Duration::from_secs(5));
@@ -185,6 +187,7 @@ fn key_without_value() {
         ("cpu_default", "\"30s\""),
         ("cpu_max", "\"60s\""),
         ("frequency", "99"),
+        ("frequency_max", "250"),
         ("max_windows", "8"),
         ("blocklist", "[\"libc\", \"libgcc\", \"pthread\", \"vdso\"]"),
         ("heap_default", "\"10s\""),
@@ -205,7 +208,7 @@ fn key_without_value() {
             [format!("`{key}` needs a value: write `{key} = {value}`")]
         );
     }
-    assert_eq!(KEYS.len(), 17, "a new key needs its example above");
+    assert_eq!(KEYS.len(), 18, "a new key needs its example above");
     // An unknown key without a value is unknown first.
     assert!(
         messages(quote!(cpu_maxx))[0]
@@ -418,4 +421,21 @@ fn recent_memory_is_a_size_string_and_needs_recent() {
         messages(quote!(recent = "1m", recent_memory = true)),
         ["`recent_memory` takes a size string such as \"8MiB\", found a bool"]
     );
+}
+
+#[test]
+fn frequency_max_is_at_least_the_frequency_written_or_the_default() {
+    assert_eq!(
+        messages(quote!(frequency = 300, frequency_max = 200)),
+        ["`frequency_max` must be at least `frequency` (300 Hz), found 200"]
+    );
+    assert_eq!(
+        messages(quote!(frequency_max = 50)),
+        ["`frequency_max` must be at least `frequency` (default 99 Hz), found 50"]
+    );
+    assert_eq!(
+        messages(quote!(frequency_max = 1001)),
+        ["`frequency_max` must be between 1 and 1000 Hz, found 1001"]
+    );
+    parse_ok(quote!(frequency = 500, frequency_max = 500));
 }

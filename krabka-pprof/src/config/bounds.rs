@@ -35,3 +35,6 @@ pub const MIN_RECENT_MEMORY: usize = 256 * 1024;
 pub const MAX_RECENT_MEMORY: usize = 1024 * 1024 * 1024;
 /// The recorder's memory bound unless `recent_memory` sets one: 8 MiB.
 pub const DEFAULT_RECENT_MEMORY: usize = 8 * 1024 * 1024;
+/// The highest frequency a request may ask for when `frequency_max` is unset (and
+/// `frequency` is not higher), in Hz.
+pub const DEFAULT_FREQUENCY_MAX: u32 = 250;

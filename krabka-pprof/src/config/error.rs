@@ -64,6 +64,18 @@ pub enum ConfigError {
         /// The value.
         found: u32,
     },
+    /// A `frequency_max` outside 1 ..= 1000 Hz.
+    FrequencyMaxOutOfRange {
+        /// The value.
+        found: u32,
+    },
+    /// A `frequency_max` below `frequency`.
+    FrequencyAboveMax {
+        /// `frequency`.
+        frequency: u32,
+        /// `frequency_max`.
+        max: u32,
+    },
     /// A `max_windows` outside 1 ..= 64.
     WindowsOutOfRange {
         /// The value.
@@ -128,6 +140,12 @@ impl ConfigError {
             ConfigError::FrequencyOutOfRange { .. } => {
                 "krabka-pprof: `frequency` must be between 1 and 1000 Hz"
             }
+            ConfigError::FrequencyMaxOutOfRange { .. } => {
+                "krabka-pprof: `frequency_max` must be between 1 and 1000 Hz"
+            }
+            ConfigError::FrequencyAboveMax { .. } => {
+                "krabka-pprof: `frequency` must not exceed `frequency_max`"
+            }
             ConfigError::WindowsOutOfRange { .. } => {
                 "krabka-pprof: `max_windows` must be between 1 and 64"
             }
@@ -181,6 +199,15 @@ impl fmt::Display for ConfigError {
             ConfigError::FrequencyOutOfRange { found } => write!(
                 f,
                 "`frequency` must be between {MIN_FREQUENCY} and {MAX_FREQUENCY} Hz, found {found}"
+            ),
+            ConfigError::FrequencyMaxOutOfRange { found } => write!(
+                f,
+                "`frequency_max` must be between {MIN_FREQUENCY} and {MAX_FREQUENCY} Hz, found \
+                 {found}"
+            ),
+            ConfigError::FrequencyAboveMax { frequency, max } => write!(
+                f,
+                "`frequency` must not exceed `frequency_max` ({max} Hz), found {frequency}"
             ),
             ConfigError::WindowsOutOfRange { found } => write!(
                 f,

@@ -34,6 +34,17 @@ impl ProfilingConfig {
                 found: self.frequency,
             });
         }
+        if let Some(hz) = self.frequency_max {
+            if hz < MIN_FREQUENCY || hz > MAX_FREQUENCY {
+                return Err(ConfigError::FrequencyMaxOutOfRange { found: hz });
+            }
+            if hz < self.frequency {
+                return Err(ConfigError::FrequencyAboveMax {
+                    frequency: self.frequency,
+                    max: hz,
+                });
+            }
+        }
         if self.max_windows < MIN_WINDOWS || self.max_windows > MAX_WINDOWS {
             return Err(ConfigError::WindowsOutOfRange {
                 found: self.max_windows,

@@ -138,6 +138,31 @@ fn frequency_bounds() {
 }
 
 #[test]
+fn frequency_max_bounds_and_its_relation_to_frequency() {
+    let c = ProfilingConfig::new();
+    assert_eq!(c.frequency_max(), 250, "unset: 250 Hz");
+    assert_eq!(
+        c.with_frequency(400).frequency_max(),
+        400,
+        "unset: at least frequency"
+    );
+    assert_eq!(c.with_frequency_max(1000).validate(), Ok(()));
+    assert_eq!(
+        c.with_frequency_max(0).validate().unwrap_err().to_string(),
+        "`frequency_max` must be between 1 and 1000 Hz, found 0"
+    );
+    assert!(c.with_frequency_max(1001).validate().is_err());
+    assert_eq!(
+        c.with_frequency(200)
+            .with_frequency_max(100)
+            .validate()
+            .unwrap_err()
+            .to_string(),
+        "`frequency` must not exceed `frequency_max` (100 Hz), found 200"
+    );
+}
+
+#[test]
 fn max_windows_bounds() {
     let c = ProfilingConfig::new();
     assert_eq!(c.max_windows(), 8);

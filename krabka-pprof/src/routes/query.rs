@@ -87,6 +87,14 @@ impl CpuQuery {
             None => config.frequency(),
             Some(text) => parse_frequency(text)?,
         };
+        if frequency > config.frequency_max() {
+            return Err(format!(
+                "`frequency` may be at most {} Hz here, found {frequency}: the app's \
+                 `frequency_max` bounds what a request may ask for (raise it in \
+                 #[pprof_routes(frequency_max = N)], up to {MAX_FREQUENCY})",
+                config.frequency_max()
+            ));
+        }
         let force = parse_bool(&params, "force")?;
         let thread_ids = parse_bool(&params, "thread_ids")?;
         let group = params

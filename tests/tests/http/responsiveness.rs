@@ -15,7 +15,7 @@ use krabka_pprof_tests::{
 };
 use reqwest::StatusCode;
 
-#[pprof_routes(frequency = 1000)]
+#[pprof_routes(frequency = 1000, frequency_max = 1000)]
 fn app() -> Router {
     with_hold_route(Router::new().route("/ping", get(|| async { "pong" })))
 }

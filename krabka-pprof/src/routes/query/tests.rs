@@ -82,7 +82,25 @@ fn clamping_follows_the_config() {
 fn frequency_and_force() {
     assert_eq!(parse("").unwrap().frequency, 99);
     assert_eq!(parse("frequency=1").unwrap().frequency, 1);
-    assert_eq!(parse("frequency=1000").unwrap().frequency, 1000);
+    assert_eq!(parse("frequency=250").unwrap().frequency, 250);
+    // Above `frequency_max` (unset: 250 Hz): a 400 that names the key.
+    let err = parse("frequency=251").unwrap_err();
+    assert!(
+        err.contains("at most 250 Hz") && err.contains("frequency_max"),
+        "{err}"
+    );
+    let lifted = ProfilingConfig::new().with_frequency_max(1000);
+    assert_eq!(
+        CpuQuery::parse(Some("frequency=1000"), &lifted)
+            .unwrap()
+            .frequency,
+        1000
+    );
+    // An app that samples above 250 Hz may always be asked its own frequency.
+    let fast = ProfilingConfig::new().with_frequency(500);
+    assert_eq!(fast.frequency_max(), 500);
+    assert!(CpuQuery::parse(Some("frequency=500"), &fast).is_ok());
+    assert!(CpuQuery::parse(Some("frequency=501"), &fast).is_err());
     // `+5` and ` 5` parse as u32 in Rust but are not what the contract accepts.
     for bad in ["0", "1001", "-5", "x", "", "99.5", "%2B5", "+5", "%205"] {
         let err = parse(&format!("frequency={bad}")).unwrap_err();
