@@ -9,7 +9,10 @@
 //!
 //! Each thread's timer (`sampler/timers.rs`) signals that thread once per `1/frequency`
 //! seconds of its own CPU time; a process-wide backstop timer covers threads too
-//! short-lived to get one. The handler (`on_sigprof`, `sampler/handler.rs`):
+//! short-lived to get one. The handler (`on_sigprof`, `sampler/handler.rs`) runs with
+//! every blockable signal blocked (`sampler/signals.rs`, as Go's are installed; test
+//! `the_handler_runs_with_every_blockable_signal_blocked`): no handler of the
+//! application's nests inside it, so none can leave it half done. It:
 //!
 //! 1. saves `errno`, and registers itself in an atomic counter of running handlers
 //!    (`handler.rs`);
@@ -274,7 +277,7 @@ impl Sampler {
         // Before any record can hold a handle: from here on, sets are freed only at drains.
         labels::set_collecting(true);
 
-        install(CPU_SIGNAL, on_sigprof, DUMP_SIGNAL)?;
+        install(CPU_SIGNAL, on_sigprof)?;
         let pointer = Box::into_raw(session);
         if SESSION
             .compare_exchange(

@@ -176,7 +176,7 @@ pub(crate) fn take_dump(
         released: AtomicU32::new(0),
         expired: AtomicBool::new(false),
     });
-    install(DUMP_SIGNAL, on_dump_signal, CPU_SIGNAL)?;
+    install(DUMP_SIGNAL, on_dump_signal)?;
     let pointer = Box::into_raw(dump);
     // One dump at a time (the turn), and a forked child clears its copy: the slot is free.
     DUMP.store(pointer, Ordering::SeqCst);
