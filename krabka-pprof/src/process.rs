@@ -292,6 +292,45 @@ fn parse_stat(stat: &str) -> Option<(char, Duration)> {
     ))
 }
 
+/// A system call's name, for what a thread sleeps in (the number a `syscall` file
+/// gives): the waits a service's threads sleep in, by name; any other as
+/// `system call N`.
+pub(crate) fn syscall_name(nr: i64) -> String {
+    #[cfg(target_os = "linux")]
+    {
+        let named: &[(i64, &str)] = &[
+            (libc::SYS_futex, "futex"),
+            (libc::SYS_ppoll, "ppoll"),
+            (libc::SYS_epoll_pwait, "epoll_pwait"),
+            (libc::SYS_nanosleep, "nanosleep"),
+            (libc::SYS_clock_nanosleep, "clock_nanosleep"),
+            (libc::SYS_read, "read"),
+            (libc::SYS_write, "write"),
+            (libc::SYS_recvfrom, "recvfrom"),
+            (libc::SYS_recvmsg, "recvmsg"),
+            (libc::SYS_accept4, "accept4"),
+            (libc::SYS_connect, "connect"),
+            (libc::SYS_pselect6, "pselect6"),
+            (libc::SYS_wait4, "wait4"),
+            (libc::SYS_rt_sigtimedwait, "rt_sigtimedwait"),
+            #[cfg(target_arch = "x86_64")]
+            (libc::SYS_poll, "poll"),
+            #[cfg(target_arch = "x86_64")]
+            (libc::SYS_epoll_wait, "epoll_wait"),
+            #[cfg(target_arch = "x86_64")]
+            (libc::SYS_select, "select"),
+            #[cfg(target_arch = "x86_64")]
+            (libc::SYS_accept, "accept"),
+            #[cfg(target_arch = "x86_64")]
+            (libc::SYS_pause, "pause"),
+        ];
+        if let Some((_, name)) = named.iter().find(|(n, _)| *n == nr) {
+            return (*name).to_owned();
+        }
+    }
+    format!("system call {nr}")
+}
+
 #[cfg(procfs)]
 /// A thread's name while it lives.
 pub(crate) fn thread_name(tid: u32) -> Option<String> {
@@ -384,6 +423,14 @@ pub(crate) fn seccomp_mode() -> u32 {
 #[cfg(test)]
 #[cfg(procfs)]
 pub(crate) mod tests {
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn system_calls_are_named_where_threads_wait_and_numbered_elsewhere() {
+        assert_eq!(syscall_name(libc::SYS_futex), "futex");
+        assert_eq!(syscall_name(libc::SYS_ppoll), "ppoll");
+        assert_eq!(syscall_name(-7), "system call -7");
+    }
+
     use super::*;
 
     /// Installs a seccomp filter that allows every call on the calling thread alone (no

@@ -115,7 +115,7 @@ use handler::{CPU_HANDLERS, Costs, SESSION, Session, on_sigprof};
 use memory::Memory;
 use published::Published;
 use scratch::{Slot, scratch_slots};
-use signals::{CPU_SIGNAL, DUMP_SIGNAL, install, is_free_for};
+use signals::{CPU_SIGNAL, install, is_free_for};
 use thread_table::Threads;
 use timers::{Backstop, Registry};
 use unwind::{MAX_DEPTH, Unwinding};

@@ -203,7 +203,17 @@ pub(super) fn is_allocator_frame(name: &str) -> bool {
         "do_rallocx",
         "[unknown]",
     ];
-    PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name) || is_core_or_alloc(name)
+    PREFIXES.iter().any(|p| name.starts_with(p))
+        || NAMES.contains(&name)
+        || is_core_or_alloc(name)
+        || is_global_alloc_method(name)
+}
+
+/// A method of any `GlobalAlloc` impl: `<my_app::Counting as
+/// core::alloc::global::GlobalAlloc>::alloc`. Services wrap their allocator (to count, to
+/// choose one at start-up); the wrapper is the allocator as much as jemalloc is.
+fn is_global_alloc_method(name: &str) -> bool {
+    name.starts_with('<') && name.contains(" as core::alloc::global::GlobalAlloc>::")
 }
 
 /// `core::…`, `alloc::…`, `<core or alloc type>::…`, and `<T as Trait>::…` where both
@@ -526,6 +536,8 @@ MAPPED_LIBRARIES:
             "<tikv_jemallocator::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
             "<krabka_pprof::heap::jemalloc::Jemalloc as core::alloc::global::GlobalAlloc>::alloc",
             "__rustc::__rust_alloc",
+            "<my_app::Counting as core::alloc::global::GlobalAlloc>::alloc",
+            "<my_app::Counting<tikv_jemallocator::Jemalloc> as core::alloc::global::GlobalAlloc>::realloc",
             "<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
             "core::option::Option<T>::map_or_else",
             "core::iter::traits::iterator::Iterator::collect",

@@ -41,7 +41,7 @@ use super::fork::register_fork_handler;
 use super::frames::drop_guessed_callers;
 use super::memory::Memory;
 use super::scratch::{Slot, scratch_slots};
-use super::signals::{CPU_SIGNAL, DUMP_SIGNAL, StartError, install, is_free_for};
+use super::signals::{DUMP_SIGNAL, StartError, install, is_free_for};
 use super::unwind::Unwinding;
 use crate::objects::Objects;
 use crate::process::{PerProcess, ProcThread, ThreadStatus, current_tid};
@@ -118,6 +118,10 @@ pub(crate) enum ThreadAnswer {
     /// It blocks `SIGURG`, so it was not asked; `part`: what was read of its stack while
     /// it slept, if anything.
     SignalBlocked { part: Option<Stack> },
+    /// It sleeps in system call `syscall`, which a signal would cut short (not a futex
+    /// wait), and its stack was read without one up to a frame that needs the frame
+    /// pointer: `part`, exact, and not signalled.
+    AsleepInPart { part: Stack, syscall: i64 },
     /// It did not answer before the deadline; `part` as above.
     NoAnswer { part: Option<Stack> },
     /// It exited before it could be asked.
@@ -145,11 +149,19 @@ pub(crate) struct ThreadStacks {
 /// Asks each of `tids` (threads of this process) for its stack, reading the sleeping ones
 /// without a signal, and waits up to `deadline` for the others' answers, or until `turn`'s
 /// dump is cancelled. Blocks; call it on the blocking pool.
+/// Whether a thread asleep in system call `syscall`, whose stack read without a signal
+/// stopped at the frame of return address `stopped` (see `asleep.rs`), may be signalled
+/// for the rest: whether its wait survives a signal. Given by the dump's caller, which
+/// can name functions (the sampler cannot). A futex wait always does: the kernel restarts
+/// one without a timeout, and std's and parking_lot's loops retry a timed one.
+pub(crate) type SurvivesSignal = fn(syscall: i64, stopped: Option<u64>, objects: &Objects) -> bool;
+
 pub(crate) fn take_dump(
     turn: &DumpTurn,
     tids: &[u32],
     blocklist: &[&str],
     deadline: Duration,
+    survives: SurvivesSignal,
 ) -> Result<ThreadStacks, StartError> {
     register_fork_handler();
     if !is_free_for(DUMP_SIGNAL, on_dump_signal) {
@@ -185,6 +197,7 @@ pub(crate) fn take_dump(
 
     let started = Instant::now();
     let mut collector = Collector::new(dump, &objects);
+    collector.survives = survives;
     collector.ask_every_thread();
     collector.wait(deadline);
     let stacks = collector.finish();
@@ -215,6 +228,7 @@ struct Collector<'d> {
     /// Replies whose thread blocked `SIGURG` at the first look.
     deferred: Vec<usize>,
     asleep: Asleep,
+    survives: SurvivesSignal,
     signalled: usize,
     /// The seccomp mode and filters of this thread: a thread with others has its own.
     own_filter: Option<(u32, u32)>,
@@ -232,6 +246,7 @@ impl<'d> Collector<'d> {
             asked: vec![false; n],
             deferred: Vec::new(),
             asleep: Asleep::new(),
+            survives: |syscall, _, _| syscall == libc::SYS_futex,
             signalled: 0,
             own_filter: ProcThread::seccomp(current_tid()),
             pipes_open: false,
@@ -259,7 +274,20 @@ impl<'d> Collector<'d> {
                     self.settle(index, ThreadAnswer::Unwound(stack));
                     continue;
                 }
-                Read::Part(stack) => self.parts[index] = Some(stack),
+                // A wait a signal does not cut short (`SurvivesSignal`): the thread is
+                // asked for the rest. Any other: the exact part is its answer, and it is
+                // not signalled.
+                Read::Part { stack, syscall }
+                    if !(self.survives)(syscall, stack.frames.last().copied(), self.objects) =>
+                {
+                    let answer = ThreadAnswer::AsleepInPart {
+                        part: stack,
+                        syscall,
+                    };
+                    self.settle(index, answer);
+                    continue;
+                }
+                Read::Part { stack, .. } => self.parts[index] = Some(stack),
                 Read::NotAsleep => {}
             }
             // A thread whose mask holds SIGURG is not signalled: the signal would stay
@@ -623,7 +651,8 @@ mod tests {
         let _turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
         let turn = DumpTurn::take(Duration::from_secs(2)).expect("the turn is free");
         assert_eq!(Arc::strong_count(&turn.wake), 1);
-        let dump = take_dump(&turn, &[], &[], Duration::from_secs(2)).expect("a dump");
+        let dump =
+            take_dump(&turn, &[], &[], Duration::from_secs(2), |_, _, _| true).expect("a dump");
         assert!(dump.stacks.is_empty());
         assert!(
             DUMP.load(Ordering::SeqCst).is_null(),

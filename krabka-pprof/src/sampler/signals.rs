@@ -191,7 +191,10 @@ mod tests {
             .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP && !internal(s))
             .filter(|&s| !blocked(s))
             .collect();
-        assert!(unblocked.is_empty(), "not blocked while it runs: {unblocked:?}");
+        assert!(
+            unblocked.is_empty(),
+            "not blocked while it runs: {unblocked:?}"
+        );
         // SAFETY: puts the default action back; nothing sends this signal.
         unsafe { libc::signal(signal, libc::SIG_DFL) };
     }

@@ -339,18 +339,6 @@ impl Unwinding {
         }
     }
 
-    /// Where the function whose code holds `address` begins, by the unwind table entry
-    /// that covers it (a compiler writes one per function; a function split in two, as
-    /// GCC splits off its `.cold` part, has one per part). `None` where no entry covers
-    /// it or no table could tell. Off the signal path (gimli parses the entry).
-    #[cfg_attr(
-        not(target_arch = "x86_64"),
-        allow(dead_code, reason = "sleeping threads are read so on x86_64 alone")
-    )]
-    pub(crate) fn function_start(&self, address: u64) -> Option<u64> {
-        self.entry_start(address)?.ok()
-    }
-
     /// The first address the unwind table entry for `address` covers; the error gimli
     /// gave where none does (`NoUnwindInfoForAddress`) or a table is malformed; `None`
     /// where no object with tables holds `address`, or its search table is unreadable.
@@ -621,25 +609,6 @@ mod tests {
         let remembered = unwinding.covered.lock().unwrap().len();
         assert!((1..=MAX_COVERED).contains(&remembered), "{remembered}");
         assert_eq!(looked_up(), 1 + 2 * MAX_COVERED);
-    }
-
-    #[test]
-    fn a_functions_start_is_where_the_entry_that_covers_its_code_begins() {
-        let objects = Objects::current();
-        let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
-        // This crate's code, and a library's (read from a copy of its tables).
-        let ours = Unwinding::covers as *const () as u64;
-        let libcs = libc::poll as *const () as u64;
-        for start in [ours, libcs] {
-            for inside in [start, start + 1, start + 7] {
-                assert_eq!(
-                    unwinding.function_start(inside),
-                    Some(start),
-                    "{inside:#x} in the function at {start:#x}"
-                );
-            }
-        }
-        assert_eq!(unwinding.function_start(8), None, "in no object");
     }
 
     /// A copy that runs into memory that cannot be read is refused whole: the reader

@@ -96,7 +96,11 @@ pub(super) fn take(
     let mut dumped = Vec::with_capacity(threads.len());
     let mut answered = 0;
     for (index, (proc, (_, answer))) in threads.into_iter().zip(taken.stacks).enumerate() {
-        if matches!(answer, ThreadAnswer::Unwound(_)) {
+        // Its own stack, or the exact part read while it slept, which is its answer.
+        if matches!(
+            answer,
+            ThreadAnswer::Unwound(_) | ThreadAnswer::AsleepInPart { .. }
+        ) {
             answered += 1;
         }
         let (why, part) = reason(answer, &deadline);
@@ -195,9 +199,56 @@ fn reason(
         ThreadAnswer::NoAnswer { part } => {
             (Some(format!("did not answer within {deadline}")), part)
         }
+        ThreadAnswer::AsleepInPart { part, syscall } => (
+            Some(format!(
+                "asleep in {}, read without a signal up to a frame that needs the frame \
+                 pointer, which a sleeping thread's registers in /proc do not give (not \
+                 signalled: the signal would cut its wait short)",
+                crate::process::syscall_name(syscall)
+            )),
+            Some(part),
+        ),
         ThreadAnswer::Exited => (Some("exited during the dump".to_owned()), None),
         ThreadAnswer::NotSignalled(err) => (Some(format!("could not be signalled: {err}")), None),
     }
+}
+
+/// Whether a thread asleep in `syscall`, read in part up to the frame of return address
+/// `stopped`, may be signalled for the rest of its stack: its wait must survive the
+/// signal. A futex wait does. So does a sleep of the standard library's
+/// (`std::thread::sleep`, through its platform `Thread::sleep`), which sleeps again for
+/// what is left when `nanosleep` returns `EINTR`; a `nanosleep` of other code may not, nor
+/// may `poll`, `epoll_wait` or a read, which return `EINTR` to code that may not retry.
+#[cfg(sampler)]
+fn survives_a_signal(
+    syscall: i64,
+    stopped: Option<u64>,
+    objects: &crate::objects::Objects,
+) -> bool {
+    if syscall == libc::SYS_futex {
+        return true;
+    }
+    if syscall != libc::SYS_nanosleep && syscall != libc::SYS_clock_nanosleep {
+        return false;
+    }
+    let Some(at) = stopped.and_then(|stopped| stopped.checked_sub(1)) else {
+        return false;
+    };
+    let resolved = crate::symbolize::Resolved::of(objects, vec![at]);
+    resolved
+        .functions(at)
+        .is_some_and(|functions| functions.iter().any(|f| is_std_sleep(&f.name)))
+}
+
+/// Whether `name` is one of the standard library's sleeps, which retry on `EINTR`:
+/// `std::thread::sleep` (wherever a given std defines it) or the platform `Thread::sleep`
+/// it calls.
+#[cfg(sampler)]
+fn is_std_sleep(name: &str) -> bool {
+    let name = name.trim_start_matches('<');
+    name.starts_with("std::")
+        && name.ends_with("::sleep")
+        && (name.contains("::thread") || name.contains("::Thread"))
 }
 
 /// Asks each of `tids` for its stack (see `sampler/asking.rs`); blocks up to `deadline`,
@@ -210,14 +261,16 @@ fn ask_every_thread(
     deadline: Duration,
 ) -> Result<crate::sampler::ThreadStacks, DumpError> {
     use crate::sampler::StartError;
-    crate::sampler::take_dump(turn, tids, blocklist, deadline).map_err(|err| match err {
-        StartError::ForeignHandler => DumpError::Unavailable(
-            "another SIGURG handler is installed in this process (a Go runtime linked in, or \
+    crate::sampler::take_dump(turn, tids, blocklist, deadline, survives_a_signal).map_err(|err| {
+        match err {
+            StartError::ForeignHandler => DumpError::Unavailable(
+                "another SIGURG handler is installed in this process (a Go runtime linked in, or \
              a library that watches sockets' urgent data), and thread dumps ask each thread \
              with SIGURG; remove it to take them",
-        ),
-        StartError::Running => DumpError::Failed("another dump holds the handler".to_owned()),
-        StartError::System(call, error) => DumpError::Failed(format!("{call} failed: {error}")),
+            ),
+            StartError::Running => DumpError::Failed("another dump holds the handler".to_owned()),
+            StartError::System(call, error) => DumpError::Failed(format!("{call} failed: {error}")),
+        }
     })
 }
 
@@ -226,6 +279,28 @@ fn ask_every_thread(
 mod tests {
     use super::*;
     use crate::sampler::{Stack, ThreadAnswer};
+
+    /// The standard library's sleeps, which retry on `EINTR`, by the names symbolizers
+    /// give them; not a sleep of the application's, nor another std function.
+    #[test]
+    fn the_standard_librarys_sleeps_are_known_by_name() {
+        for sleep in [
+            "std::thread::sleep",
+            "std::thread::functions::sleep",
+            "<std::sys::pal::unix::thread::Thread>::sleep",
+            "std::sys::pal::unix::thread::Thread::sleep",
+        ] {
+            assert!(is_std_sleep(sleep), "{sleep}");
+        }
+        for other in [
+            "my_app::worker::sleep",
+            "std::thread::park",
+            "std::sys::pal::unix::futex::futex_wait",
+            "tokio::time::sleep",
+        ] {
+            assert!(!is_std_sleep(other), "{other}");
+        }
+    }
 
     /// Each answer's reason, as the dump's text and profile show it: a thread that exited
     /// before it was asked is said to have, whichever race made it so.
@@ -264,8 +339,25 @@ mod tests {
                 },
                 "250ms"
             ),
-            (Some("did not answer within 250ms".to_owned()), Some(part))
+            (
+                Some("did not answer within 250ms".to_owned()),
+                Some(part.clone())
+            )
         );
+        let (said, kept) = reason(
+            ThreadAnswer::AsleepInPart {
+                part: part.clone(),
+                syscall: libc::SYS_ppoll,
+            },
+            "1s",
+        );
+        let said = said.unwrap();
+        assert!(
+            said.starts_with("asleep in ppoll, read without a signal")
+                && said.contains("not signalled"),
+            "{said}"
+        );
+        assert_eq!(kept, Some(part));
         assert_eq!(
             reason(ThreadAnswer::Exited, "1s"),
             (Some("exited during the dump".to_owned()), None)

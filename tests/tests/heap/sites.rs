@@ -137,6 +137,8 @@ pub(crate) fn is_allocator(name: &str) -> bool {
         "<tikv_jemallocator::",
         "krabka_pprof::heap::jemalloc::",
         "<krabka_pprof::heap::jemalloc::",
+        // test_child's own global allocator, which chooses between two of jemalloc's.
+        "<test_child::allocator::Chosen as ",
     ]
     .iter()
     .any(|prefix| name.starts_with(prefix))

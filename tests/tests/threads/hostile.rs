@@ -108,20 +108,16 @@ async fn twenty_dumps_at_once_beside_a_thread_in_vfork_one_runs_and_the_others_g
             "a refusal took {took:?}: it waited for the running dump"
         );
     }
-    // The one dump waited its deadline for the thread that can neither answer nor be
-    // read, and shows what was read of it: where it sleeps. The other thread in vfork was
-    // read whole while it slept.
-    let (_, _, dump, took) = ok[0];
-    assert!(
-        *took >= Duration::from_secs(2),
-        "{took:?}: {}",
-        thread_block(dump, unreadable)
-    );
+    // The thread in a vfork it made by hand (no unwind table above its system call) is
+    // read while it sleeps as far as that goes, and not signalled: its wait is not one a
+    // signal leaves alone. The other thread in vfork was read whole while it slept.
+    let (_, _, dump, _) = ok[0];
     assert!(all < Duration::from_secs(10), "{all:?}");
     let block = thread_block(dump, unreadable);
     assert!(
         block.contains("[disk sleep")
-            && block.contains("read while it slept, this far; it did not answer within 2s"),
+            && block.contains("read without a signal up to a frame")
+            && !block.contains("did not answer"),
         "{block}"
     );
     let block = thread_block(dump, readable);
