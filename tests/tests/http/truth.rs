@@ -23,8 +23,9 @@ use krabka_pprof_tests::{
 use reqwest::StatusCode;
 
 /// Default settings, apart from a window long enough for these tests (on a 100 Hz
-/// kernel, a split needs 16 s of two threads for its samples).
-#[pprof_routes(cpu_max = "30s")]
+/// kernel, a split needs 16 s of two threads for its samples), and requests up to
+/// 1000 Hz (the weights are checked at every frequency the route takes).
+#[pprof_routes(cpu_max = "30s", frequency_max = 1000)]
 fn app() -> Router {
     Router::new()
 }
