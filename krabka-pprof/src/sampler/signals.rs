@@ -108,11 +108,19 @@ impl Running {
     /// this returns within one handler's run, except where a handler never ends: a thread
     /// killed inside it (a seccomp filter that kills the thread for a call the handler
     /// made) leaves the count above zero for good. Then this gives up after
-    /// [`HANDLER_WAIT`], and at once from then on: what the handlers read must then stay
-    /// allocated (the callers leak it), never be freed under a handler, nor wait forever.
+    /// [`HANDLER_WAIT`], and at once while the count stays above zero: what the handlers
+    /// read must then stay allocated (the callers leak it), never be freed under a
+    /// handler, nor wait forever. Once the count is seen at zero again (the stalled
+    /// handler did return: a thread stopped by a debugger, a host paused for seconds),
+    /// that state ends, and waits are waits again: one stall does not make every later
+    /// session leak what it frees.
     pub(crate) fn wait_until_none(&self) -> bool {
         if self.1.load(Ordering::Relaxed) {
-            return self.0.load(Ordering::SeqCst) == 0;
+            if self.0.load(Ordering::SeqCst) != 0 {
+                return false;
+            }
+            self.1.store(false, Ordering::Relaxed);
+            return true;
         }
         let started = std::time::Instant::now();
         while self.0.load(Ordering::SeqCst) != 0 {
@@ -226,6 +234,21 @@ mod tests {
         );
         running.leave();
         assert!(running.wait_until_none(), "none inside now");
+        // Seen at zero, the stall is over: a handler that takes a while is waited for
+        // again, not given up on at once.
+        running.enter();
+        let leaver = {
+            let running = running.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                running.leave();
+            })
+        };
+        assert!(
+            running.wait_until_none(),
+            "waited for again after the stall ended"
+        );
+        leaver.join().unwrap();
         // A new sampler starts counting afresh.
         running.enter();
         running.reset();
