@@ -313,6 +313,7 @@ pub(crate) fn syscall_name(nr: i64) -> String {
             (libc::SYS_pselect6, "pselect6"),
             (libc::SYS_wait4, "wait4"),
             (libc::SYS_rt_sigtimedwait, "rt_sigtimedwait"),
+            (libc::SYS_restart_syscall, "restart_syscall"),
             #[cfg(target_arch = "x86_64")]
             (libc::SYS_poll, "poll"),
             #[cfg(target_arch = "x86_64")]

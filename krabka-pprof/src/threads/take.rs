@@ -201,7 +201,7 @@ fn reason(
         }
         ThreadAnswer::AsleepInPart { part, syscall } => (
             Some(format!(
-                "asleep in {}, read without a signal up to a frame that needs the frame \
+                "is asleep in {}, read without a signal up to a frame that needs the frame \
                  pointer, which a sleeping thread's registers in /proc do not give (not \
                  signalled: the signal would cut its wait short)",
                 crate::process::syscall_name(syscall)
@@ -218,7 +218,10 @@ fn reason(
 /// signal. A futex wait does. So does a sleep of the standard library's
 /// (`std::thread::sleep`, through its platform `Thread::sleep`), which sleeps again for
 /// what is left when `nanosleep` returns `EINTR`; a `nanosleep` of other code may not, nor
-/// may `poll`, `epoll_wait` or a read, which return `EINTR` to code that may not retry.
+/// may `poll`, `epoll_wait` or a read, which return `EINTR` to code that may not retry. A
+/// wait a signal interrupted before is `restart_syscall` now, whatever it was: it survives
+/// if the frame it stopped at is one of the standard library's that retry (its sleep, its
+/// futex wait).
 #[cfg(sampler)]
 fn survives_a_signal(
     syscall: i64,
@@ -228,7 +231,13 @@ fn survives_a_signal(
     if syscall == libc::SYS_futex {
         return true;
     }
-    if syscall != libc::SYS_nanosleep && syscall != libc::SYS_clock_nanosleep {
+    if ![
+        libc::SYS_nanosleep,
+        libc::SYS_clock_nanosleep,
+        libc::SYS_restart_syscall,
+    ]
+    .contains(&syscall)
+    {
         return false;
     }
     let Some(at) = stopped.and_then(|stopped| stopped.checked_sub(1)) else {
@@ -237,18 +246,19 @@ fn survives_a_signal(
     let resolved = crate::symbolize::Resolved::of(objects, vec![at]);
     resolved
         .functions(at)
-        .is_some_and(|functions| functions.iter().any(|f| is_std_sleep(&f.name)))
+        .is_some_and(|functions| functions.iter().any(|f| retries_on_eintr(&f.name)))
 }
 
-/// Whether `name` is one of the standard library's sleeps, which retry on `EINTR`:
-/// `std::thread::sleep` (wherever a given std defines it) or the platform `Thread::sleep`
-/// it calls.
+/// Whether `name` is one of the standard library's waits that retry on `EINTR`:
+/// `std::thread::sleep` (wherever a given std defines it) and the platform sleep it calls,
+/// and its futex wait.
 #[cfg(sampler)]
-fn is_std_sleep(name: &str) -> bool {
+fn retries_on_eintr(name: &str) -> bool {
     let name = name.trim_start_matches('<');
+    let sleep = name.ends_with("::sleep") || name.ends_with("::sleep::nanosleep");
     name.starts_with("std::")
-        && name.ends_with("::sleep")
-        && (name.contains("::thread") || name.contains("::Thread"))
+        && ((sleep && (name.contains("::thread") || name.contains("::Thread")))
+            || name.ends_with("::futex::futex_wait"))
 }
 
 /// Asks each of `tids` for its stack (see `sampler/asking.rs`); blocks up to `deadline`,
@@ -283,22 +293,26 @@ mod tests {
     /// The standard library's sleeps, which retry on `EINTR`, by the names symbolizers
     /// give them; not a sleep of the application's, nor another std function.
     #[test]
-    fn the_standard_librarys_sleeps_are_known_by_name() {
-        for sleep in [
+    fn the_standard_librarys_retrying_waits_are_known_by_name() {
+        for wait in [
             "std::thread::sleep",
             "std::thread::functions::sleep",
+            "std::sys::thread::unix::sleep",
+            "std::sys::thread::unix::sleep::nanosleep",
             "<std::sys::pal::unix::thread::Thread>::sleep",
             "std::sys::pal::unix::thread::Thread::sleep",
+            "std::sys::pal::unix::futex::futex_wait",
         ] {
-            assert!(is_std_sleep(sleep), "{sleep}");
+            assert!(retries_on_eintr(wait), "{wait}");
         }
         for other in [
             "my_app::worker::sleep",
             "std::thread::park",
-            "std::sys::pal::unix::futex::futex_wait",
+            "my_app::futex::futex_wait",
             "tokio::time::sleep",
+            "std::net::TcpStream::read",
         ] {
-            assert!(!is_std_sleep(other), "{other}");
+            assert!(!retries_on_eintr(other), "{other}");
         }
     }
 
@@ -353,7 +367,7 @@ mod tests {
         );
         let said = said.unwrap();
         assert!(
-            said.starts_with("asleep in ppoll, read without a signal")
+            said.starts_with("is asleep in ppoll, read without a signal")
                 && said.contains("not signalled"),
             "{said}"
         );
