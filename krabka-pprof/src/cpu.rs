@@ -131,6 +131,13 @@ pub(crate) fn start_recorder(settings: RecorderSettings) {
     let _ = settings;
 }
 
+/// Profiling was switched off: the recorder, if one runs, stops sampling; returns once it
+/// has (at most a second).
+pub(crate) fn recorder_switched_off() {
+    #[cfg(sampler)]
+    recent::switched_off();
+}
+
 /// The recorder, if one runs in this process.
 pub(crate) fn recorder_status() -> Option<RecorderStatus> {
     #[cfg(sampler)]

@@ -77,6 +77,7 @@ mod profile;
 mod routes;
 #[cfg(sampler)]
 mod sampler;
+mod switch;
 #[cfg_attr(not(sampler), allow(dead_code))]
 mod symbolize;
 mod tasks;
@@ -93,6 +94,39 @@ pub use heap::Jemalloc;
 #[doc(inline)]
 pub use krabka_pprof_macros::pprof_routes;
 pub use routes::{pprof_router, pprof_router_with_config};
+
+/// Switches profiling on or off for the whole process, at once, without a restart: off,
+/// every profiling route answers 503 (after its token and guard, so that a stranger
+/// learns nothing), saying it is switched off, and the recorder (`recent`) stops sampling
+/// before this returns (it waits at most a second for the recorder's thread) and keeps
+/// its history; on again, the routes answer and the recorder
+/// samples again within a second, its next slice saying why a gap came before it. A CPU
+/// window already open runs to its end. On unless switched off. An incident runbook's
+/// lever, or a feature flag's: see the guide's *Operating it* page.
+pub fn set_profiling_enabled(on: bool) {
+    switch::set(on);
+    if !on {
+        // Returns once the recorder has stopped (at most a second).
+        cpu::recorder_switched_off();
+    }
+}
+
+/// Whether profiling is on: see [`set_profiling_enabled`].
+pub fn profiling_enabled() -> bool {
+    switch::is_on()
+}
+
+/// Replaces, at once and without a restart, the bearer token of every router built with
+/// `token_env`: from now on requests must carry `token`, and the value the variable had at
+/// startup no longer opens the routes (a router whose variable was unset at startup, and
+/// so locked, opens with it). For rotating a token that a service reads from a file (a
+/// Kubernetes Secret mounted as a volume is replaced in place): read the file when it
+/// changes and call this. An empty `token` locks the routes (503), never opens them.
+/// Routers without `token_env` are unaffected: a token is never required where none was
+/// asked for.
+pub fn set_profiling_token(token: &str) {
+    switch::set_token(token.trim().as_bytes());
+}
 
 /// What `#[pprof_routes]` expansions call. Not a stable API: it changes with the attribute,
 /// and only the exact matching version of `krabka-pprof-macros` may use it.

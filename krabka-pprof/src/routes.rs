@@ -206,6 +206,13 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
             tracing::Span::current().record("outcome", "refused");
             return refusal;
         }
+        if !crate::switch::is_on() {
+            tracing::Span::current().record("outcome", "switched off");
+            return response::error(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                crate::switch::SWITCHED_OFF,
+            );
+        }
         match route {
             Route::Redirect => redirect(&format!("{}/", shared.config.prefix())),
             Route::Index => index(&shared.config, &parts),

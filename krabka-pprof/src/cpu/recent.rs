@@ -26,6 +26,12 @@ use crate::profile::Profile;
 const CUT_WAIT: Duration = Duration::from_millis(250);
 
 /// Starts this process's recorder with `settings`, if it does not run yet.
+pub(super) fn switched_off() {
+    if let Some(recorder) = recorder::get() {
+        recorder.switch_off();
+    }
+}
+
 pub(super) fn start(settings: RecorderSettings) {
     recorder::start(settings);
 }

@@ -51,9 +51,26 @@ impl Access {
         }
     }
 
-    /// The refusal to send, if any, logged without the token.
+    /// The refusal to send, if any, logged without the token. A token set at run time
+    /// (`krabka_pprof::set_profiling_token`) replaces the variable's value.
     pub(super) fn refusal(&self, parts: &Parts) -> Option<Response> {
-        match &self.token {
+        let rotated = match &self.token {
+            Token::NotRequired => None,
+            Token::Locked(variable) | Token::Required { variable, .. } => {
+                crate::switch::token().map(|value| (*variable, value))
+            }
+        };
+        let rotated = rotated.as_ref().map(|(variable, value)| {
+            if value.is_empty() {
+                Token::Locked(variable)
+            } else {
+                Token::Required {
+                    variable,
+                    value: Box::from(&value[..]),
+                }
+            }
+        });
+        match rotated.as_ref().unwrap_or(&self.token) {
             Token::NotRequired => {}
             Token::Locked(variable) => {
                 tracing::warn!(outcome = "locked", "refused: the token variable is unset");
@@ -61,7 +78,9 @@ impl Access {
                     StatusCode::SERVICE_UNAVAILABLE,
                     &format!(
                         "profiling is locked: {variable} was unset or empty when the service \
-                         started; set it to a secret token and restart the service"
+                         started (or the token set since, with set_profiling_token, is \
+                         empty); set it to a secret token and restart the service, or set one \
+                         with krabka_pprof::set_profiling_token"
                     ),
                 ));
             }

@@ -207,6 +207,28 @@ fn token_app() -> Router {
     Router::new().route("/", get(|| async { "child" }))
 }
 
+/// `serve-switches`: the token's routes with the recorder, and two routes of the app's own
+/// that turn the run-time switches, as a service's admin endpoint or a file watcher would.
+#[pprof_routes(token_env = "KRABKA_PPROF_TEST_TOKEN", cpu_max = "5s", recent = "10m")]
+fn switches_app() -> Router {
+    use axum::extract::Path;
+    Router::new()
+        .route(
+            "/switch/{on}",
+            get(|Path(on): Path<bool>| async move {
+                krabka_pprof::set_profiling_enabled(on);
+                format!("profiling on: {}", krabka_pprof::profiling_enabled())
+            }),
+        )
+        .route(
+            "/rotate/{token}",
+            get(|Path(token): Path<String>| async move {
+                krabka_pprof::set_profiling_token(&token);
+                "rotated"
+            }),
+        )
+}
+
 #[cfg_attr(
     feature = "heap-profiling",
     pprof_routes(
@@ -938,6 +960,7 @@ fn main() {
             serve(router);
         }
         Some("serve-token") => serve(token_app()),
+        Some("serve-switches") => serve(switches_app()),
         Some("serve-token-guard") => serve(token_guard_app()),
         Some("serve-cpu") => {
             if std::env::var_os("KRABKA_TEST_THREAD_SECCOMP").is_some() {

@@ -209,3 +209,84 @@ async fn open_routes_are_announced_once_at_warn() {
     }
     assert!(!line.contains("/cmdline"), "off by default: {line}");
 }
+
+/// The run-time switches: the token replaced in place (the startup one no longer opens
+/// the routes), and profiling switched off (every route 503 after the token check, the
+/// recorder stopped) and on again (the routes answer, the recorder samples again and its
+/// history says why it has a gap), all without a restart.
+#[tokio::test]
+async fn the_token_rotates_and_profiling_switches_off_and_on_without_a_restart() {
+    let child = ChildServer::start(CHILD, "serve-switches", &[(VAR, Some("first-token"))]);
+    let http = client();
+    let ask = |path: &str, token: &str| http.get(child.url(path)).bearer_auth(token).send();
+    let status = |response: reqwest::Response| response.status();
+    assert_eq!(
+        status(ask("/debug/pprof/", "first-token").await.unwrap()),
+        StatusCode::OK
+    );
+
+    let rotated = http
+        .get(child.url("/rotate/second-token"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rotated.text().await.unwrap(), "rotated");
+    assert_eq!(
+        status(ask("/debug/pprof/", "first-token").await.unwrap()),
+        StatusCode::UNAUTHORIZED,
+        "the startup token no longer opens the routes"
+    );
+    assert_eq!(
+        status(ask("/debug/pprof/", "second-token").await.unwrap()),
+        StatusCode::OK
+    );
+
+    let off = http.get(child.url("/switch/false")).send().await.unwrap();
+    assert_eq!(off.text().await.unwrap(), "profiling on: false");
+    for path in [
+        "/debug/pprof/profile?seconds=1",
+        "/debug/pprof/recent",
+        "/debug/pprof/",
+    ] {
+        let response = ask(path, "second-token").await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains("switched off"), "{path}: {text}");
+        assert!(
+            text.contains("set_profiling_enabled(true)"),
+            "{path}: {text}"
+        );
+    }
+    // Access comes first: a stranger learns nothing, not even that it is off.
+    let stranger = http.get(child.url("/debug/pprof/")).send().await.unwrap();
+    assert_eq!(stranger.status(), StatusCode::UNAUTHORIZED);
+
+    let on = http.get(child.url("/switch/true")).send().await.unwrap();
+    assert_eq!(on.text().await.unwrap(), "profiling on: true");
+    let profile = ask("/debug/pprof/profile?seconds=1", "second-token")
+        .await
+        .unwrap();
+    assert_eq!(profile.status(), StatusCode::OK);
+    decode(&profile.bytes().await.unwrap());
+    // The recorder samples again (it looks once a second) and says why it has a gap.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let recent = ask("/debug/pprof/recent?seconds=60", "second-token")
+            .await
+            .unwrap();
+        if recent.status() == StatusCode::OK {
+            let profile = decode(&recent.bytes().await.unwrap());
+            let said = krabka_pprof_tests::comments(&profile).join("\n");
+            if said.contains("profiling was switched off") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the recorder's history never named the switch-off: {said}"
+            );
+        } else {
+            assert!(std::time::Instant::now() < deadline, "{}", recent.status());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

@@ -22,6 +22,12 @@ use crate::sampler::{DRAIN_EVERY, WindowStart};
 /// The longest the recorder waits before it tries again to start a sampler that failed.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// How often a recorder switched off looks whether it is on again.
+const SWITCH_LOOK: Duration = Duration::from_secs(1);
+
+/// The gap a switch-off leaves in the recorder's history.
+const SWITCHED_OFF: &str = "profiling was switched off (krabka_pprof::set_profiling_enabled)";
+
 /// The process's recorder.
 pub(super) struct Recorder {
     pub(super) settings: RecorderSettings,
@@ -38,6 +44,8 @@ struct Inbox {
     leave: Option<Leaving>,
     /// Requests waiting for the newest slice to be cut.
     cuts: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Profiling was switched off, and the recorder has not yet stopped sampling.
+    switching_off: bool,
 }
 
 /// This process's recorder, once started: never freed (a child made by `fork` starts its
@@ -91,21 +99,47 @@ impl Recorder {
     pub(super) fn cut(&self) -> tokio::sync::oneshot::Receiver<()> {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.inbox().cuts.push(answer);
-        self.wake.notify_one();
+        self.wake.notify_all();
         answered
+    }
+
+    /// Profiling was switched off: the recorder closes its window now; returns once it
+    /// has, or after [`SWITCH_LOOK`] (a recorder thread that is slow to run).
+    pub(super) fn switch_off(&self) {
+        let deadline = Instant::now() + SWITCH_LOOK;
+        let mut inbox = self.inbox();
+        inbox.switching_off = true;
+        self.wake.notify_all();
+        while inbox.switching_off {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            inbox = self
+                .wake
+                .wait_timeout(inbox, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// The recorder has stopped sampling for a switch-off.
+    fn switched_off(&self) {
+        self.inbox().switching_off = false;
+        self.wake.notify_all();
     }
 
     /// A session asks the recorder to leave it.
     fn ask_to_leave(&self, why: Leaving) {
         self.inbox().leave = Some(why);
-        self.wake.notify_one();
+        self.wake.notify_all();
     }
 
     /// Waits until `deadline` or a message, and takes the messages.
     fn wait(&self, deadline: Instant) -> (Option<Leaving>, Vec<tokio::sync::oneshot::Sender<()>>) {
         let mut inbox = self.inbox();
         loop {
-            if inbox.leave.is_some() || !inbox.cuts.is_empty() {
+            if inbox.leave.is_some() || !inbox.cuts.is_empty() || inbox.switching_off {
                 break;
             }
             let now = Instant::now();
@@ -166,6 +200,24 @@ fn record(recorder: &'static Recorder) {
         };
         let (leave, cuts) = recorder.wait(deadline);
         let now = Instant::now();
+        // Switched off at run time: the window so far becomes a slice, and nothing is
+        // sampled until it is switched on again, looked at once a second.
+        if !crate::switch::is_on() {
+            if let Some(current) = recording.take() {
+                let collected = current.sitting.sampler().close_window(current.start);
+                drop(current.sitting);
+                let why = SWITCHED_OFF.to_owned();
+                let mut ring = recorder.ring();
+                ring.push(collected, gap.take());
+                ring.pause(SystemTime::now(), why.clone());
+                drop(ring);
+                gap = Some(why);
+            }
+            answer(cuts);
+            recorder.switched_off();
+            retry = Retry::at(now + SWITCH_LOOK);
+            continue;
+        }
         let Some(mut current) = recording.take() else {
             // Nothing is sampled, nothing to cut.
             answer(cuts);
