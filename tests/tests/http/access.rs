@@ -211,9 +211,8 @@ async fn open_routes_are_announced_once_at_warn() {
 }
 
 /// The run-time switches: the token replaced in place (the startup one no longer opens
-/// the routes), and profiling switched off (every route 503 after the token check, the
-/// recorder stopped) and on again (the routes answer, the recorder samples again and its
-/// history says why it has a gap), all without a restart.
+/// the routes), and profiling switched off (every route 503 after the token check) and on
+/// again (the routes answer), all without a restart.
 #[tokio::test]
 async fn the_token_rotates_and_profiling_switches_off_and_on_without_a_restart() {
     let child = ChildServer::start(CHILD, "serve-switches", &[(VAR, Some("first-token"))]);
@@ -268,25 +267,4 @@ async fn the_token_rotates_and_profiling_switches_off_and_on_without_a_restart()
         .unwrap();
     assert_eq!(profile.status(), StatusCode::OK);
     decode(&profile.bytes().await.unwrap());
-    // The recorder samples again (it looks once a second) and says why it has a gap.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let recent = ask("/debug/pprof/recent?seconds=60", "second-token")
-            .await
-            .unwrap();
-        if recent.status() == StatusCode::OK {
-            let profile = decode(&recent.bytes().await.unwrap());
-            let said = krabka_pprof_tests::comments(&profile).join("\n");
-            if said.contains("profiling was switched off") {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the recorder's history never named the switch-off: {said}"
-            );
-        } else {
-            assert!(std::time::Instant::now() < deadline, "{}", recent.status());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
 }
