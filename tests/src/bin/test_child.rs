@@ -63,42 +63,34 @@ mod allocator {
 
     pub(crate) struct Chosen;
 
+    /// The wrapper of jemalloc that serves allocations now.
+    fn chosen() -> &'static dyn GlobalAlloc {
+        if KRABKAS.load(Ordering::Relaxed) {
+            &krabka_pprof::Jemalloc
+        } else {
+            &tikv_jemallocator::Jemalloc
+        }
+    }
+
     // SAFETY: each method forwards to one of two allocators of the same jemalloc, both of
-    // which uphold the GlobalAlloc contract.
+    // which uphold the GlobalAlloc contract; a block either allocated may be freed or
+    // grown by the other.
     unsafe impl GlobalAlloc for Chosen {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             // SAFETY: forwarded with the caller's guarantees.
-            unsafe {
-                if KRABKAS.load(Ordering::Relaxed) {
-                    krabka_pprof::Jemalloc.alloc(layout)
-                } else {
-                    tikv_jemallocator::Jemalloc.alloc(layout)
-                }
-            }
+            unsafe { chosen().alloc(layout) }
         }
         unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
             // SAFETY: forwarded with the caller's guarantees.
-            unsafe {
-                if KRABKAS.load(Ordering::Relaxed) {
-                    krabka_pprof::Jemalloc.alloc_zeroed(layout)
-                } else {
-                    tikv_jemallocator::Jemalloc.alloc_zeroed(layout)
-                }
-            }
+            unsafe { chosen().alloc_zeroed(layout) }
         }
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            // SAFETY: forwarded with the caller's guarantees; one jemalloc behind both.
-            unsafe { tikv_jemallocator::Jemalloc.dealloc(ptr, layout) }
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe { chosen().dealloc(ptr, layout) }
         }
         unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
             // SAFETY: forwarded with the caller's guarantees.
-            unsafe {
-                if KRABKAS.load(Ordering::Relaxed) {
-                    krabka_pprof::Jemalloc.realloc(ptr, layout, new_size)
-                } else {
-                    tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size)
-                }
-            }
+            unsafe { chosen().realloc(ptr, layout, new_size) }
         }
     }
 

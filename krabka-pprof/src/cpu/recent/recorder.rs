@@ -106,21 +106,13 @@ impl Recorder {
     /// Profiling was switched off: the recorder closes its window now; returns once it
     /// has, or after [`SWITCH_LOOK`] (a recorder thread that is slow to run).
     pub(super) fn switch_off(&self) {
-        let deadline = Instant::now() + SWITCH_LOOK;
         let mut inbox = self.inbox();
         inbox.switching_off = true;
         self.wake.notify_all();
-        while inbox.switching_off {
-            let now = Instant::now();
-            if now >= deadline {
-                return;
-            }
-            inbox = self
-                .wake
-                .wait_timeout(inbox, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
+        let _ = self
+            .wake
+            .wait_timeout_while(inbox, SWITCH_LOOK, |inbox| inbox.switching_off)
+            .unwrap_or_else(PoisonError::into_inner);
     }
 
     /// The recorder has stopped sampling for a switch-off.
@@ -137,21 +129,14 @@ impl Recorder {
 
     /// Waits until `deadline` or a message, and takes the messages.
     fn wait(&self, deadline: Instant) -> (Option<Leaving>, Vec<tokio::sync::oneshot::Sender<()>>) {
-        let mut inbox = self.inbox();
-        loop {
-            if inbox.leave.is_some() || !inbox.cuts.is_empty() || inbox.switching_off {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            inbox = self
-                .wake
-                .wait_timeout(inbox, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
+        let (mut inbox, _) = self
+            .wake
+            .wait_timeout_while(
+                self.inbox(),
+                deadline.saturating_duration_since(Instant::now()),
+                |inbox| inbox.leave.is_none() && inbox.cuts.is_empty() && !inbox.switching_off,
+            )
+            .unwrap_or_else(PoisonError::into_inner);
         (inbox.leave.take(), std::mem::take(&mut inbox.cuts))
     }
 }
