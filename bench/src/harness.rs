@@ -100,6 +100,30 @@ impl Server {
         Server::spawn(command)
     }
 
+    /// The service with one thread spinning `depth` frames deep, each frame holding 256
+    /// bytes of locals (as an async request's poll chain does), for figure S's deep stack.
+    pub fn start_spinning_fat(depth: u32) -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .args(["--spin-depth", &depth.to_string()])
+            .arg("--spin-fat");
+        Server::spawn(command)
+    }
+
+    /// The service with `busy` threads spinning and `parked` asleep, for figure S's
+    /// sampler CPU with many threads.
+    pub fn start_crowded(busy: usize, parked: usize) -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .args(["--busy", &busy.to_string()])
+            .args(["--parked", &parked.to_string()]);
+        Server::spawn(command)
+    }
+
     /// The service with one thread spinning `depth` frames deep, inside a
     /// `labels::scope` if `in_scope`, for the labels figure's handler cost.
     pub fn start_spinning_labelled(depth: u32, in_scope: bool) -> Server {

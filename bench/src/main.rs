@@ -113,6 +113,8 @@ fn main() {
             let spin =
                 flag_value(&args, "--spin-depth").map(|v| v.parse().expect("--spin-depth N"));
             let spin_in_scope = args.iter().any(|a| a == "--spin-in-scope");
+            let spin_fat = args.iter().any(|a| a == "--spin-fat");
+            let busy = flag_value(&args, "--busy").map_or(0, |v| v.parse().expect("--busy N"));
             let parked =
                 flag_value(&args, "--parked").map_or(0, |v| v.parse().expect("--parked N"));
             let churn = args.iter().any(|a| a == "--churn");
@@ -123,6 +125,8 @@ fn main() {
                 cpu,
                 spin_depth: spin,
                 spin_in_scope,
+                spin_fat,
+                busy,
                 parked,
                 churn,
                 varied,

@@ -274,6 +274,26 @@ fn parse_syscall(line: &str) -> Option<InKernel> {
 #[cfg(procfs)]
 /// The state letter and CPU time (`utime + stime`) of a `stat` line. The name (field 2)
 /// may hold spaces and `)`, so the fields are counted from the last `)`.
+/// Clock ticks (`_SC_CLK_TCK`) since boot, as a thread's start time in its `stat` counts
+/// them (`CLOCK_BOOTTIME`).
+pub(crate) fn boot_ticks() -> u64 {
+    clock_time(libc::CLOCK_BOOTTIME).map_or(0, |time| {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u128;
+        (time.as_nanos() * hz / 1_000_000_000) as u64
+    })
+}
+
+/// When thread `tid` of this process started, in clock ticks since boot (field 22 of its
+/// `stat`); `None` if it is gone.
+#[cfg(procfs)]
+pub(crate) fn thread_start_ticks(tid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 22, counted from field 3.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
 fn parse_stat(stat: &str) -> Option<(char, Duration)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();

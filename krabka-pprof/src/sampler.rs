@@ -38,9 +38,12 @@
 //!    to be the copy listed); framehop takes no locks and does not allocate in this mode
 //!    (`unwind.rs`);
 //! 9. reads the stack in one of two ways that cannot fault (`sampler/memory.rs`): with
-//!    plain loads, only from the thread's current stack pointer up to the end of a range of
-//!    its stack already proven readable (`thread_table.rs`: memory between a live thread's
-//!    stack pointer and its stack's top stays mapped); anywhere else, only through a copy
+//!    plain loads, only where the stack pointer lies in the thread's own stack mapping,
+//!    from it up to the mapping's top (`thread_table.rs`: learned off the signal path
+//!    from `/proc/self/maps`, never from what an unwind read, so a switched stack, a
+//!    coroutine's segment or an alternate signal stack is never read this way; test
+//!    `host::stacks_switched_onto_segments_mapped_anew_are_sampled_and_marked`); anywhere
+//!    else, only through a copy
 //!    made by a system call (`process_vm_readv`, or `pread` of `/proc/self/mem` where a
 //!    seccomp filter is installed) that fails instead of faulting. A wrong unwind rule can
 //!    at worst end the stack early, never crash the process;
@@ -214,6 +217,9 @@ struct DrainState {
     /// 10 µs, and every drain would read one per busy thread: 200 busy threads, 2 % of
     /// a core).
     seccomp_checked: HashMap<u32, Instant>,
+    /// The threads whose own stack was looked for in `/proc/self/maps` (found or not):
+    /// each is looked for once.
+    stacks_looked: std::collections::HashSet<u32>,
 }
 
 /// How often a thread that runs is looked at again for a seccomp filter installed since
@@ -315,6 +321,7 @@ impl Sampler {
                 labels: Resolver::default(),
                 names: HashMap::new(),
                 seccomp_checked: HashMap::new(),
+                stacks_looked: Default::default(),
             }),
             backstop: None,
             blocklist,
@@ -580,7 +587,15 @@ impl Sampler {
         // A thread that ran may have installed a seccomp filter of its own since: looked
         // at again once a second, not once a drain.
         let now = Instant::now();
+        let mut unlearned = Vec::new();
         for tid in drain.ran {
+            if let Some(entry) = threads.find(tid)
+                && entry.known_stack().is_none()
+                && entry.tcb() != 0
+                && state.stacks_looked.insert(tid)
+            {
+                unlearned.push((tid, entry.tcb()));
+            }
             let due = state
                 .seccomp_checked
                 .get(&tid)
@@ -596,10 +611,14 @@ impl Sampler {
                 mark_filtered(session, entry);
             }
         }
+        learn_stacks(threads, &unlearned);
         let alive = list_threads();
         state
             .seccomp_checked
             .retain(|tid, _| alive.binary_search(tid).is_ok());
+        state
+            .stacks_looked
+            .retain(|tid| alive.binary_search(tid).is_ok());
         refresh_threads(session, state, &mut registry, &alive, self.seccomp);
         drop(registry);
         if state.loaded.changed() {
@@ -701,6 +720,25 @@ fn refresh_threads(
         }
         if let Ok(clock) = crate::process::thread_cpu_time(tid) {
             state.accounting.track(tid, clock);
+        }
+    }
+}
+
+/// Learns the own stacks of `threads` (id, control block) from one read of
+/// `/proc/self/maps`, so that their later samples on them are read with plain loads.
+fn learn_stacks(table: &Threads, threads: &[(u32, u64)]) {
+    if threads.is_empty() {
+        return;
+    }
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    let pid = std::process::id();
+    for &(tid, tcb) in threads {
+        if let Some(entry) = table.find(tid)
+            && let Some((low, high)) = thread_table::own_stack(&maps, tcb, tid == pid)
+        {
+            entry.set_stack(low, high);
         }
     }
 }

@@ -19,33 +19,17 @@ pub fn handler_cost(options: &Options) -> Vec<Row> {
     let server = Server::start_spinning(30);
     let (mut medians, mut tails, mut depths) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..options.rounds(3) {
-        let f = fetch(
-            server.addr,
-            &format!("/debug/pprof/profile?seconds={window}&frequency=250"),
-        );
-        assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
-        let profile = decode(&f.body);
-        let line = profile
-            .comment
-            .iter()
-            .map(|i| profile.string_table[*i as usize].as_str())
-            .find(|c| c.starts_with("signal handler:"))
-            .expect("the profile reports the handler's cost")
-            .to_owned();
-        eprintln!("S: {line}");
-        // "signal handler: median N ns, p99 M ns per sample, D frames on average"
-        let numbers: Vec<f64> = line
-            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        medians.push(numbers[0] / 1e3);
-        tails.push(numbers[2] / 1e3);
-        depths.push(numbers[3]);
+        let cost = handler_line(&server, window, 250);
+        medians.push(cost.median_us);
+        tails.push(cost.p99_us);
+        depths.push(cost.depth);
     }
     let depth = median(depths);
     let handler = median(medians);
     drop(server);
     let outside = outside_cost(options);
+    let deep = deep_stack_cost(options, window);
+    let crowded = crowded_cost(options);
     let mut rows = vec![
         Row {
             id: "S",
@@ -62,6 +46,8 @@ pub fn handler_cost(options: &Options) -> Vec<Row> {
             verdict: Verdict::NoTarget,
         },
     ];
+    rows.extend(deep);
+    rows.push(crowded);
     rows.push(Row {
         id: "S",
         figure: "per sample from outside: a 30-frame workload's CPU at 1000 Hz − its \
@@ -79,6 +65,164 @@ pub fn handler_cost(options: &Options) -> Vec<Row> {
         verdict: Verdict::NoTarget,
     });
     rows
+}
+
+/// What a profile's comments say of the handler.
+struct HandlerLine {
+    median_us: f64,
+    p99_us: f64,
+    depth: f64,
+    /// Stacks unwound, and of those read without a system call.
+    unwound: u64,
+    direct: u64,
+    /// The profile's samples.
+    samples: i64,
+}
+
+/// A `window`-second profile of `server` at `frequency`, and what its comments say of the
+/// handler.
+fn handler_line(server: &Server, window: u64, frequency: u32) -> HandlerLine {
+    let f = fetch(
+        server.addr,
+        &format!("/debug/pprof/profile?seconds={window}&frequency={frequency}"),
+    );
+    assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
+    let profile = decode(&f.body);
+    let comment = |prefix: &str| {
+        profile
+            .comment
+            .iter()
+            .map(|i| profile.string_table[*i as usize].as_str())
+            .find(|c| c.contains(prefix))
+            .unwrap_or_else(|| panic!("the profile says {prefix:?}"))
+            .to_owned()
+    };
+    let numbers = |line: &str| -> Vec<f64> {
+        line.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    // "signal handler: median N ns, p99 M ns per sample, D frames on average"
+    let handler = comment("signal handler:");
+    eprintln!("S: {handler}");
+    let cost = numbers(&handler);
+    // "U stacks unwound: C to their outermost frame, D read without a system call"
+    let reads = numbers(&comment("stacks unwound:"));
+    HandlerLine {
+        median_us: cost[0] / 1e3,
+        p99_us: cost[2] / 1e3,
+        depth: cost[3],
+        unwound: reads[0] as u64,
+        direct: reads[2] as u64,
+        samples: profile.sample.iter().map(|s| s.value[0]).sum(),
+    }
+}
+
+/// The handler on a deep async-like stack: 150 frames of 256 bytes of locals each (about
+/// 45 KB read per sample), at 250 Hz; median and p99 over the rounds' profiles.
+fn deep_stack_cost(options: &Options, window: u64) -> Vec<Row> {
+    let server = Server::start_spinning_fat(150);
+    let (mut medians, mut tails, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    let mut depth = Vec::new();
+    for _ in 0..options.rounds(3) {
+        let cost = handler_line(&server, window, 250);
+        medians.push(cost.median_us);
+        tails.push(cost.p99_us);
+        depth.push(cost.depth);
+        direct.push(cost.direct as f64 / cost.unwound.max(1) as f64);
+    }
+    let handler = median(medians);
+    vec![
+        Row {
+            id: "S",
+            figure: format!(
+                "signal handler per sample, {:.0}-frame stacks of 256-byte frames (an async \
+                 request's depth): median",
+                median(depth)
+            ),
+            target: "≤ 5 µs",
+            measured: format!(
+                "{handler:.1} µs ({:.0} % of stacks read without a system call)",
+                median(direct) * 100.0
+            ),
+            verdict: Verdict::at_most(handler, 5.0),
+        },
+        Row {
+            id: "S",
+            figure: "the same, p99".to_owned(),
+            target: "—",
+            measured: format!("{:.1} µs", median(tails)),
+            verdict: Verdict::NoTarget,
+        },
+    ]
+}
+
+/// The sampler's own CPU in a service of 1,000 threads, 200 of them busy (sharing the
+/// service's core) and 800 asleep: over a 10 s profile at 99 Hz, the CPU of the profiler's
+/// threads (`krabka-drain`, `krabka-worker`, by the kernel's clocks for them) plus the
+/// handler's (its median × the samples), as a share of one core. A 1 s profile first
+/// starts those threads.
+fn crowded_cost(options: &Options) -> Row {
+    let window = options.secs(10.0).round().max(2.0) as u64;
+    let server = Server::start_crowded(200, 800);
+    let _warm = handler_line(&server, 1, 99);
+    let before = profiler_threads_cpu(server.pid());
+    let line = handler_line(&server, window, 99);
+    let after = profiler_threads_cpu(server.pid());
+    let threads = (after - before).as_secs_f64();
+    let handlers = line.median_us * 1e-6 * line.samples as f64;
+    let share = (threads + handlers) / window as f64 * 100.0;
+    eprintln!(
+        "S crowded: profiler threads {:.1} ms, handlers {:.1} ms ({} samples) over {window} s",
+        threads * 1e3,
+        handlers * 1e3,
+        line.samples
+    );
+    Row {
+        id: "S",
+        figure: "sampler CPU, 1,000 threads (200 busy) at 99 Hz: its threads + handlers, \
+                 share of a core"
+            .to_owned(),
+        target: "≤ 0.5 %",
+        measured: format!(
+            "{share:.3} % ({:.1} ms of threads, {:.1} ms of handlers in {window} s)",
+            threads * 1e3,
+            handlers * 1e3
+        ),
+        verdict: Verdict::at_most(share, 0.5),
+    }
+}
+
+/// The CPU so far of process `pid`'s threads named `krabka-*`, by the kernel's clocks
+/// (`/proc/PID/task/TID/stat`, in clock ticks).
+fn profiler_threads_cpu(pid: u32) -> Duration {
+    let mut ticks = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let path = task.path();
+        let Ok(comm) = std::fs::read_to_string(path.join("comm")) else {
+            continue;
+        };
+        if !comm.starts_with("krabka-") {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue;
+        };
+        // Fields after the name (which ends at the last ')'): utime and stime are the
+        // 12th and 13th.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        ticks += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_nanos(ticks * 1_000_000_000 / hz)
 }
 
 /// Figure S from outside the handler.

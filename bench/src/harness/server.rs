@@ -106,6 +106,12 @@ pub struct Serve {
     pub spin_depth: Option<u32>,
     /// That thread spins inside `labels::scope` (`--spin-in-scope`).
     pub spin_in_scope: bool,
+    /// That thread's frames each hold 256 bytes of locals (`--spin-fat`), as an async
+    /// request's poll chain through axum, tower and hyper does: the handler's cost on a
+    /// deep stack.
+    pub spin_fat: bool,
+    /// Threads that spin (on the service's one core, sharing it: `--busy N`).
+    pub busy: usize,
     /// Threads asleep at different depths (`--parked N`).
     pub parked: usize,
     /// A thread that starts and ends threads without pause (`--churn`).
@@ -128,6 +134,8 @@ pub fn serve(settings: Serve) {
         cpu,
         spin_depth,
         spin_in_scope,
+        spin_fat,
+        busy,
         parked,
         churn,
         varied,
@@ -157,7 +165,12 @@ pub fn serve(settings: Serve) {
                 // much shallower, so both services' stacks are `depth` frames.
                 let above = FRAMES_ABOVE + if spin_in_scope { SCOPE_FRAMES } else { 0 };
                 let spin = || loop {
-                    std::hint::black_box(recurse(depth.saturating_sub(above), 1 << 22));
+                    let depth = depth.saturating_sub(above);
+                    if spin_fat {
+                        std::hint::black_box(recurse_fat(depth, 1 << 22));
+                    } else {
+                        std::hint::black_box(recurse(depth, 1 << 22));
+                    }
                 };
                 if spin_in_scope {
                     krabka_pprof::labels::scope(&[("tenant", "bench")], spin)
@@ -166,6 +179,16 @@ pub fn serve(settings: Serve) {
                 }
             })
             .expect("spawn the spinning thread");
+    }
+    for i in 0..busy {
+        std::thread::Builder::new()
+            .name(format!("busy-{i}"))
+            .spawn(|| {
+                loop {
+                    std::hint::black_box(recurse(20, 1 << 16));
+                }
+            })
+            .expect("spawn a busy thread");
     }
     if let Some(stacks) = varied {
         std::thread::Builder::new()
@@ -214,6 +237,18 @@ fn recurse(depth: u32, rounds: u64) -> u64 {
         return spin(rounds);
     }
     std::hint::black_box(recurse(std::hint::black_box(depth - 1), rounds)) + u64::from(depth)
+}
+
+/// [`recurse`] with 256 bytes of locals in each frame, kept by `black_box`: the stack is
+/// read `depth` × about 300 bytes deep (45 KB for 150 frames), not `depth` × 32.
+#[inline(never)]
+fn recurse_fat(depth: u32, rounds: u64) -> u64 {
+    if depth == 0 {
+        return spin(rounds);
+    }
+    let locals = std::hint::black_box([depth as u8; 256]);
+    std::hint::black_box(recurse_fat(std::hint::black_box(depth - 1), rounds))
+        + u64::from(locals[usize::from(locals[0])])
 }
 
 /// Recurses `depth` frames deep through one of two call sites per frame, chosen by the

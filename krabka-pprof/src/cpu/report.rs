@@ -155,13 +155,18 @@ pub(super) fn report_profile(
         );
     }
     // CPU no thread's clock accounts for: threads that lived and died between two
-    // drains, where the kernel gave the backstop's signals to threads that drop them.
+    // drains, where the kernel gave the backstop's signals to threads that drop them; and,
+    // where the kernel refused some threads a timer of their own (their CPU is then the
+    // backstop's to sample), long-lived threads too: the marker says which it can be.
     let unattributed = collected.unattributed.as_nanos() as i64;
     if unattributed > 2 * period {
+        let marker = if collected.report.timer_shortfall.is_some() {
+            "[threads without a CPU timer of their own, or too short-lived to be sampled]"
+        } else {
+            "[threads too short-lived to be sampled]"
+        };
         builder.add(
-            vec![Frame::Marker(
-                "[threads too short-lived to be sampled]".to_owned(),
-            )],
+            vec![Frame::Marker(marker.to_owned())],
             vec![(unattributed + period / 2) / period, unattributed],
             Vec::new(),
         );
@@ -414,6 +419,22 @@ mod tests {
                 "{unattributed} ms"
             );
         }
+        // Where some threads have no timer of their own, their CPU can be in it too.
+        let mut collected = collected(stack, Tally::default());
+        collected.unattributed = Duration::from_millis(35);
+        collected.report.timer_shortfall = Some("EAGAIN".to_owned());
+        let (profile, _) = report_profile(collected);
+        assert_eq!(
+            marker_values(
+                &profile,
+                "[threads without a CPU timer of their own, or too short-lived to be sampled]"
+            ),
+            Some(vec![4, 35_000_000])
+        );
+        assert_eq!(
+            marker_values(&profile, "[threads too short-lived to be sampled]"),
+            None
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::asleep::{Asleep, Read};
+use super::buffer::FLAG_NO_SCRATCH;
 use super::dump::{
     Answer, DONE, DUMP, DUMP_HANDLERS, Dump, EXPIRED, MAX_DUMP_THREADS, PENDING, Reply, Stack,
     WRITING, Wake, futex_wake, on_dump_signal, signal_value,
@@ -49,6 +50,8 @@ use crate::process::{PerProcess, ProcThread, ThreadStatus, current_tid};
 /// How often a thread that has not answered is signalled again, and how often the
 /// collector looks whether the threads it waits for can still answer.
 const RESEND_EVERY: Duration = Duration::from_millis(10);
+/// How often a thread whose handler found no scratch slot is asked again.
+const BUSY_RETRIES: u8 = 3;
 /// How far apart two looks at a pending thread's signal mask are.
 const BLOCKED_LOOK: Duration = Duration::from_millis(1);
 
@@ -225,6 +228,9 @@ struct Collector<'d> {
     parts: Vec<Option<Stack>>,
     /// Per reply, whether it was signalled.
     asked: Vec<bool>,
+    /// Per reply, how often it was asked again after an answer without its stack (its
+    /// handler found no scratch slot within a millisecond).
+    retried: Vec<u8>,
     /// Replies whose thread blocked `SIGURG` at the first look.
     deferred: Vec<usize>,
     asleep: Asleep,
@@ -244,6 +250,7 @@ impl<'d> Collector<'d> {
             outcome: (0..n).map(|_| None).collect(),
             parts: vec![None; n],
             asked: vec![false; n],
+            retried: vec![0; n],
             deferred: Vec::new(),
             asleep: Asleep::new(),
             survives: |syscall, _, _| syscall == libc::SYS_futex,
@@ -269,26 +276,21 @@ impl<'d> Collector<'d> {
                 return;
             }
             let tid = self.dump.replies[index].tid;
-            match self.asleep.read(&self.dump.unwinding, self.objects, tid) {
-                Read::Whole(stack) => {
-                    self.settle(index, ThreadAnswer::Unwound(stack));
-                    continue;
-                }
-                // A wait a signal does not cut short (`SurvivesSignal`): the thread is
-                // asked for the rest. Any other: the exact part is its answer, and it is
-                // not signalled.
-                Read::Part { stack, syscall }
-                    if !(self.survives)(syscall, stack.frames.last().copied(), self.objects) =>
-                {
-                    let answer = ThreadAnswer::AsleepInPart {
-                        part: stack,
-                        syscall,
-                    };
-                    self.settle(index, answer);
-                    continue;
-                }
-                Read::Part { stack, .. } => self.parts[index] = Some(stack),
-                Read::NotAsleep => {}
+            if self.read_asleep(index) {
+                continue;
+            }
+            // A thread that fell asleep since it was looked at is read asleep instead: a
+            // signal now could cut its wait short. (A thread can still fall asleep in the
+            // microseconds between this look and the signal: docs/threads.md says so.)
+            if cfg!(target_arch = "x86_64")
+                && self.parts[index].is_none()
+                && matches!(
+                    ProcThread::in_kernel(tid),
+                    Some(crate::process::InKernel::Asleep { .. })
+                )
+                && self.read_asleep(index)
+            {
+                continue;
             }
             // A thread whose mask holds SIGURG is not signalled: the signal would stay
             // pending on it. The mask also holds SIGURG while the thread's own handler runs
@@ -299,6 +301,35 @@ impl<'d> Collector<'d> {
                 Some(status) => self.ask(index, &status),
             }
         }
+    }
+
+    /// Reads reply `index`'s thread where it sleeps, if it does; whether that settled it
+    /// (its whole stack, or an exact part of a wait a signal would cut short). A part of
+    /// a wait a signal does not cut short is kept, and the thread is to be asked.
+    fn read_asleep(&mut self, index: usize) -> bool {
+        let tid = self.dump.replies[index].tid;
+        match self.asleep.read(&self.dump.unwinding, self.objects, tid) {
+            Read::Whole(stack) => {
+                self.settle(index, ThreadAnswer::Unwound(stack));
+                return true;
+            }
+            // A wait a signal does not cut short (`SurvivesSignal`): the thread is
+            // asked for the rest. Any other: the exact part is its answer, and it is
+            // not signalled.
+            Read::Part { stack, syscall }
+                if !(self.survives)(syscall, stack.frames.last().copied(), self.objects) =>
+            {
+                let answer = ThreadAnswer::AsleepInPart {
+                    part: stack,
+                    syscall,
+                };
+                self.settle(index, answer);
+                return true;
+            }
+            Read::Part { stack, .. } => self.parts[index] = Some(stack),
+            Read::NotAsleep => {}
+        }
+        false
     }
 
     /// Signals reply `index`'s thread, marking it first if it has a seccomp filter of its
@@ -341,11 +372,15 @@ impl<'d> Collector<'d> {
             let now = Instant::now();
             let waiting = self.asked.iter().filter(|a| **a).count();
             let answered = self.dump.answered.load(Ordering::Acquire) as usize;
-            if wake.is_cancelled()
-                || (answered >= waiting && self.deferred.is_empty())
-                || pacing.is_over(now)
-            {
+            if wake.is_cancelled() || pacing.is_over(now) {
                 return;
+            }
+            if answered >= waiting && self.deferred.is_empty() {
+                if self.ask_busy_again() == 0 {
+                    return;
+                }
+                pacing.sent(Instant::now());
+                continue;
             }
             if !self.deferred.is_empty() && pacing.look_due(now) {
                 for index in std::mem::take(&mut self.deferred) {
@@ -386,6 +421,49 @@ impl<'d> Collector<'d> {
             let sleep = pacing.sleep(Instant::now(), self.deferred.is_empty());
             wake.sleep(seen, sleep);
         }
+    }
+
+    /// Asks again, at most [`BUSY_RETRIES`] times each, the threads whose handler found
+    /// every scratch slot taken for a millisecond and answered with its PC alone (a
+    /// handler never waits longer: its thread may hold the application's locks); returns
+    /// how many were asked.
+    fn ask_busy_again(&mut self) -> usize {
+        let mut asked = 0;
+        for index in 0..self.asked.len() {
+            let reply = &self.dump.replies[index];
+            if !self.asked[index]
+                || self.outcome[index].is_some()
+                || self.retried[index] >= BUSY_RETRIES
+                || reply.state.load(Ordering::Acquire) != DONE
+            {
+                continue;
+            }
+            // SAFETY: done: its handler has finished writing (acquire above), and none
+            // writes it again until it is pending.
+            let busy = unsafe { (*reply.answer.get()).flags } & FLAG_NO_SCRATCH != 0;
+            if busy
+                && reply
+                    .state
+                    .compare_exchange(DONE, PENDING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.dump.answered.fetch_sub(1, Ordering::AcqRel);
+                self.retried[index] += 1;
+                asked += 1;
+                if send(reply.tid, signal_value(self.dump.id, index)).is_err() {
+                    // Gone since: its first answer stands, and it is not waited for.
+                    if reply
+                        .state
+                        .compare_exchange(PENDING, DONE, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        self.dump.answered.fetch_add(1, Ordering::AcqRel);
+                        asked -= 1;
+                    }
+                }
+            }
+        }
+        asked
     }
 
     /// Expires every reply still pending and gives each reply's answer.

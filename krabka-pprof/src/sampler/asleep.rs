@@ -47,6 +47,7 @@
     allow(dead_code, reason = "on aarch64 every thread is signalled")
 )]
 
+use super::buffer::FLAG_STACK_UNREAD;
 use super::dump::Stack;
 use super::scratch::{FreshPages, MAX_STACK_COPY, Scratch};
 use super::unwind::{Cache, MAX_DEPTH, Unwinding};
@@ -107,7 +108,7 @@ impl Asleep {
             let Some(InKernel::Asleep { sp, pc, nr }) = ProcThread::in_kernel(tid) else {
                 return Read::NotAsleep;
             };
-            let stack = if let Some(flags) = unwinding.refusal(pc) {
+            let mut stack = if let Some(flags) = unwinding.refusal(pc) {
                 // What the thread's own handler would answer too.
                 Stack {
                     frames: vec![pc],
@@ -136,10 +137,13 @@ impl Asleep {
             if thread_cpu_time(tid).ok() != Some(clock) {
                 continue;
             }
-            return if stack.complete || stack.flags != 0 {
+            // An unwind that stopped (here, where the frame pointer was needed: the
+            // `syscall` file gives none) is a part, which the answer marks itself.
+            return if stack.complete || stack.flags & !FLAG_STACK_UNREAD != 0 {
                 self.read += 1;
                 Read::Whole(stack)
             } else {
+                stack.flags = 0;
                 Read::Part { stack, syscall: nr }
             };
         }

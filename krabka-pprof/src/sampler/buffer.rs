@@ -29,6 +29,10 @@ pub(crate) const FLAG_FILTERED: u8 = 16;
 /// in code no unwind table covers, whose callers the unwinder could only guess (and those
 /// it guessed are cut).
 pub(crate) const FLAG_CALLERS_UNKNOWN: u8 = 64;
+/// The unwind stopped short of the outermost frame: at a switch of stacks (a coroutine's
+/// or `stacker`'s segment, whose caller is on the thread's own stack), or where the next
+/// frame is in memory it could not read.
+pub(crate) const FLAG_STACK_UNREAD: u8 = 128;
 /// A label word follows the weight word (never a marker: dropped from the key's flags).
 const FLAG_LABELS: u8 = 32;
 

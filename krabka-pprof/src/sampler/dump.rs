@@ -11,10 +11,11 @@
 //!
 //! In the handler, the thread checks that the slot is its own (`gettid`), claims it with a
 //! compare-and-swap (pending → writing), borrows a scratch slot (its unwind cache and
-//! stack copy; if all are taken, it sleeps on a futex until one is given back or the
-//! deadline passes), unwinds from the interrupted context exactly as a CPU sample does, and
+//! stack copy; if all are taken, it sleeps on a futex until one is given back, for at most
+//! [`MAX_SCRATCH_WAIT`], then answers with its PC alone, marked), unwinds from the interrupted context exactly as a CPU sample does, and
 //! marks the reply done; then it wakes the collector with a futex. Nothing in it
-//! allocates or takes a lock; it waits only for a scratch slot, never past the deadline.
+//! allocates or takes a lock; it waits only for a scratch slot, about a millisecond at most:
+//! the thread may hold the application's locks.
 //! A late signal, after the dump is gone, finds no dump with its number and returns at
 //! once.
 //!
@@ -48,8 +49,13 @@ pub(crate) const DONE: u8 = 2;
 pub(crate) const EXPIRED: u8 = 3;
 
 /// How many times a handler without futex calls (a thread with its own seccomp filter)
-/// looks for a free scratch slot before it answers with its PC alone: a few milliseconds.
-const FILTERED_SPINS: u32 = 1 << 16;
+/// looks for a free scratch slot before it answers with its PC alone: about a millisecond.
+const FILTERED_SPINS: u32 = 1 << 14;
+
+/// How long a dump's handler waits for a scratch slot at most before it answers with its
+/// PC alone: the interrupted thread may hold locks its application's other threads wait
+/// on.
+pub(crate) const MAX_SCRATCH_WAIT: Duration = Duration::from_millis(1);
 
 /// The dump running now, if any; the handler reads it.
 pub(crate) static DUMP: AtomicPtr<Dump> = AtomicPtr::new(std::ptr::null_mut());
@@ -319,10 +325,12 @@ impl Dump {
     /// A free scratch slot. The holders are other threads' handlers, which finish in
     /// microseconds once they run again; on a busy machine one may be preempted for a
     /// while, so this sleeps on [`Dump::released`] until a slot is free, giving up (and
-    /// answering with the PC alone) only once the dump's deadline has passed. A `filtered`
-    /// thread's handler makes no futex call: it spins, for at most [`FILTERED_SPINS`].
+    /// answering with the PC alone) after [`MAX_SCRATCH_WAIT`], or at once when the dump's
+    /// deadline has passed. A `filtered` thread's handler makes no futex call: it spins,
+    /// for at most [`FILTERED_SPINS`].
     fn take_scratch(&self, filtered: bool) -> Option<&Slot> {
         let mut spins = 0u32;
+        let mut give_up = None;
         loop {
             let seen = self.released.load(Ordering::Acquire);
             if let Some(slot) = self.scratch.iter().find(|slot| slot.try_take()) {
@@ -338,7 +346,12 @@ impl Dump {
                 spins += 1;
                 std::hint::spin_loop();
             } else {
-                futex_wait(&self.released, seen, Duration::from_millis(1));
+                let now = super::handler::monotonic_nanos();
+                let give_up = *give_up.get_or_insert(now + MAX_SCRATCH_WAIT.as_nanos() as u64);
+                if now >= give_up {
+                    return None;
+                }
+                futex_wait(&self.released, seen, Duration::from_nanos(give_up - now));
             }
         }
     }

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use super::buffer::{
-    FLAG_BLOCKLISTED, FLAG_CALLERS_UNKNOWN, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ, FLAG_TRUNCATED,
-    StackKey, Tally,
+    FLAG_BLOCKLISTED, FLAG_CALLERS_UNKNOWN, FLAG_FILTERED, FLAG_NO_SCRATCH, FLAG_NO_STACK_READ,
+    FLAG_STACK_UNREAD, FLAG_TRUNCATED, StackKey, Tally,
 };
 use super::dump::Stack;
 use super::unwind::Unwinding;
@@ -71,6 +71,10 @@ fn leaf_returns_to(_unwinding: &Unwinding, _objects: &Objects, _caller: u64) -> 
 /// and its marker already says why its callers are missing.
 const NOT_UNWOUND: u8 = FLAG_BLOCKLISTED | FLAG_NO_SCRATCH | FLAG_NO_STACK_READ;
 
+/// The flags of where a stack ends above a frame no unwind table covers: a cut there
+/// replaces them.
+const CUT_HIGHER: u8 = FLAG_TRUNCATED | FLAG_STACK_UNREAD;
+
 /// `stack` without the callers the unwinder guessed ([`trusted_len`]), marked
 /// [`FLAG_CALLERS_UNKNOWN`] and not whole if it ends in code no unwind table covers.
 pub(crate) fn drop_guessed_callers(stack: &mut Stack, unwinding: &Unwinding, objects: &Objects) {
@@ -81,7 +85,7 @@ pub(crate) fn drop_guessed_callers(stack: &mut Stack, unwinding: &Unwinding, obj
     if unknown {
         stack.frames.truncate(keep);
         // What was cut includes where a stack too deep was cut.
-        stack.flags = stack.flags & !FLAG_TRUNCATED | FLAG_CALLERS_UNKNOWN;
+        stack.flags = stack.flags & !CUT_HIGHER | FLAG_CALLERS_UNKNOWN;
         stack.complete = false;
     }
 }
@@ -108,7 +112,7 @@ pub(crate) fn drop_guessed_callers_of_all(
             continue;
         };
         let known = StackKey {
-            flags: key.flags & !FLAG_TRUNCATED | FLAG_CALLERS_UNKNOWN,
+            flags: key.flags & !CUT_HIGHER | FLAG_CALLERS_UNKNOWN,
             frames: key.frames[..keep].into(),
             ..key
         };
@@ -159,6 +163,16 @@ pub(crate) fn stack_frames(addresses: &[u64], flags: u8, objects: &Objects) -> V
     if flags & FLAG_NO_STACK_READ != 0 {
         frames.push(Frame::Marker(
             "[not unwound: the stack cannot be read here]".into(),
+        ));
+    }
+    if flags & FLAG_FILTERED != 0 {
+        frames.push(Frame::Marker(
+            "[callers not read: this thread has a seccomp filter of its own]".into(),
+        ));
+    }
+    if flags & FLAG_STACK_UNREAD != 0 {
+        frames.push(Frame::Marker(
+            "[stack ends here: a switch of stacks, or a next frame that cannot be read]".into(),
         ));
     }
     if flags & FLAG_TRUNCATED != 0 {

@@ -35,7 +35,7 @@ pub(crate) struct Session {
     pub(crate) foreign: AtomicU64,
     /// Per thread: whether it has a timer of its own (the backstop's signals on it are
     /// dropped), whether a seccomp filter of its own forbids reading its stack with a
-    /// system call, and the range of its stack proven readable (read without system
+    /// system call, and its own stack, learned off the signal path (read without system
     /// calls); published anew when the drain rebuilds it.
     pub(crate) threads: Published<Threads>,
     pub(crate) costs: Costs,
@@ -211,10 +211,17 @@ impl Session {
                 frames,
             } = unsafe { &mut *slot.scratch.get() };
             let sp = regs.sp();
+            // Plain loads only inside the thread's own stack, learned off the signal path
+            // (`thread_table.rs`); anywhere else, a system call's copy.
             let direct_high = match thread.and_then(Thread::known_stack) {
                 Some((low, high)) if low <= sp && sp < high => high,
                 _ => 0,
             };
+            if let Some(thread) = thread {
+                // SAFETY: pthread_self reads the thread pointer register: no lock, no call
+                // into anything that is not async-signal-safe.
+                thread.note_tcb(unsafe { libc::pthread_self() } as u64);
+            }
             let Unwound {
                 depth,
                 mut flags,
@@ -228,11 +235,6 @@ impl Session {
                 stack,
                 frames,
             );
-            // An unwind that reached the outermost frame read only this thread's stack:
-            // what it copied is known readable for the thread's later samples.
-            if let Some(thread) = thread.filter(|_| complete && copied > 0) {
-                thread.prove_stack(sp, sp + copied as u64);
-            }
             if filtered && !complete && !slot.pipe.is_open() {
                 flags |= FLAG_FILTERED;
             }
@@ -275,7 +277,7 @@ impl Session {
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds; async-signal-safe (the vDSO answers it).
-fn monotonic_nanos() -> u64 {
+pub(crate) fn monotonic_nanos() -> u64 {
     let mut time = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -12,7 +12,7 @@
 //! If neither works, samples keep their leaf alone under a marker, and the choice says why.
 //!
 //! [`StackReader`] is what the unwinder reads through (step 9 of the contract in
-//! `sampler.rs`): plain loads where the thread table proved the stack readable, else
+//! `sampler.rs`): plain loads inside the thread's own stack (learned by the thread table), else
 //! the system-call copy.
 
 use std::os::fd::{AsRawFd as _, OwnedFd};
@@ -293,9 +293,9 @@ impl Copies<'_> {
     }
 }
 
-/// Reads the interrupted thread's stack: directly below `direct_high` (memory proven
-/// readable, see `thread_table.rs`), else through a lazily grown copy made by system
-/// calls.
+/// Reads the interrupted thread's stack: directly below `direct_high` (the end of the
+/// thread's own stack, see `thread_table.rs`), else through a lazily grown copy made by
+/// system calls.
 pub(crate) struct StackReader<'a> {
     pub(crate) copies: Copies<'a>,
     pub(crate) sp: u64,
@@ -312,8 +312,9 @@ impl StackReader<'_> {
                 .checked_add(8)
                 .is_some_and(|end| end <= self.direct_high)
         {
-            // SAFETY: `[sp, direct_high)` is this thread's live stack, proven readable
-            // (see `threads`): mapped while the thread runs, so the load cannot fault.
+            // SAFETY: `[sp, direct_high)` lies in this thread's own stack mapping, learned
+            // off the signal path (`thread_table.rs`): mapped while the thread lives, so
+            // the load cannot fault.
             return Ok(unsafe { (address as *const u64).read_unaligned() });
         }
         let offset = usize::try_from(address.checked_sub(self.sp).ok_or(())?).map_err(|_| ())?;

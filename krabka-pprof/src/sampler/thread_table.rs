@@ -2,8 +2,8 @@
 //! read without locks: whether the thread has a CPU timer of its own (so the process-wide
 //! backstop's signals on it are dropped), whether it has a seccomp filter of its own (so
 //! its stack is never read with a system call, which the filter might forbid), and which
-//! range of its stack is proven readable (so its stack is read with plain loads instead of
-//! system calls).
+//! thread's own stack is (so a sample taken on it is read with plain loads instead of system
+//! calls).
 //!
 //! Keys are written only by the drain, the table's one writer, from the list of the
 //! process's threads: a thread gets its entry at the first drain that sees it, and a
@@ -17,11 +17,17 @@
 //! if the threads are many) and publishes it for the handlers ([`Threads::rebuilt`]), so
 //! the table never fills however many threads come and go in one session.
 //!
-//! A proven range `[low, high)` was copied whole, by a system call, from the thread's own
-//! stack pointer up, in a sample whose unwind reached the stack's outermost frame, so it
-//! is this thread's live stack. Memory between a thread's current stack pointer and the
-//! top of its stack stays mapped while the thread lives: a later sample whose stack
-//! pointer lies inside the range may read `[sp, high)` directly, and cannot fault.
+//! A thread's own stack `[low, high)` is learned off the signal path, by the drain, and
+//! written once: the handler notes where its thread's control block is (`pthread_self`,
+//! which glibc and musl place at the top of the mapping they made for the thread's stack,
+//! above the stack itself), and the drain finds, in `/proc/self/maps`, the mapping that
+//! holds it, with a guard page right below (so the mapping is the thread's stack alone, not
+//! merged with a neighbour); for the main thread, the kernel's `[stack]`. That memory stays
+//! mapped as long as the thread lives, whatever the thread does with its stack pointer. A
+//! sample whose stack pointer lies inside it reads `[sp, high)` with plain loads; any other
+//! sample (a coroutine's or `stacker`'s segment, an alternate signal stack, a thread whose
+//! stack is not learned) reads through a system call copy, which cannot fault. Nothing a
+//! sample sees widens the range: it depends on nothing the unwinder read.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -35,6 +41,11 @@ pub(crate) struct Thread {
     tid: AtomicU32,
     timed: AtomicBool,
     filtered: AtomicBool,
+    /// Where the thread's control block is (`pthread_self`), noted by its handler; 0 until
+    /// then.
+    tcb: AtomicU64,
+    /// The thread's own stack, learned by the drain; `high` is 0 until then, and `low` is
+    /// written before it.
     low: AtomicU64,
     high: AtomicU64,
 }
@@ -45,6 +56,7 @@ impl Thread {
             tid: AtomicU32::new(0),
             timed: AtomicBool::new(false),
             filtered: AtomicBool::new(false),
+            tcb: AtomicU64::new(0),
             low: AtomicU64::new(0),
             high: AtomicU64::new(0),
         }
@@ -61,27 +73,32 @@ impl Thread {
         self.filtered.load(Ordering::Acquire)
     }
 
-    /// The proven range of the thread's stack, if any.
+    /// The thread's own stack, if it was learned: memory that stays mapped while the
+    /// thread lives. Async-signal-safe.
     pub(crate) fn known_stack(&self) -> Option<(u64, u64)> {
         let high = self.high.load(Ordering::Acquire);
         (high != 0).then(|| (self.low.load(Ordering::Relaxed), high))
     }
 
-    /// Records that `[low, high)` of this thread's stack was just copied whole; merges it
-    /// with what was known when the two overlap. Only the thread itself, in its handler.
-    pub(crate) fn prove_stack(&self, low: u64, high: u64) {
-        let (old_low, old_high) = (
-            self.low.load(Ordering::Relaxed),
-            self.high.load(Ordering::Relaxed),
-        );
-        let (low, high) = if old_high != 0 && low <= old_high && old_low <= high {
-            (low.min(old_low), high.max(old_high))
-        } else {
-            (low, high)
-        };
-        self.high.store(0, Ordering::Release);
-        self.low.store(low, Ordering::Relaxed);
-        self.high.store(high, Ordering::Release);
+    /// Notes where the thread's control block is, the first time. Only the thread itself,
+    /// in its handler: async-signal-safe.
+    pub(crate) fn note_tcb(&self, tcb: u64) {
+        if self.tcb.load(Ordering::Relaxed) == 0 {
+            self.tcb.store(tcb, Ordering::Release);
+        }
+    }
+
+    /// Where the thread's control block is, once its handler ran (0 before).
+    pub(crate) fn tcb(&self) -> u64 {
+        self.tcb.load(Ordering::Acquire)
+    }
+
+    /// Records the thread's own stack, once. For the drain only.
+    pub(crate) fn set_stack(&self, low: u64, high: u64) {
+        if self.high.load(Ordering::Relaxed) == 0 && low < high {
+            self.low.store(low, Ordering::Relaxed);
+            self.high.store(high, Ordering::Release);
+        }
     }
 
     /// Marks the thread as having its own timer, or not. For the drain only.
@@ -163,6 +180,7 @@ impl Threads {
         let entry = free?;
         entry.timed.store(false, Ordering::Relaxed);
         entry.filtered.store(false, Ordering::Relaxed);
+        entry.tcb.store(0, Ordering::Relaxed);
         entry.high.store(0, Ordering::Relaxed);
         entry.tid.store(tid, Ordering::Release);
         Some(entry)
@@ -173,7 +191,6 @@ impl Threads {
         if let Some(entry) = self.find(tid) {
             entry.timed.store(false, Ordering::Release);
             entry.filtered.store(false, Ordering::Release);
-            entry.high.store(0, Ordering::Release);
             entry.tid.store(FORGOTTEN, Ordering::Release);
         }
     }
@@ -207,9 +224,9 @@ impl Threads {
             if let Some(new) = table.add(tid) {
                 new.timed.store(old.is_timed(), Ordering::Relaxed);
                 new.filtered.store(old.is_filtered(), Ordering::Relaxed);
+                new.tcb.store(old.tcb(), Ordering::Relaxed);
                 if let Some((low, high)) = old.known_stack() {
-                    new.low.store(low, Ordering::Relaxed);
-                    new.high.store(high, Ordering::Release);
+                    new.set_stack(low, high);
                 }
             }
         }
@@ -221,6 +238,42 @@ impl Threads {
     fn size(&self) -> usize {
         self.entries.len()
     }
+}
+
+/// A thread's own stack in `maps` (the text of `/proc/self/maps`): for the main thread,
+/// the kernel's `[stack]`; for another, `[start, tcb)` of the writable mapping that holds
+/// its control block `tcb`, if a guard page (no access) lies right below it, so that the
+/// mapping is the one the thread library made for this thread alone. `None` where that
+/// cannot be told (a stack the application supplied, with no guard): the thread's samples
+/// are then copied by system calls.
+pub(crate) fn own_stack(maps: &str, tcb: u64, main: bool) -> Option<(u64, u64)> {
+    let mut below: Option<(u64, bool)> = None;
+    for line in maps.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((start, end)) = range.split_once('-').and_then(|(start, end)| {
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            ))
+        }) else {
+            continue;
+        };
+        let writable = perms.starts_with("rw");
+        if main {
+            if writable && fields.nth(3) == Some("[stack]") {
+                return Some((start, end));
+            }
+        } else if (start..end).contains(&tcb) {
+            let guarded =
+                below.is_some_and(|(below_end, no_access)| below_end == start && no_access);
+            return (writable && guarded).then_some((start, tcb));
+        }
+        below = Some((end, perms.starts_with("---")));
+    }
+    None
 }
 
 #[cfg(test)]
@@ -398,29 +451,91 @@ mod tests {
     }
 
     #[test]
-    fn stack_ranges_are_proven_merged_and_replaced() {
+    fn a_threads_own_stack_is_the_guarded_mapping_below_its_control_block() {
+        let maps = "\
+5555a000-5555b000 r-xp 00000000 08:01 42 /usr/bin/app
+7f0000000000-7f0000001000 ---p 00000000 00:00 0
+7f0000001000-7f0000200000 rw-p 00000000 00:00 0
+7f0000200000-7f0000300000 rw-p 00000000 00:00 0
+7f0000400000-7f0000500000 rw-p 00000000 00:00 0
+7ffc0000-7ffd0000 rw-p 00000000 00:00 0                          [stack]
+";
+        assert_eq!(
+            own_stack(maps, 0x7f00001ff000, false),
+            Some((0x7f0000001000, 0x7f00001ff000)),
+            "from the guard up to the control block"
+        );
+        assert_eq!(
+            own_stack(maps, 0x7f0000250000, false),
+            None,
+            "no guard right below: perhaps merged with a neighbour, not told"
+        );
+        assert_eq!(
+            own_stack(maps, 0x7f0000350000, false),
+            None,
+            "in no mapping"
+        );
+        assert_eq!(own_stack(maps, 0x7f0000000800, false), None, "in the guard");
+        assert_eq!(own_stack(maps, 0, true), Some((0x7ffc0000, 0x7ffd0000)));
+        assert_eq!(own_stack("", 0, true), None);
+    }
+
+    #[test]
+    fn every_thread_learns_a_stack_that_holds_its_own_locals() {
+        let maps_of = || std::fs::read_to_string("/proc/self/maps").unwrap();
+        let local = 7u64;
+        // SAFETY: pthread_self has no preconditions.
+        let tcb = unsafe { libc::pthread_self() } as u64;
+        let main = crate::process::current_tid() == std::process::id();
+        let (low, high) = own_stack(&maps_of(), tcb, main).expect("this thread's stack");
+        let here = &local as *const u64 as u64;
+        assert!(
+            (low..high).contains(&here),
+            "{here:#x} in {low:#x}..{high:#x}"
+        );
+        std::thread::spawn(move || {
+            let local = 7u64;
+            // SAFETY: as above.
+            let tcb = unsafe { libc::pthread_self() } as u64;
+            let (low, high) = own_stack(&maps_of(), tcb, false).expect("a spawned thread's");
+            let here = &local as *const u64 as u64;
+            assert!(
+                (low..high).contains(&here),
+                "{here:#x} in {low:#x}..{high:#x}"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_stack_is_learned_once_kept_by_a_rebuild_and_forgotten_with_its_thread() {
         let threads = Threads::new(4);
         let thread = threads.add(42).unwrap();
-        assert_eq!(thread.known_stack(), None);
-        thread.prove_stack(0x1000, 0x3000);
-        assert_eq!(thread.known_stack(), Some((0x1000, 0x3000)));
-        thread.prove_stack(0x0800, 0x1800);
+        assert_eq!((thread.known_stack(), thread.tcb()), (None, 0));
+        thread.note_tcb(0x2f00);
+        thread.note_tcb(0x7700);
+        assert_eq!(thread.tcb(), 0x2f00, "the first note stays");
+        thread.set_stack(0x1000, 0x2f00);
+        assert_eq!(thread.known_stack(), Some((0x1000, 0x2f00)));
+        thread.set_stack(0x9000, 0xa000);
         assert_eq!(
             thread.known_stack(),
-            Some((0x0800, 0x3000)),
-            "overlapping: merged"
-        );
-        thread.prove_stack(0x9000, 0xa000);
-        assert_eq!(
-            thread.known_stack(),
-            Some((0x9000, 0xa000)),
-            "elsewhere: replaced"
+            Some((0x1000, 0x2f00)),
+            "a learned stack is never replaced while its thread lives"
         );
         let rebuilt = threads.rebuilt(1);
+        let kept = rebuilt.find(42).unwrap();
         assert_eq!(
-            rebuilt.find(42).unwrap().known_stack(),
-            Some((0x9000, 0xa000)),
-            "a rebuilt table keeps what was proven"
+            (kept.known_stack(), kept.tcb()),
+            (Some((0x1000, 0x2f00)), 0x2f00)
+        );
+        threads.forget(42);
+        let again = threads.add(42).unwrap();
+        assert_eq!(
+            (again.known_stack(), again.tcb()),
+            (None, 0),
+            "a reused id learns its stack anew"
         );
     }
 }

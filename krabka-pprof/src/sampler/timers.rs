@@ -93,6 +93,9 @@ const _: () = assert!(size_of::<SignalInfo>() <= size_of::<libc::siginfo_t>());
 struct ThreadTimer {
     timer: libc::c_int,
     clock: libc::clockid_t,
+    /// When it was made, in clock ticks since boot (the unit of a thread's start time in
+    /// its `stat`).
+    made: u64,
 }
 
 /// Every thread timer of this process (a child made by `fork` starts with none: POSIX
@@ -202,9 +205,23 @@ impl Registry {
         changes
     }
 
-    /// Makes thread `tid`'s timer anew: its thread id was used again by another thread,
-    /// whose CPU the old timer (bound to the thread that exited) never measures.
+    /// Makes thread `tid`'s timer anew if its thread id was used again by another thread,
+    /// whose CPU the old timer (bound to the thread that exited) never measures: the thread
+    /// with that id now started after the timer was made (its start time, in its `stat`). A timer whose thread is still the one it was made for is kept, with
+    /// whatever periods it has pending (a thread that ran in a burst gets them as one late
+    /// signal). Whether it was made anew.
     pub(crate) fn renew(&mut self, tid: u32) -> bool {
+        let Some(made) = self.timers.get(&tid).map(|timer| timer.made) else {
+            return false;
+        };
+        match crate::process::thread_start_ticks(tid) {
+            // The same clock tick (10 ms) is taken for the same thread: the kernel uses an
+            // id again only once its counter has wrapped.
+            Some(started) if started <= made => return false,
+            Some(_) => {}
+            // Gone: the next listing forgets it.
+            None => return false,
+        }
         self.delete(tid);
         match self.create(tid) {
             Ok(()) => true,
@@ -248,7 +265,14 @@ impl Registry {
             tid as libc::c_int,
             thread_value(tid),
         )?;
-        self.timers.insert(tid, ThreadTimer { timer, clock });
+        self.timers.insert(
+            tid,
+            ThreadTimer {
+                timer,
+                clock,
+                made: crate::process::boot_ticks(),
+            },
+        );
         if self.period.is_some() {
             self.arm_one(tid)?;
         }
@@ -553,8 +577,17 @@ mod tests {
         assert!(!registry.is_timed(ghost));
         assert_eq!(registry.shortfall(), None);
 
-        // Renewed: a new timer in place of the old, one still.
+        // A silent timer of the thread it was made for is kept, with its pending periods:
+        // this thread started before its timer was made.
+        let made = registry.timers[&me].made;
+        let timer = registry.timers[&me].timer;
+        assert!(!registry.renew(me), "the same thread: kept");
+        assert_eq!(registry.timers[&me].timer, timer);
+        // Renewed where the thread with that id started after the timer was made (its id
+        // used again): a new timer in place of the old, one still.
+        registry.timers.get_mut(&me).unwrap().made = 0;
         assert!(registry.renew(me));
+        assert!(registry.timers[&me].made >= made);
         assert_eq!(kernel_timers_of(me), 1);
         assert!(!registry.renew(ghost), "no thread, no timer");
         assert!(!registry.is_timed(ghost));

@@ -15,7 +15,7 @@ use framehop::{
     Unwinder as _, UnwinderNative,
 };
 
-use super::buffer::{FLAG_BLOCKLISTED, FLAG_NO_STACK_READ, FLAG_TRUNCATED};
+use super::buffer::{FLAG_BLOCKLISTED, FLAG_NO_STACK_READ, FLAG_STACK_UNREAD, FLAG_TRUNCATED};
 use super::memory::{Copies, Memory, Pipe, StackReader};
 use crate::objects::{LoadedObject, Objects};
 
@@ -419,7 +419,12 @@ impl Unwinding {
                     complete = true;
                     break;
                 }
-                Err(_) => break,
+                // Short of the outermost frame: memory it could not read, or a frame that
+                // moves the wrong way (a switch to another stack, below this one).
+                Err(_) => {
+                    flags |= FLAG_STACK_UNREAD;
+                    break;
+                }
             }
         }
         Unwound {

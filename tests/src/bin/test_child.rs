@@ -19,6 +19,8 @@
 //! and starts a thread whose CPU timer cannot be created). `exec-during-profile` calls
 //! `exec` while its own profile runs; `fork-profile` forks while its own profile runs and
 //! has the child profile itself; `spin` burns CPU and says it survived. With
+//! `KRABKA_TEST_SWITCHED_STACKS=1`, `serve-cpu` also runs `child-switcher`, burning CPU on
+//! `stacker` segments mapped and unmapped anew, of changing sizes. With
 //! `KRABKA_TEST_THREAD_SECCOMP=1`, `serve-cpu`'s busy thread installs a seccomp filter of
 //! its own that kills the process for `process_vm_readv` or `pread64`. `sigq-sessions`
 //! (as a user of its own, so that `SigQ` is its own) takes eight 1 s profiles of itself
@@ -242,7 +244,7 @@ fn token_guard_app() -> Router {
     Router::new().route("/", get(|| async { "child" }))
 }
 
-#[pprof_routes(cpu_max = "10s")]
+#[pprof_routes(cpu_max = "10s", frequency_max = 1000)]
 fn cpu_app() -> Router {
     Router::new()
         .route(
@@ -757,6 +759,37 @@ fn start_burner() {
     start_burner_with(|| {});
 }
 
+/// Burns CPU `depth` calls deep, on whatever stack it is called on.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn krabka_segment_spin(depth: u32) -> u64 {
+    if depth == 0 {
+        krabka_pprof_tests::hot::krabka_hot_spin(20_000)
+    } else {
+        std::hint::black_box(krabka_segment_spin(std::hint::black_box(depth) - 1)) + 1
+    }
+}
+
+/// Starts `child-switcher`, which burns CPU for 60 s on stack segments `stacker` maps for
+/// it, switches onto and unmaps: each call a new one, of a size other than the last (256,
+/// 32, 128, 16 KiB), as parsers and query engines on `stacker` run deep recursion.
+fn start_switcher() {
+    std::thread::Builder::new()
+        .name("child-switcher".into())
+        .spawn(|| {
+            let sizes = [256 << 10, 32 << 10, 128 << 10, 16 << 10];
+            let until = Instant::now() + Duration::from_secs(60);
+            let mut round = 0;
+            while Instant::now() < until {
+                stacker::grow(sizes[round % sizes.len()], || {
+                    std::hint::black_box(krabka_segment_spin(20))
+                });
+                round += 1;
+            }
+        })
+        .expect("spawn child-switcher");
+}
+
 /// [`start_burner`], the thread first running `prepare`; returns once it has.
 fn start_burner_with(prepare: fn()) {
     start_burner_named("child-burner", Duration::from_secs(60), prepare);
@@ -970,6 +1003,9 @@ fn main() {
                 Ok("eperm") => install_seccomp(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
                 Ok("kill") => install_seccomp(libc::SECCOMP_RET_KILL_PROCESS),
                 _ => {}
+            }
+            if std::env::var_os("KRABKA_TEST_SWITCHED_STACKS").is_some() {
+                start_switcher();
             }
             if std::env::var_os("KRABKA_TEST_FOREIGN_HANDLER").is_some() {
                 install_foreign_handler();

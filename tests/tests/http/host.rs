@@ -404,3 +404,75 @@ async fn a_thread_whose_timer_cannot_be_created_is_sampled_by_the_process_timer_
         "the timed one has its own"
     );
 }
+
+#[tokio::test]
+async fn stacks_switched_onto_segments_mapped_anew_are_sampled_and_marked() {
+    let _serial = serial().await;
+    // A thread that recurses on `stacker` segments, each mapped for one call, switched
+    // onto, and unmapped; the next of another size, often smaller, often at the same
+    // address. Sampled at 1000 Hz: no sample may read a segment with plain loads
+    // (a fault there is SIGSEGV in the handler), and a stack that ends at the switch
+    // says so.
+    let mut child = ChildServer::start_logged(
+        CHILD,
+        "serve-cpu",
+        &[("KRABKA_TEST_SWITCHED_STACKS", Some("1"))],
+    );
+    let response = client()
+        .get(child.url("/debug/pprof/profile?seconds=2&frequency=1000"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    assert!(child.is_running(), "the service is alive after its profile");
+    let switched: Vec<_> = stacks(&profile)
+        .into_iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f.contains("krabka_segment_spin")))
+        .collect();
+    let samples: i64 = switched.iter().map(|(_, v)| v[0]).sum();
+    assert!(samples > 20, "{samples} samples on the segments");
+    // Each either reaches the thread's start across the switch, or ends in a marker.
+    let unexplained: Vec<_> = switched
+        .iter()
+        .filter(|(frames, _)| {
+            !frames.iter().any(|f| f.contains("thread_start"))
+                && !frames
+                    .last()
+                    .is_some_and(|f| f.starts_with("[stack ends here: a switch of stacks"))
+        })
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "{} of {} stacks on segments end unmarked short of the thread's start: {:?}",
+        unexplained.len(),
+        switched.len(),
+        unexplained.first()
+    );
+    // The burner beside it runs on its own stack, learned from the maps: most of its
+    // samples are read with plain loads (the profile's count of them).
+    let counts = comments(&profile).into_iter().find_map(|c| {
+        let (unwound, rest) = c.split_once(" stacks unwound: ")?;
+        let direct = rest
+            .split(", ")
+            .nth(1)?
+            .strip_suffix(" read without a system call")?;
+        Some((unwound.parse::<u64>().ok()?, direct.parse::<u64>().ok()?))
+    });
+    let (unwound, direct) = counts.expect("the profile counts its unwinds");
+    assert!(
+        direct * 5 >= unwound,
+        "{direct} of {unwound} stacks read without a system call: the threads' own stacks \
+         were not learned"
+    );
+    // And the next profile and a dump still answer.
+    let dump = client()
+        .get(child.url("/debug/pprof/threads?debug=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(dump.status(), StatusCode::OK);
+    let text = dump.text().await.unwrap();
+    assert!(text.contains("child-switcher"), "{text}");
+    assert!(child.is_running(), "the service is alive after a dump");
+}
