@@ -24,8 +24,9 @@ use crate::profile::Frame;
 /// whatever the stack held, shown as if they had called it. The stack ends with that
 /// frame. On x86_64 a leaf's caller read at the stack pointer is kept when it is a return
 /// address (just after a call instruction in loaded code): a leaf that pushed nothing, as
-/// a system call wrapper, returns there. Code in no object's tables (no tables at all, or
-/// unloaded since) is left as unwound. A return address of zero ends the stack, as in
+/// a system call wrapper, returns there. Code in no loaded object at all (a JIT's, a
+/// trampoline in anonymous memory) is cut the same way; code of an object whose tables
+/// cannot be searched is left as unwound. A return address of zero ends the stack, as in
 /// [`stack_frames`].
 pub(crate) fn trusted_len(
     frames: &[u64],
@@ -42,7 +43,9 @@ pub(crate) fn trusted_len(
         } else {
             address.wrapping_sub(1)
         };
-        if unwinding.covers(code) != Some(false) {
+        // Code in no loaded object (a JIT's, a trampoline in anonymous memory) has no
+        // tables either: its callers were guessed as well.
+        if unwinding.covers(code) != Some(false) && objects.find(code).is_some() {
             continue;
         }
         let caller = frames.get(i + 1).copied().filter(|&caller| caller != 0);
@@ -305,13 +308,18 @@ mod tests {
         assert_eq!(len(&[untabled]), (1, true), "alone");
         assert_eq!(
             len(&[8, 16, 24]),
-            (3, false),
-            "no object's tables: left as unwound"
+            (1, true),
+            "code in no object (a JIT's): its callers were guessed, cut"
+        );
+        assert_eq!(
+            len(&[rust, 16, rust_return]),
+            (2, true),
+            "a caller in no object: cut after it"
         );
         assert_eq!(
             len(&[0, rust_return]),
-            (2, false),
-            "a leaf at zero is a frame"
+            (1, true),
+            "a leaf at zero is a frame, in no object: a caller that follows no call is cut"
         );
         // A PC is looked up where it is, a return address one byte before: in the call.
         let start = untabled_start();
