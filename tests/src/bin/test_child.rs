@@ -19,6 +19,8 @@
 //! and starts a thread whose CPU timer cannot be created). `exec-during-profile` calls
 //! `exec` while its own profile runs; `fork-profile` forks while its own profile runs and
 //! has the child profile itself; `spin` burns CPU and says it survived. With
+//! `KRABKA_TEST_LONGJMP=1`, `serve-cpu` also runs `child-jumper`, whose SIGALRM handler
+//! leaves by `siglongjmp` (`GET /jumps` counts the times). With
 //! `KRABKA_TEST_SWITCHED_STACKS=1`, `serve-cpu` also runs `child-switcher`, burning CPU on
 //! `stacker` segments mapped and unmapped anew, of changing sizes. With
 //! `KRABKA_TEST_THREAD_SECCOMP=1`, `serve-cpu`'s busy thread installs a seccomp filter of
@@ -267,6 +269,40 @@ fn cpu_app() -> Router {
             get(|| async { FOREIGN_SEEN.load(Ordering::Relaxed).to_string() }),
         )
         .route("/untimed-burner", get(|| async { start_untimed_burner() }))
+        // SAFETY: reads a counter the C half only increments.
+        .route(
+            "/jumps",
+            get(|| async { unsafe { krabka_longjmp_count() }.to_string() }),
+        )
+}
+
+// The C half of `child-jumper` (csrc/longjmp_host.c, built by build.rs).
+unsafe extern "C" {
+    fn krabka_longjmp_install(every_ns: libc::c_long) -> libc::c_int;
+    fn krabka_longjmp_spin(rounds: u64) -> u64;
+    fn krabka_longjmp_count() -> u64;
+}
+
+/// Starts `child-jumper`: for 60 s it spins under a SIGALRM every 20 µs whose handler (the C timeout idiom) leaves by `siglongjmp`; returns once the timer is
+/// set.
+fn start_jumper() {
+    let (ready, installed) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("child-jumper".into())
+        .spawn(move || {
+            // SAFETY: installs a handler and a timer of this thread's own; the spin
+            // leaves and re-enters by the C library's sigsetjmp and siglongjmp, in C.
+            unsafe {
+                assert_eq!(krabka_longjmp_install(20_000), 0, "the alarm's timer");
+                ready.send(()).unwrap();
+                let until = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < until {
+                    std::hint::black_box(krabka_longjmp_spin(100));
+                }
+            }
+        })
+        .expect("spawn child-jumper");
+    installed.recv().expect("child-jumper set its alarm");
 }
 
 /// Lowers this process's `RLIMIT_SIGPENDING` to 0, under which the kernel refuses to
@@ -1006,6 +1042,9 @@ fn main() {
             }
             if std::env::var_os("KRABKA_TEST_SWITCHED_STACKS").is_some() {
                 start_switcher();
+            }
+            if std::env::var_os("KRABKA_TEST_LONGJMP").is_some() {
+                start_jumper();
             }
             if std::env::var_os("KRABKA_TEST_FOREIGN_HANDLER").is_some() {
                 install_foreign_handler();

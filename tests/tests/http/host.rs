@@ -476,3 +476,46 @@ async fn stacks_switched_onto_segments_mapped_anew_are_sampled_and_marked() {
     assert!(text.contains("child-switcher"), "{text}");
     assert!(child.is_running(), "the service is alive after a dump");
 }
+
+#[tokio::test]
+async fn a_handler_of_the_hosts_that_leaves_by_siglongjmp_never_cuts_ours_short() {
+    let _serial = serial().await;
+    // The C timeout idiom: a SIGALRM handler that leaves by siglongjmp, alarms every
+    // 20 µs on one thread, so that dozens a second land while the sampler's handler runs
+    // on that thread at 1000 Hz. Nested inside it, one would leave it half done (a scratch
+    // slot and the buffer's writer count held for good): the drain, and every later
+    // request, would hang. Ours blocks every signal while it runs.
+    let mut child =
+        ChildServer::start_logged(CHILD, "serve-cpu", &[("KRABKA_TEST_LONGJMP", Some("1"))]);
+    for seconds in [2, 1] {
+        let response = client()
+            .get(child.url(&format!(
+                "/debug/pprof/profile?seconds={seconds}&frequency=1000"
+            )))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let profile = decode(&response.bytes().await.unwrap());
+        assert!(
+            thread_samples(&profile, "child-jumper") > 0,
+            "the jumping thread was sampled"
+        );
+    }
+    let jumps: u64 = child.text("/jumps").await.parse().unwrap();
+    assert!(jumps > 1000, "{jumps} alarms left by siglongjmp");
+    let dump = client()
+        .get(child.url("/debug/pprof/threads?debug=2"))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(dump.status(), StatusCode::OK);
+    assert!(dump.text().await.unwrap().contains("child-jumper"));
+    assert!(child.is_running(), "the service is alive");
+    // No handler of the sampler's was left half done (its stop would wait for it, give
+    // up and say so).
+    let log = child.log();
+    assert!(!log.contains("never returned"), "{log}");
+}
