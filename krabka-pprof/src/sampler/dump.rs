@@ -372,6 +372,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_dumps_handler_gives_up_on_a_scratch_slot_within_its_bound() {
+        // Every slot held (by handlers preempted on other threads), the dump's deadline
+        // far off: the handler's thread may hold the application's locks, so it answers
+        // without a slot instead of waiting for one, and takes one as soon as one is free.
+        let objects = crate::objects::Objects::current();
+        let dump = Dump {
+            id: 1,
+            unwinding: Unwinding::new(&objects, &[], super::super::memory::Memory::choose().memory),
+            scratch: (0..2).map(|_| Slot::new()).collect(),
+            replies: Box::new([]),
+            answered: AtomicU32::new(0),
+            wake: Arc::new(Wake::default()),
+            released: AtomicU32::new(0),
+            expired: AtomicBool::new(false),
+        };
+        for slot in dump.scratch.iter() {
+            assert!(slot.try_take());
+        }
+        for filtered in [false, true] {
+            let started = std::time::Instant::now();
+            assert!(
+                dump.take_scratch(filtered).is_none(),
+                "filtered: {filtered}"
+            );
+            // By the test's clock, generously: the handler gave up long before the
+            // dump's deadline (10 s), the wait it was bounded by before.
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "filtered: {filtered}, {:?}",
+                started.elapsed()
+            );
+        }
+        dump.release_scratch(&dump.scratch[1], false);
+        assert!(std::ptr::eq(
+            dump.take_scratch(false)
+                .expect("a slot given back is taken"),
+            &dump.scratch[1]
+        ));
+    }
+
+    #[test]
     fn signal_values_carry_the_dump_and_the_slot() {
         let value = signal_value(0x2345, 7);
         assert_eq!(parse_value(value), Some((0x2345, 7)));
