@@ -231,19 +231,10 @@ struct DrainState {
     /// The names of the threads sampled, read when first seen (a thread that exits
     /// before the drain is named `[short-lived thread]`).
     names: HashMap<u32, Arc<str>>,
-    /// When each thread that ran was last looked at for a seccomp filter of its own:
-    /// at most once per [`SECCOMP_RECHECK`] (a read of its `status` file costs about
-    /// 10 µs, and every drain would read one per busy thread: 200 busy threads, 2 % of
-    /// a core).
-    seccomp_checked: HashMap<u32, Instant>,
     /// The threads whose own stack was looked for in `/proc/self/maps` (found or not):
     /// each is looked for once.
     stacks_looked: std::collections::HashSet<u32>,
 }
-
-/// How often a thread that runs is looked at again for a seccomp filter installed since
-/// it was first seen.
-const SECCOMP_RECHECK: Duration = Duration::from_secs(1);
 
 static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
 
@@ -339,7 +330,6 @@ impl Sampler {
                 stopped: false,
                 labels: Resolver::default(),
                 names: HashMap::new(),
-                seccomp_checked: HashMap::new(),
                 stacks_looked: Default::default(),
             }),
             backstop: None,
@@ -603,9 +593,10 @@ impl Sampler {
                 state.accounting.track(tid, clock);
             }
         }
-        // A thread that ran may have installed a seccomp filter of its own since: looked
-        // at again once a second, not once a drain.
-        let now = Instant::now();
+        // A thread is looked at for a seccomp filter of its own when it gets its timer
+        // (`refresh_threads`), and again only when a system call reading its stack was
+        // refused since: a read of its `status` costs about 10 µs, which at every drain
+        // for each busy thread would cost 200 busy threads 2 % of a core.
         let mut unlearned = Vec::new();
         for tid in drain.ran {
             if let Some(entry) = threads.find(tid)
@@ -615,15 +606,8 @@ impl Sampler {
             {
                 unlearned.push((tid, entry.tcb()));
             }
-            let due = state
-                .seccomp_checked
-                .get(&tid)
-                .is_none_or(|last| now.duration_since(*last) >= SECCOMP_RECHECK);
-            if !due {
-                continue;
-            }
-            state.seccomp_checked.insert(tid, now);
             if let Some(entry) = threads.find(tid)
+                && entry.take_refused()
                 && !entry.is_filtered()
                 && has_own_filter(tid, self.seccomp)
             {
@@ -632,9 +616,6 @@ impl Sampler {
         }
         learn_stacks(threads, &unlearned);
         let alive = list_threads();
-        state
-            .seccomp_checked
-            .retain(|tid, _| alive.binary_search(tid).is_ok());
         state
             .stacks_looked
             .retain(|tid| alive.binary_search(tid).is_ok());

@@ -307,6 +307,10 @@ impl<'d> Collector<'d> {
     /// (its whole stack, or an exact part of a wait a signal would cut short). A part of
     /// a wait a signal does not cut short is kept, and the thread is to be asked.
     fn read_asleep(&mut self, index: usize) -> bool {
+        #[cfg(test)]
+        if tests::SIGNAL_EVERY_THREAD.load(Ordering::SeqCst) {
+            return false;
+        }
         let tid = self.dump.replies[index].tid;
         match self.asleep.read(&self.dump.unwinding, self.objects, tid) {
             Read::Whole(stack) => {

@@ -227,6 +227,7 @@ impl Session {
                 mut flags,
                 complete,
                 copied,
+                refused,
             } = unwinding.unwind(
                 (pc, regs),
                 direct_high,
@@ -235,6 +236,10 @@ impl Session {
                 stack,
                 frames,
             );
+            // A filter installed since the drain last looked: it looks again.
+            if refused && let Some(thread) = thread {
+                thread.note_refused();
+            }
             if filtered && !complete && !slot.pipe.is_open() {
                 flags |= FLAG_FILTERED;
             }

@@ -303,6 +303,8 @@ pub(crate) struct StackReader<'a> {
     pub(crate) direct_high: u64,
     pub(crate) copy: &'a mut [u8],
     pub(crate) copied: usize,
+    /// A copy was refused as a seccomp filter refuses one (`EPERM`, `EACCES`, `ENOSYS`).
+    pub(crate) refused: bool,
 }
 
 impl StackReader<'_> {
@@ -332,6 +334,9 @@ impl StackReader<'_> {
             let limit = (step_end - self.sp).min(self.copy.len() as u64) as usize;
             let got = self.copies.read(from, &mut self.copy[self.copied..limit]);
             if got == 0 {
+                // SAFETY: errno is thread-local; the handler restores it before it returns.
+                let errno = unsafe { *libc::__errno_location() };
+                self.refused |= matches!(errno, libc::EPERM | libc::EACCES | libc::ENOSYS);
                 return Err(());
             }
             self.copied += got;
@@ -467,6 +472,7 @@ mod tests {
                 direct_high: 0,
                 copy: &mut copy,
                 copied: 0,
+                refused: false,
             };
             let reads = [
                 reader.read(base),
@@ -475,6 +481,7 @@ mod tests {
                 reader.read(base - 8),
                 reader.read(base + super::super::scratch::MAX_STACK_COPY as u64),
             ];
+            let refused = reader.refused;
             let valid = hole_still_free(base);
             // SAFETY: unmapping the page mapped above.
             unsafe { libc::munmap(base as *mut libc::c_void, PAGE as usize) };
@@ -484,10 +491,77 @@ mod tests {
                 assert_eq!(reads[2], Err(()), "the hole is not read");
                 assert_eq!(reads[3], Err(()), "below the stack pointer");
                 assert_eq!(reads[4], Err(()), "beyond the copy");
+                assert!(!refused, "a hole is not a refusal");
                 return;
             }
         }
         panic!("the hole was taken five times in a row");
+    }
+
+    #[test]
+    fn a_copy_a_seccomp_filter_refuses_is_told_from_a_hole() {
+        // A thread of its own, with a filter of its own that answers pread64 and
+        // process_vm_readv with EPERM, as container runtimes' profiles do.
+        std::thread::spawn(|| {
+            let memory = this_process();
+            let nr = |call: libc::c_long| call as u32;
+            let jump_if = |call, to_refusal| libc::sock_filter {
+                code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+                jt: to_refusal,
+                jf: 0,
+                k: nr(call),
+            };
+            let answer = |k| libc::sock_filter {
+                code: (libc::BPF_RET | libc::BPF_K) as u16,
+                jt: 0,
+                jf: 0,
+                k,
+            };
+            let mut program = [
+                // The call's number (seccomp_data.nr, at offset 0).
+                libc::sock_filter {
+                    code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+                    jt: 0,
+                    jf: 0,
+                    k: 0,
+                },
+                jump_if(libc::SYS_pread64, 2),
+                jump_if(libc::SYS_process_vm_readv, 1),
+                answer(libc::SECCOMP_RET_ALLOW),
+                answer(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+            ];
+            let fprog = libc::sock_fprog {
+                len: program.len() as u16,
+                filter: program.as_mut_ptr(),
+            };
+            // SAFETY: no_new_privs and a filter on this thread alone (no TSYNC); the
+            // program lives through the call.
+            unsafe {
+                assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+                assert_eq!(
+                    libc::prctl(
+                        libc::PR_SET_SECCOMP,
+                        libc::SECCOMP_MODE_FILTER,
+                        &raw const fprog
+                    ),
+                    0
+                );
+            }
+            let stack = [7u64; 64];
+            let mut copy = vec![0u8; 4 * PAGE as usize];
+            let mut reader = StackReader {
+                copies: Copies::Memory(&memory),
+                sp: stack.as_ptr() as u64,
+                direct_high: 0,
+                copy: &mut copy,
+                copied: 0,
+                refused: false,
+            };
+            assert_eq!(reader.read(stack.as_ptr() as u64), Err(()));
+            assert!(reader.refused, "a refused copy is told as one");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
@@ -502,6 +576,7 @@ mod tests {
             direct_high: 0,
             copy: &mut copy,
             copied: 0,
+            refused: false,
         };
         let far = stack.as_ptr() as u64 + 36 * 1024;
         assert_eq!(

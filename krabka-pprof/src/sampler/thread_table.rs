@@ -44,6 +44,9 @@ pub(crate) struct Thread {
     /// Where the thread's control block is (`pthread_self`), noted by its handler; 0 until
     /// then.
     tcb: AtomicU64,
+    /// A system call copying its stack was refused (`EPERM`, `EACCES`, `ENOSYS`: what
+    /// seccomp filters answer) since the drain last looked.
+    refused: AtomicBool,
     /// The thread's own stack, learned by the drain; `high` is 0 until then, and `low` is
     /// written before it.
     low: AtomicU64,
@@ -57,6 +60,7 @@ impl Thread {
             timed: AtomicBool::new(false),
             filtered: AtomicBool::new(false),
             tcb: AtomicU64::new(0),
+            refused: AtomicBool::new(false),
             low: AtomicU64::new(0),
             high: AtomicU64::new(0),
         }
@@ -86,6 +90,17 @@ impl Thread {
         if self.tcb.load(Ordering::Relaxed) == 0 {
             self.tcb.store(tcb, Ordering::Release);
         }
+    }
+
+    /// Notes that a system call copying the thread's stack was refused. Only the thread
+    /// itself, in its handler: async-signal-safe.
+    pub(crate) fn note_refused(&self) {
+        self.refused.store(true, Ordering::Release);
+    }
+
+    /// Whether a copy was refused since the last call. For the drain only.
+    pub(crate) fn take_refused(&self) -> bool {
+        self.refused.load(Ordering::Acquire) && self.refused.swap(false, Ordering::AcqRel)
     }
 
     /// Where the thread's control block is, once its handler ran (0 before).
@@ -181,6 +196,7 @@ impl Threads {
         entry.timed.store(false, Ordering::Relaxed);
         entry.filtered.store(false, Ordering::Relaxed);
         entry.tcb.store(0, Ordering::Relaxed);
+        entry.refused.store(false, Ordering::Relaxed);
         entry.high.store(0, Ordering::Relaxed);
         entry.tid.store(tid, Ordering::Release);
         Some(entry)

@@ -277,6 +277,8 @@ pub(crate) struct Unwound {
     pub(crate) complete: bool,
     /// Bytes of the stack copied by system calls (0: all read directly).
     pub(crate) copied: usize,
+    /// A system call copying the stack was refused as seccomp filters refuse.
+    pub(crate) refused: bool,
 }
 
 impl Unwinding {
@@ -394,6 +396,7 @@ impl Unwinding {
             direct_high,
             copy: stack,
             copied: 0,
+            refused: false,
         };
         let mut read = |address: u64| reader.read(address);
         let mut unwinding = self.unwinder.iter_frames(pc, regs, cache, &mut read);
@@ -432,6 +435,7 @@ impl Unwinding {
             flags,
             complete,
             copied: reader.copied,
+            refused: reader.refused,
         }
     }
 }

@@ -6,6 +6,110 @@ use super::*;
 /// The turn is the process's: the tests that take it take turns.
 static TURNS: Mutex<()> = Mutex::new(());
 
+/// While set, a dump reads no thread asleep: it signals every thread it asks (the
+/// differential test's second reading).
+pub(super) static SIGNAL_EVERY_THREAD: AtomicBool = AtomicBool::new(false);
+
+/// Parks `depth` calls deep until `go` is set: a futex wait, which a signal leaves alone.
+#[inline(never)]
+#[unsafe(no_mangle)]
+fn krabka_test_parked(depth: u32, go: &AtomicBool) {
+    if depth == 0 {
+        while !go.load(Ordering::SeqCst) {
+            std::thread::park();
+        }
+    } else {
+        krabka_test_parked(std::hint::black_box(depth - 1), go);
+        std::hint::black_box(());
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_stack_read_asleep_is_the_one_its_thread_gives_when_signalled_or_a_prefix_of_it() {
+    use crate::process::InKernel;
+    let _turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
+    let go = Arc::new(AtomicBool::new(false));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let parked = std::thread::spawn({
+        let go = Arc::clone(&go);
+        move || {
+            tid_tx.send(current_tid()).unwrap();
+            krabka_test_parked(12, &go);
+        }
+    });
+    let tid = tid_rx.recv().unwrap();
+    let objects = Objects::current();
+    let unwinding = Unwinding::new(&objects, &[], Memory::choose().memory);
+    let mut reader = Asleep::new();
+    // Read asleep once the thread waits on its futex.
+    let limit = Instant::now() + Duration::from_secs(10);
+    let asleep = loop {
+        assert!(
+            Instant::now() < limit,
+            "the thread never slept on its futex"
+        );
+        if matches!(ProcThread::in_kernel(tid), Some(InKernel::Asleep { nr, .. }) if nr == libc::SYS_futex)
+        {
+            match reader.read(&unwinding, &objects, tid) {
+                Read::Whole(stack) => break (stack, true),
+                Read::Part { stack, .. } => break (stack, false),
+                Read::NotAsleep => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    // The same thread, signalled: it unwinds itself in the dump's handler.
+    SIGNAL_EVERY_THREAD.store(true, Ordering::SeqCst);
+    let turn = DumpTurn::take(Duration::from_secs(5)).expect("the turn is free");
+    let dump = take_dump(&turn, &[tid], &[], Duration::from_secs(5), |_, _, _| true);
+    SIGNAL_EVERY_THREAD.store(false, Ordering::SeqCst);
+    drop(turn);
+    go.store(true, Ordering::SeqCst);
+    parked.thread().unpark();
+    parked.join().unwrap();
+    let mut dump = dump.expect("a dump");
+    let signalled = match dump.stacks.pop() {
+        Some((_, ThreadAnswer::Unwound(stack))) => stack,
+        Some((_, other)) => panic!(
+            "not unwound when signalled: {}",
+            match other {
+                ThreadAnswer::NoAnswer { .. } => "no answer",
+                ThreadAnswer::Exited => "exited",
+                ThreadAnswer::SignalBlocked { .. } => "signal blocked",
+                ThreadAnswer::AsleepInPart { .. } => "read asleep in part",
+                ThreadAnswer::NotSignalled(_) => "not signalled",
+                ThreadAnswer::Unwound(_) => unreachable!(),
+            }
+        ),
+        None => panic!("no answer at all"),
+    };
+    let ((asleep, whole), signalled) = (asleep, signalled);
+    // The leaf: the instruction after `syscall` asleep; signalled, the same, or the
+    // `syscall` itself where the kernel set the wait to restart (2 bytes before).
+    let leaf_gap = asleep.frames[0].wrapping_sub(signalled.frames[0]);
+    assert!(
+        leaf_gap == 0 || leaf_gap == 2,
+        "{:#x} against {:#x}",
+        asleep.frames[0],
+        signalled.frames[0]
+    );
+    let (asleep_callers, signalled_callers) = (&asleep.frames[1..], &signalled.frames[1..]);
+    if whole {
+        assert_eq!(
+            asleep_callers, signalled_callers,
+            "read whole: the same stack"
+        );
+    } else {
+        assert!(
+            signalled_callers.starts_with(asleep_callers),
+            "read in part: a prefix of {signalled_callers:x?}: {asleep_callers:x?}"
+        );
+    }
+    // And deep enough to have gone through the parked calls.
+    assert!(signalled.frames.len() > 12, "{:x?}", signalled.frames);
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
