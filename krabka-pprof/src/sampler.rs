@@ -111,6 +111,7 @@ mod fork;
 mod frames;
 mod handler;
 mod memory;
+mod prologue;
 mod published;
 mod scratch;
 mod signals;

@@ -117,6 +117,23 @@ impl Asleep {
                 }
             } else {
                 let mut stack = self.unwind(unwinding, pc, sp, 1);
+                // Stopped at the leaf's caller, which needs the frame pointer: computed
+                // exactly from its prologue where it can be (`prologue.rs`), and read on.
+                if stack.frames.len() == 2
+                    && stack.flags & FLAG_STACK_UNREAD != 0
+                    && let Some(rbp) = super::prologue::frame_pointer_at_call(
+                        unwinding,
+                        objects,
+                        pc,
+                        sp,
+                        stack.frames[1],
+                    )
+                {
+                    let further = self.unwind(unwinding, pc, sp, rbp);
+                    if further.frames.len() > 2 && further.frames[..2] == stack.frames[..] {
+                        stack = further;
+                    }
+                }
                 // A leaf in code without unwind tables can be unwound by the rule of the
                 // function before it: such a stack goes on from an address no call
                 // returns to. It ends there, and is not whole.

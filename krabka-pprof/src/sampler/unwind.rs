@@ -364,6 +364,45 @@ impl Unwinding {
         )
     }
 
+    /// The canonical frame address rule at `address` (a PC, or a return address minus
+    /// one) when it is a register plus an offset (DWARF register number, offset), and the
+    /// first address of the function's table entry; off the signal path.
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        allow(dead_code, reason = "sleeping threads are read on x86_64 alone")
+    )]
+    pub(crate) fn cfa_rule(&self, address: u64) -> Option<(u16, i64, u64)> {
+        use gimli::{
+            BaseAddresses, CfaRule, EhFrame, EhFrameHdr, NativeEndian, UnwindContext,
+            UnwindSection as _,
+        };
+        let tables = self.tables.iter().find(|t| t.range.contains(&address))?;
+        let bases = BaseAddresses::default()
+            .set_eh_frame_hdr(tables.hdr_address)
+            .set_eh_frame(tables.eh_frame_address)
+            .set_text(tables.text);
+        let size = size_of::<usize>() as u8;
+        let hdr = EhFrameHdr::new(&tables.hdr, NativeEndian)
+            .parse(&bases, size)
+            .ok()?;
+        let mut eh_frame = EhFrame::new(&tables.eh_frame, NativeEndian);
+        eh_frame.set_address_size(size);
+        let fde = hdr
+            .table()?
+            .fde_for_address(&eh_frame, &bases, address, EhFrame::cie_from_offset)
+            .ok()?;
+        let mut context = Box::new(UnwindContext::new());
+        let row = fde
+            .unwind_info_for_address(&eh_frame, &bases, &mut context, address)
+            .ok()?;
+        match row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => {
+                Some((register.0, *offset, fde.initial_address()))
+            }
+            CfaRule::Expression(_) => None,
+        }
+    }
+
     /// Whether `address` lies in blocklisted code.
     fn is_blocked(&self, address: u64) -> bool {
         let i = self.blocked.partition_point(|r| r.start <= address);
