@@ -271,11 +271,9 @@ fn parse_syscall(line: &str) -> Option<InKernel> {
     Some(InKernel::Asleep { nr, sp, pc })
 }
 
-#[cfg(procfs)]
-/// The state letter and CPU time (`utime + stime`) of a `stat` line. The name (field 2)
-/// may hold spaces and `)`, so the fields are counted from the last `)`.
 /// Clock ticks (`_SC_CLK_TCK`) since boot, as a thread's start time in its `stat` counts
 /// them (`CLOCK_BOOTTIME`).
+#[cfg(procfs)]
 pub(crate) fn boot_ticks() -> u64 {
     clock_time(libc::CLOCK_BOOTTIME).map_or(0, |time| {
         // SAFETY: sysconf has no preconditions.
@@ -294,6 +292,9 @@ pub(crate) fn thread_start_ticks(tid: u32) -> Option<u64> {
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
+#[cfg(procfs)]
+/// The state letter and CPU time (`utime + stime`) of a `stat` line. The name (field 2)
+/// may hold spaces and `)`, so the fields are counted from the last `)`.
 fn parse_stat(stat: &str) -> Option<(char, Duration)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();

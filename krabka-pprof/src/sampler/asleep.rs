@@ -24,7 +24,9 @@
 //! leaf always unwinds; a frame above it often needs the frame pointer, since Rust's
 //! standard library is built with frame pointers (`futex_wait` above `syscall`,
 //! `thread::sleep` above `nanosleep`, a thread's start above frames that never touch the
-//! frame pointer). There the read stops: the frame pointer is in no file, and a frame
+//! frame pointer). For the leaf's caller it is computed exactly from that function's
+//! prologue (`prologue.rs`), and the read goes on. Where it cannot be, the read stops:
+//! the frame pointer is in no file, and a frame
 //! record found by searching the stack is not proven to be the frame's own (a stale one,
 //! left in memory the frame has not written by an earlier call of the same function
 //! through another, passes every check a search can make, and gives a caller that is not
@@ -47,6 +49,7 @@
     allow(dead_code, reason = "on aarch64 every thread is signalled")
 )]
 
+#[cfg(target_arch = "x86_64")]
 use super::buffer::FLAG_STACK_UNREAD;
 use super::dump::Stack;
 use super::scratch::{FreshPages, MAX_STACK_COPY, Scratch};

@@ -15,6 +15,11 @@
 //! The result is checked too: the function's unwind table must find its caller at
 //! `rbp + 16`, and the return address saved above the frame pointer must follow a call.
 
+#![cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, reason = "sleeping threads are read on x86_64 alone")
+)]
+
 use super::unwind::Unwinding;
 use crate::objects::Objects;
 

@@ -269,10 +269,12 @@ fn cpu_app() -> Router {
             get(|| async { FOREIGN_SEEN.load(Ordering::Relaxed).to_string() }),
         )
         .route("/untimed-burner", get(|| async { start_untimed_burner() }))
-        // SAFETY: reads a counter the C half only increments.
         .route(
             "/jumps",
-            get(|| async { unsafe { krabka_longjmp_count() }.to_string() }),
+            get(|| async {
+                // SAFETY: reads a counter the C half only increments.
+                unsafe { krabka_longjmp_count() }.to_string()
+            }),
         )
 }
 
