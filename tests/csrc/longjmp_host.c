@@ -41,7 +41,12 @@ int krabka_longjmp_install(long every_ns) {
     memset(&event, 0, sizeof event);
     event.sigev_notify = SIGEV_THREAD_ID;
     event.sigev_signo = SIGALRM;
+#ifdef __GLIBC__
+    /* glibc before 2.35 names the field only so. */
     event._sigev_un._tid = (pid_t)syscall(SYS_gettid);
+#else
+    event.sigev_notify_thread_id = (pid_t)syscall(SYS_gettid);
+#endif
     timer_t timer;
     if (timer_create(CLOCK_MONOTONIC, &event, &timer) != 0) {
         return -1;
