@@ -132,8 +132,14 @@ impl Asleep {
                         stack.frames[1],
                     )
                 {
+                    // Taken only if it reads on to the outermost frame: a frame pointer
+                    // the prologue did not give exactly (a function that moved its stack
+                    // pointer in its body) would not lead there through return addresses.
                     let further = self.unwind(unwinding, pc, sp, rbp);
-                    if further.frames.len() > 2 && further.frames[..2] == stack.frames[..] {
+                    if further.complete
+                        && further.frames.len() > 2
+                        && further.frames[..2] == stack.frames[..]
+                    {
                         stack = further;
                     }
                 }

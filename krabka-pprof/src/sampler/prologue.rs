@@ -13,7 +13,8 @@
 //! bytes, as its unwind table names them, and any other prologue (a stack probe, a
 //! realigned stack, an unknown instruction) is refused, leaving the read where it stopped.
 //! The result is checked too: the function's unwind table must find its caller at
-//! `rbp + 16`, and the return address saved above the frame pointer must follow a call.
+//! `rbp + 16`, the unwind must go on from there to the stack's outermost frame, and every
+//! return address on the way must follow a call (`asleep.rs`).
 
 #![cfg_attr(
     not(target_arch = "x86_64"),
