@@ -380,10 +380,16 @@ impl<'d> Collector<'d> {
                 return;
             }
             if answered >= waiting && self.deferred.is_empty() {
-                if self.ask_busy_again() == 0 {
+                if !self.busy_to_ask_again() {
                     return;
                 }
-                pacing.sent(Instant::now());
+                // Asked again at the resend pace: the slots' holders are handlers that
+                // another thread's preemption holds up, for a while.
+                if pacing.resend_due(now) && self.ask_busy_again() > 0 {
+                    pacing.sent(Instant::now());
+                } else {
+                    wake.sleep(seen, pacing.sleep(now, true));
+                }
                 continue;
             }
             if !self.deferred.is_empty() && pacing.look_due(now) {
@@ -425,6 +431,20 @@ impl<'d> Collector<'d> {
             let sleep = pacing.sleep(Instant::now(), self.deferred.is_empty());
             wake.sleep(seen, sleep);
         }
+    }
+
+    /// Whether a thread answered without its stack, for want of a scratch slot, and may be
+    /// asked again.
+    fn busy_to_ask_again(&self) -> bool {
+        (0..self.asked.len()).any(|index| {
+            let reply = &self.dump.replies[index];
+            self.asked[index]
+                && self.outcome[index].is_none()
+                && self.retried[index] < BUSY_RETRIES
+                && reply.state.load(Ordering::Acquire) == DONE
+                // SAFETY: done: its handler has finished writing (acquire above).
+                && unsafe { (*reply.answer.get()).flags } & FLAG_NO_SCRATCH != 0
+        })
     }
 
     /// Asks again, at most [`BUSY_RETRIES`] times each, the threads whose handler found
