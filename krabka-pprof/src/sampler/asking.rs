@@ -231,6 +231,9 @@ struct Collector<'d> {
     /// Per reply, how often it was asked again after an answer without its stack (its
     /// handler found no scratch slot within a millisecond).
     retried: Vec<u8>,
+    /// Per reply asked again, its first answer (the PC alone, marked): what it stays if
+    /// the thread does not answer again.
+    first: Vec<Option<Stack>>,
     /// Replies whose thread blocked `SIGURG` at the first look.
     deferred: Vec<usize>,
     asleep: Asleep,
@@ -251,6 +254,7 @@ impl<'d> Collector<'d> {
             parts: vec![None; n],
             asked: vec![false; n],
             retried: vec![0; n],
+            first: vec![None; n],
             deferred: Vec::new(),
             asleep: Asleep::new(),
             survives: |syscall, _, _| syscall == libc::SYS_futex,
@@ -465,12 +469,28 @@ impl<'d> Collector<'d> {
             // SAFETY: done: its handler has finished writing (acquire above), and none
             // writes it again until it is pending.
             let busy = unsafe { (*reply.answer.get()).flags } & FLAG_NO_SCRATCH != 0;
-            if busy
-                && reply
-                    .state
-                    .compare_exchange(DONE, PENDING, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
+            if !busy {
+                continue;
+            }
+            // Asleep since it answered: read where it sleeps, as a thread is before its
+            // first signal, rather than cut its wait short.
+            if cfg!(target_arch = "x86_64")
+                && matches!(
+                    ProcThread::in_kernel(reply.tid),
+                    Some(crate::process::InKernel::Asleep { .. })
+                )
+                && self.read_asleep(index)
             {
+                continue;
+            }
+            // SAFETY: as above.
+            let first = unsafe { (*reply.answer.get()).stack() };
+            if reply
+                .state
+                .compare_exchange(DONE, PENDING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.first[index] = Some(first);
                 self.dump.answered.fetch_sub(1, Ordering::AcqRel);
                 self.retried[index] += 1;
                 asked += 1;
@@ -521,6 +541,10 @@ impl<'d> Collector<'d> {
                 // SAFETY: done: its handler has finished writing (acquire above).
                 let answer = unsafe { &*reply.answer.get() };
                 let mut stack = answer.stack();
+                drop_guessed_callers(&mut stack, &self.dump.unwinding, self.objects);
+                ThreadAnswer::Unwound(stack)
+            } else if let Some(mut stack) = self.first[index].take() {
+                // Asked again, and silent since: its first answer stands.
                 drop_guessed_callers(&mut stack, &self.dump.unwinding, self.objects);
                 ThreadAnswer::Unwound(stack)
             } else {

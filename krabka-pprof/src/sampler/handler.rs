@@ -211,17 +211,21 @@ impl Session {
                 frames,
             } = unsafe { &mut *slot.scratch.get() };
             let sp = regs.sp();
+            // SAFETY: pthread_self reads the thread pointer register: no lock, no call
+            // into anything that is not async-signal-safe.
+            let tcb = unsafe { libc::pthread_self() } as u64;
+            if let Some(thread) = thread {
+                thread.note_tcb(tcb);
+            }
             // Plain loads only inside the thread's own stack, learned off the signal path
-            // (`thread_table.rs`); anywhere else, a system call's copy.
-            let direct_high = match thread.and_then(Thread::known_stack) {
+            // (`thread_table.rs`), and only when the entry is this very thread's (the
+            // control block the stack was learned for: an id used again by a thread the
+            // drain has not seen yet is not); anywhere else, a system call's copy.
+            let own = thread.filter(|thread| thread.tcb() == tcb);
+            let direct_high = match own.and_then(Thread::known_stack) {
                 Some((low, high)) if low <= sp && sp < high => high,
                 _ => 0,
             };
-            if let Some(thread) = thread {
-                // SAFETY: pthread_self reads the thread pointer register: no lock, no call
-                // into anything that is not async-signal-safe.
-                thread.note_tcb(unsafe { libc::pthread_self() } as u64);
-            }
             let Unwound {
                 depth,
                 mut flags,

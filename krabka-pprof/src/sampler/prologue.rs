@@ -74,10 +74,10 @@ fn code_at(unwinding: &Unwinding, objects: &Objects, start: u64) -> Option<[u8; 
     Some(code)
 }
 
-/// The callee-saved registers pushed after `mov rbp, rsp`, and the bytes `sub rsp`
-/// reserves, of a function whose code begins with `code`; `None` for any prologue but
+/// The callee-saved registers pushed after `mov rbp, rsp`, and the bytes reserved after
+/// them, of a function whose code begins with `code`; `None` for any prologue but
 /// `[endbr64] push rbp; mov rbp, rsp; push r15..r12, rbx (each at most once); [sub rsp,
-/// imm]`, ended by an instruction of the body.
+/// imm below a page | push rax]`, ended by an instruction of the body.
 fn decode(code: &[u8]) -> Option<(u64, u64)> {
     let mut at = 0;
     if code.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
@@ -106,6 +106,8 @@ fn decode(code: &[u8]) -> Option<(u64, u64)> {
         pushed |= 1 << register;
     }
     let reserved = match code.get(at..)? {
+        // LLVM reserves a single slot with `push rax`.
+        [0x50, ..] => 8,
         [0x48, 0x83, 0xec, imm, ..] => u64::from(*imm),
         [0x48, 0x81, 0xec, a, b, c, d, ..] => u64::from(u32::from_le_bytes([*a, *b, *c, *d])),
         // A stack probe (`mov eax, N; call __rust_probestack`, or a probing loop) or a
@@ -115,6 +117,12 @@ fn decode(code: &[u8]) -> Option<(u64, u64)> {
     };
     // An imm8 is sign-extended: a negative one would lower the reserve.
     if matches!(code.get(at..at + 3), Some([0x48, 0x83, 0xec])) && reserved >= 0x80 {
+        return None;
+    }
+    // A frame of a page or more is probed page by page (rustc's inline probes, GCC's
+    // `-fstack-clash-protection`: `sub rsp, 0x1000`, a store to `[rsp]`, again): the
+    // first `sub` is not the whole reserve.
+    if reserved >= 4096 {
         return None;
     }
     Some((u64::from(pushed.count_ones()), reserved))
@@ -142,8 +150,16 @@ mod tests {
         );
         assert_eq!(
             with(&[0x53, 0x50]),
-            Some((1, 0)),
-            "no reserve: a push of rax is body"
+            Some((1, 8)),
+            "push rax: LLVM's reserve of one slot"
+        );
+        assert_eq!(with(&[0x53, 0x31, 0xc0]), Some((1, 0)), "no reserve");
+        assert_eq!(
+            with(&[
+                0x48, 0x81, 0xec, 0x00, 0x10, 0, 0, 0x48, 0xc7, 0x04, 0x24, 0, 0, 0, 0
+            ]),
+            None,
+            "an inline stack probe: sub rsp, 0x1000, then a store to [rsp]"
         );
         assert_eq!(with(&[0x53, 0x53]), None, "a register pushed twice");
         assert_eq!(with(&[0x48, 0x83, 0xec, 0x90]), None, "a negative imm8");

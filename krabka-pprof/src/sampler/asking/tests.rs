@@ -95,6 +95,11 @@ fn a_stack_read_asleep_is_the_one_its_thread_gives_when_signalled_or_a_prefix_of
         signalled.frames[0]
     );
     let (asleep_callers, signalled_callers) = (&asleep.frames[1..], &signalled.frames[1..]);
+    // With glibc, whose futex wrapper keeps its frame by the stack pointer, std's wait
+    // above it is read through by its prologue: whole.
+    if cfg!(target_env = "gnu") {
+        assert!(whole, "read in part: {asleep_callers:x?}");
+    }
     if whole {
         assert_eq!(
             asleep_callers, signalled_callers,
