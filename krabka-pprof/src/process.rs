@@ -458,18 +458,23 @@ pub(crate) mod tests {
     /// Installs a seccomp filter that allows every call on the calling thread alone (no
     /// `TSYNC`), after `no_new_privs` on it: a thread with a filter of its own.
     pub(crate) fn install_allow_all_seccomp_filter() {
-        let mut allow_all = [libc::sock_filter {
+        install_seccomp_filter(&mut [libc::sock_filter {
             code: (libc::BPF_RET | libc::BPF_K) as u16,
             jt: 0,
             jf: 0,
             k: libc::SECCOMP_RET_ALLOW,
-        }];
+        }]);
+    }
+
+    /// Installs `filter`, a seccomp program, on the calling thread alone (no `TSYNC`),
+    /// after `no_new_privs` on it.
+    pub(crate) fn install_seccomp_filter(filter: &mut [libc::sock_filter]) {
         let program = libc::sock_fprog {
-            len: 1,
-            filter: allow_all.as_mut_ptr(),
+            len: filter.len() as u16,
+            filter: filter.as_mut_ptr(),
         };
-        // SAFETY: no_new_privs on this thread, then a filter program (allowing every call)
-        // that lives through the call; without TSYNC, on this thread alone.
+        // SAFETY: no_new_privs on this thread, then a filter program that lives through
+        // the call; without TSYNC, on this thread alone.
         unsafe {
             assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
             assert_eq!(
@@ -479,7 +484,7 @@ pub(crate) mod tests {
                     &raw const program,
                 ),
                 0,
-                "installing an allow-all seccomp filter"
+                "installing a seccomp filter"
             );
         }
     }

@@ -207,26 +207,45 @@ impl Asleep {
 /// never touched).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn is_return_address(unwinding: &Unwinding, objects: &Objects, address: u64) -> bool {
-    let Some((_, object)) = objects.find(address) else {
+    // The 8 bytes before it, and its own (so that it lies in the same text segment).
+    let mut around = [0u8; 9];
+    address
+        .checked_sub(8)
+        .is_some_and(|start| read_code(unwinding, objects, start, &mut around))
+        && around[..8]
+            .try_into()
+            .is_ok_and(|before| follows_a_call(&before))
+}
+
+/// Reads `code.len()` bytes of code at `start`, all in the text segment of one loaded
+/// object; whether it could. The executable's are read where they are mapped; a
+/// library's through the dump's reader (it may be unloaded meanwhile).
+pub(super) fn read_code(
+    unwinding: &Unwinding,
+    objects: &Objects,
+    start: u64,
+    code: &mut [u8],
+) -> bool {
+    let Some((_, object)) = objects.find(start) else {
         return false;
     };
+    let end = start + code.len() as u64;
     if !object
         .text()
-        .is_some_and(|text| text.avma.contains(&address) && text.avma.start + 8 <= address)
+        .is_some_and(|text| text.avma.start <= start && end <= text.avma.end)
     {
         return false;
     }
-    let mut before = [0u8; 8];
     if object.file.as_deref() == Some(std::path::Path::new("/proc/self/exe")) {
         // SAFETY: the executable's code is mapped, readable, for the process's life (as
-        // its unwind tables, read where they are loaded: `unwind.rs`); the 8 bytes lie in
+        // its unwind tables, read where they are loaded: `unwind.rs`); the bytes lie in
         // its text segment.
-        before = unsafe { ((address - 8) as *const [u8; 8]).read_unaligned() };
-    } else if unwinding.memory.read(address - 8, &mut before) != 8 {
-        // A library's pages are read with a system call: it may be unloaded meanwhile.
-        return false;
+        let bytes = unsafe { std::slice::from_raw_parts(start as *const u8, code.len()) };
+        code.copy_from_slice(bytes);
+        true
+    } else {
+        unwinding.memory.read(start, code) == code.len()
     }
-    follows_a_call(&before)
 }
 
 /// Whether the 8 bytes `before` an address end with an x86_64 call instruction: `call

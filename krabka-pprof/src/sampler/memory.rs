@@ -530,23 +530,7 @@ mod tests {
                 answer(libc::SECCOMP_RET_ALLOW),
                 answer(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
             ];
-            let fprog = libc::sock_fprog {
-                len: program.len() as u16,
-                filter: program.as_mut_ptr(),
-            };
-            // SAFETY: no_new_privs and a filter on this thread alone (no TSYNC); the
-            // program lives through the call.
-            unsafe {
-                assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-                assert_eq!(
-                    libc::prctl(
-                        libc::PR_SET_SECCOMP,
-                        libc::SECCOMP_MODE_FILTER,
-                        &raw const fprog
-                    ),
-                    0
-                );
-            }
+            crate::process::tests::install_seccomp_filter(&mut program);
             let stack = [7u64; 64];
             let mut copy = vec![0u8; 4 * PAGE as usize];
             let mut reader = StackReader {

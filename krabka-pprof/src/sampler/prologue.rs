@@ -50,28 +50,13 @@ pub(crate) fn frame_pointer_at_call(
     if register != RBP || offset != 16 {
         return None;
     }
-    let (pushes, reserved) = decode(&code_at(unwinding, objects, start)?)?;
+    let mut code = [0u8; 32];
+    if !super::asleep::read_code(unwinding, objects, start, &mut code) {
+        return None;
+    }
+    let (pushes, reserved) = decode(&code)?;
     let rbp = caller_sp.checked_add(8 * pushes + reserved)?;
     Some(rbp)
-}
-
-/// The 32 bytes at `start`, in the code of a loaded object (the executable's read where
-/// it is mapped, a library's through the dump's reader: it may be unloaded meanwhile).
-fn code_at(unwinding: &Unwinding, objects: &Objects, start: u64) -> Option<[u8; 32]> {
-    let (_, object) = objects.find(start)?;
-    let text = object.text()?;
-    if !text.avma.contains(&start) || text.avma.end < start + 32 {
-        return None;
-    }
-    let mut code = [0u8; 32];
-    if object.file.as_deref() == Some(std::path::Path::new("/proc/self/exe")) {
-        // SAFETY: the executable's code is mapped, readable, for the process's life; the
-        // 32 bytes lie in its text segment.
-        code = unsafe { (start as *const [u8; 32]).read_unaligned() };
-    } else if unwinding.memory.read(start, &mut code) != 32 {
-        return None;
-    }
-    Some(code)
 }
 
 /// The callee-saved registers pushed after `mov rbp, rsp`, and the bytes reserved after

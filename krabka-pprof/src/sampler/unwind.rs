@@ -58,6 +58,9 @@ impl Deref for MemorySlice {
 }
 
 pub(crate) type Unwinder = UnwinderNative<MemorySlice, FixedStorage>;
+
+/// An object's unwind section as gimli reads it, off the signal path.
+type Section<'a> = gimli::EndianSlice<'a, gimli::NativeEndian>;
 pub(crate) type Cache = CacheNative<FixedStorage>;
 
 /// framehop's allocation-free unwinding, with storage sized for what unwind tables use.
@@ -345,6 +348,23 @@ impl Unwinding {
     /// gave where none does (`NoUnwindInfoForAddress`) or a table is malformed; `None`
     /// where no object with tables holds `address`, or its search table is unreadable.
     fn entry_start(&self, address: u64) -> Option<Result<u64, gimli::Error>> {
+        self.with_entry(address, |entry, _, _| {
+            Some(entry.map(|fde| fde.initial_address()))
+        })
+    }
+
+    /// Calls `then` with the unwind table entry for `address` (or gimli's error where
+    /// none covers it), the object's `.eh_frame` and its base addresses; `None` where no
+    /// object with tables holds `address`, or its search table is unreadable.
+    fn with_entry<T>(
+        &self,
+        address: u64,
+        then: impl FnOnce(
+            Result<gimli::FrameDescriptionEntry<Section<'_>>, gimli::Error>,
+            &gimli::EhFrame<Section<'_>>,
+            &gimli::BaseAddresses,
+        ) -> Option<T>,
+    ) -> Option<T> {
         use gimli::{BaseAddresses, EhFrame, EhFrameHdr, NativeEndian, UnwindSection as _};
         let tables = self.tables.iter().find(|t| t.range.contains(&address))?;
         let bases = BaseAddresses::default()
@@ -357,11 +377,10 @@ impl Unwinding {
             .ok()?;
         let mut eh_frame = EhFrame::new(&tables.eh_frame, NativeEndian);
         eh_frame.set_address_size(size);
-        Some(
+        let entry =
             hdr.table()?
-                .fde_for_address(&eh_frame, &bases, address, EhFrame::cie_from_offset)
-                .map(|fde| fde.initial_address()),
-        )
+                .fde_for_address(&eh_frame, &bases, address, EhFrame::cie_from_offset);
+        then(entry, &eh_frame, &bases)
     }
 
     /// The canonical frame address rule at `address` (a PC, or a return address minus
@@ -372,35 +391,20 @@ impl Unwinding {
         allow(dead_code, reason = "sleeping threads are read on x86_64 alone")
     )]
     pub(crate) fn cfa_rule(&self, address: u64) -> Option<(u16, i64, u64)> {
-        use gimli::{
-            BaseAddresses, CfaRule, EhFrame, EhFrameHdr, NativeEndian, UnwindContext,
-            UnwindSection as _,
-        };
-        let tables = self.tables.iter().find(|t| t.range.contains(&address))?;
-        let bases = BaseAddresses::default()
-            .set_eh_frame_hdr(tables.hdr_address)
-            .set_eh_frame(tables.eh_frame_address)
-            .set_text(tables.text);
-        let size = size_of::<usize>() as u8;
-        let hdr = EhFrameHdr::new(&tables.hdr, NativeEndian)
-            .parse(&bases, size)
-            .ok()?;
-        let mut eh_frame = EhFrame::new(&tables.eh_frame, NativeEndian);
-        eh_frame.set_address_size(size);
-        let fde = hdr
-            .table()?
-            .fde_for_address(&eh_frame, &bases, address, EhFrame::cie_from_offset)
-            .ok()?;
-        let mut context = Box::new(UnwindContext::new());
-        let row = fde
-            .unwind_info_for_address(&eh_frame, &bases, &mut context, address)
-            .ok()?;
-        match row.cfa() {
-            CfaRule::RegisterAndOffset { register, offset } => {
-                Some((register.0, *offset, fde.initial_address()))
+        use gimli::{CfaRule, UnwindContext};
+        self.with_entry(address, |entry, eh_frame, bases| {
+            let fde = entry.ok()?;
+            let mut context = Box::new(UnwindContext::new());
+            let row = fde
+                .unwind_info_for_address(eh_frame, bases, &mut context, address)
+                .ok()?;
+            match row.cfa() {
+                CfaRule::RegisterAndOffset { register, offset } => {
+                    Some((register.0, *offset, fde.initial_address()))
+                }
+                CfaRule::Expression(_) => None,
             }
-            CfaRule::Expression(_) => None,
-        }
+        })
     }
 
     /// Whether `address` lies in blocklisted code.
