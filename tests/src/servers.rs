@@ -429,6 +429,18 @@ impl ChildServer {
         self.child.id()
     }
 
+    /// How the child ended, waiting up to a second for it; `None` while it still runs.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        let until = Instant::now() + Duration::from_secs(1);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+                _ => return None,
+            }
+        }
+    }
+
     /// Whether the child is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -17,11 +17,13 @@ pub(super) fn refresh_threads(
     alive: &[u32],
     seccomp: Option<(u32, u32)>,
 ) {
-    let changes = registry.refresh(alive);
     // SAFETY: the caller holds the drain lock: this is the one writer of the table.
     let mut threads = unsafe { session.threads.get() };
-    for &tid in &changes.exited {
-        threads.forget(tid);
+    let known: Vec<u32> = threads.known().collect();
+    for tid in known {
+        if alive.binary_search(&tid).is_err() {
+            threads.forget(tid);
+        }
     }
     // Every name of a thread gone, not only the timed ones the registry lists: a thread
     // that lived and died between two listings, sampled by the backstop, was named too,
@@ -37,14 +39,22 @@ pub(super) fn refresh_threads(
         // SAFETY: as above; the new table.
         threads = unsafe { session.threads.get() };
     }
-    let known: Vec<u32> = threads.known().collect();
-    for tid in known {
-        if alive.binary_search(&tid).is_err() {
-            threads.forget(tid);
+    // A thread's entry, and whether it has a seccomp filter of its own, come before its
+    // timer: the timer's first signal may land a period later, while this drain is still
+    // busy (on a loaded machine, preempted), and a handler that took the thread for an
+    // unfiltered one would copy its stack with a call the filter may kill the process for.
+    for &tid in alive {
+        let new = threads.find(tid).is_none();
+        if let Some(entry) = threads.add(tid)
+            && new
+            && has_own_filter(tid, seccomp)
+        {
+            mark_filtered(session, entry);
         }
     }
+    let changes = registry.refresh(alive);
     for &tid in alive {
-        let Some(entry) = threads.add(tid) else {
+        let Some(entry) = threads.find(tid) else {
             continue;
         };
         let timed = registry.is_timed(tid);
@@ -53,11 +63,6 @@ pub(super) fn refresh_threads(
         }
     }
     for &tid in &changes.timed {
-        if let Some(entry) = threads.find(tid)
-            && has_own_filter(tid, seccomp)
-        {
-            mark_filtered(session, entry);
-        }
         if let Ok(clock) = crate::process::thread_cpu_time(tid) {
             state.accounting.track(tid, clock);
         }

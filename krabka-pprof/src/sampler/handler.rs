@@ -199,8 +199,13 @@ impl Session {
             return;
         };
         // A thread with a seccomp filter of its own is copied through a pipe, with `write`
-        // and `read`: its filter may forbid `pread` and `process_vm_readv`.
-        let filtered = thread.is_some_and(Thread::is_filtered);
+        // and `read`: its filter may forbid `pread` and `process_vm_readv`. So is a thread
+        // the drain has not listed yet (the backstop's) where such threads exist: its own
+        // filter cannot have been looked for.
+        let filtered = thread.map_or_else(
+            || self.slots.first().is_some_and(|slot| slot.pipe.is_open()),
+            Thread::is_filtered,
+        );
         let flags = if let Some(flags) = unwinding.refusal(pc) {
             flags
         } else if let Some(slot) = self.take_slot(tid) {

@@ -90,12 +90,21 @@ fn a_forked_child_profiles_itself() {
 
 /// The burner's stacks in a child's profile: leaf `krabka_hot_spin`, unwound to the
 /// thread's start.
-async fn assert_fully_unwound(child: &ChildServer) {
-    let response = client()
+async fn assert_fully_unwound(child: &mut ChildServer) {
+    let response = match client()
         .get(child.url("/debug/pprof/profile?seconds=2&frequency=250"))
         .send()
         .await
-        .unwrap();
+    {
+        Ok(response) => response,
+        // A signal in the status (SIGSYS: a filter killed it; SIGSEGV: a load faulted)
+        // says which promise broke.
+        Err(err) => panic!(
+            "the profile request failed ({err}); the child: {:?}; its log: {}",
+            child.exit_status(),
+            child.log()
+        ),
+    };
     assert_eq!(response.status(), StatusCode::OK);
     let profile = decode(&response.bytes().await.unwrap());
     let burner: Vec<_> = stacks(&profile)
@@ -134,12 +143,12 @@ async fn assert_fully_unwound(child: &ChildServer) {
 #[tokio::test]
 async fn a_seccomp_filter_refusing_process_vm_readv_still_gives_whole_stacks() {
     let _serial = serial().await;
-    let child = ChildServer::start_logged(
+    let mut child = ChildServer::start_logged(
         CHILD,
         "serve-cpu",
         &[("KRABKA_TEST_SECCOMP", Some("eperm"))],
     );
-    assert_fully_unwound(&child).await;
+    assert_fully_unwound(&mut child).await;
     let log = child.log();
     // Chosen because of the filter, the usual reader is news: an info line.
     assert!(
@@ -155,7 +164,7 @@ async fn a_seccomp_filter_killing_for_process_vm_readv_kills_nothing() {
     let _serial = serial().await;
     let mut child =
         ChildServer::start_logged(CHILD, "serve-cpu", &[("KRABKA_TEST_SECCOMP", Some("kill"))]);
-    assert_fully_unwound(&child).await;
+    assert_fully_unwound(&mut child).await;
     assert!(child.is_running(), "the service is alive after its profile");
 }
 
@@ -169,7 +178,7 @@ async fn a_thread_with_a_seccomp_filter_of_its_own_lives_and_is_unwound() {
         "serve-cpu",
         &[("KRABKA_TEST_THREAD_SECCOMP", Some("1"))],
     );
-    assert_fully_unwound(&child).await;
+    assert_fully_unwound(&mut child).await;
     assert!(child.is_running(), "the service is alive after its profile");
     // And after a thread dump, which asks the thread too.
     let dump = client()
