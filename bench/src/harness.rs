@@ -386,9 +386,26 @@ pub fn alternate_on(
     pairs
 }
 
+/// The cargo profile this benchmark was built with: the name of the directory its binary
+/// is in (`target/release/`, `target/bench-lines/`). The builds it makes itself (the heap
+/// service, figure M6's apps) use the same, so that they share its dependencies' build.
+pub fn own_profile() -> String {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(|dir| dir.file_name())
+        .and_then(|name| name.to_str())
+        .expect("the benchmark runs from target/PROFILE/")
+        .to_owned()
+}
+
 /// This benchmark built with line tables (the workspace's `bench-lines` profile: release
-/// with `debug = "line-tables-only"`), for figure L; returns its path.
+/// with `debug = "line-tables-only"`), for figure L; returns its path. Where the
+/// benchmark runs from that build already (CI: one build of everything, not two), itself.
 pub fn build_with_lines() -> std::path::PathBuf {
+    let current = std::env::current_exe().unwrap();
+    if own_profile() == "bench-lines" {
+        return current;
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let workspace = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let status = Command::new(cargo)
@@ -402,8 +419,7 @@ pub fn build_with_lines() -> std::path::PathBuf {
         "building the benchmark with line tables failed"
     );
     // Next to the release build's own directory: target/bench-lines/.
-    let release = std::env::current_exe().unwrap();
-    release
+    current
         .parent()
         .and_then(|dir| dir.parent())
         .expect("target/release/")
@@ -416,7 +432,8 @@ pub fn build_heap_server() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["build", "--release", "--quiet", "-p", "krabka-pprof-bench"])
+        .args(["build", "--quiet", "-p", "krabka-pprof-bench", "--profile"])
+        .arg(own_profile())
         .args(["--bin", "krabka-pprof-bench-heap-server"])
         .status()
         .expect("run cargo");

@@ -21,7 +21,8 @@ pub fn build_cost(options: &Options) -> Vec<Row> {
         let mut command = Command::new(&cargo);
         command
             .current_dir(&root)
-            .args(["build", "--release", "--quiet", "-p", package]);
+            .args(["build", "--quiet", "-p", package, "--profile"])
+            .arg(crate::harness::own_profile());
         if let Some(dir) = target_dir {
             command.arg("--target-dir").arg(dir);
         }
