@@ -260,15 +260,26 @@ fn run(options: &Options) {
             .only
             .as_ref()
             .is_some_and(|o| o.iter().any(|f| f == "K"));
+    // Each figure's time (its own builds included), so that CI's cost can be read.
+    let mut lap = {
+        let mut since = std::time::Instant::now();
+        move |id: &str| {
+            eprintln!("{id}: took {:.0} s", since.elapsed().as_secs_f64());
+            since = std::time::Instant::now();
+        }
+    };
     if options.wants("H") || soak {
         harness::build_heap_server();
+        lap("the heap service's build");
     }
     let mut rows = Vec::new();
     if options.wants("M1") || options.wants("M4") {
         figures::cpu_profile_cost::memory_and_latency(options, &mut rows);
+        lap("M1/M4");
     }
     if options.wants("M1") {
         rows.extend(figures::cpu_profile_cost::memory_with_windows(options, 8));
+        lap("M1 (8 windows)");
     }
     if options.wants("M2") {
         rows.push(figures::throughput_while_profiling::profiling_overhead(
@@ -277,44 +288,57 @@ fn run(options: &Options) {
         rows.push(figures::throughput_while_profiling::profiling_overhead(
             options, 8,
         ));
+        lap("M2");
     }
     if options.wants("M3") {
         rows.extend(figures::throughput_idle_attribute::idle_overhead(options));
+        lap("M3");
     }
     if options.wants("M5") {
         rows.extend(figures::current_thread_latency::current_thread_latency(
             options,
         ));
+        lap("M5");
     }
     if options.wants("V") {
         rows.extend(figures::views::view_times(options));
+        lap("V");
     }
     if options.wants("H") {
         rows.extend(figures::heap::heap_figures(options));
+        lap("H");
     }
     if options.wants("S") {
         rows.extend(figures::handler_cost::handler_cost(options));
+        lap("S");
     }
     if options.wants("F") {
         rows.extend(figures::hang_up::hang_up(options));
+        lap("F");
     }
     if options.wants("T") {
         rows.extend(figures::thread_dump::thread_dumps(options));
+        lap("T");
     }
     if options.wants("LABELS") {
         rows.extend(figures::labels_cost::labels_cost(options));
+        lap("LABELS");
     }
     if options.wants("L") {
         rows.extend(figures::lines::lines(options));
+        lap("L");
     }
     if options.wants("R") {
         rows.extend(figures::recorder::recorder(options));
+        lap("R");
     }
     if options.wants("M6") {
         rows.extend(figures::build_time::build_cost(options));
+        lap("M6");
     }
     if soak {
         rows.extend(figures::soak::soak(options));
+        lap("soak");
     }
     if options.soak
         || options

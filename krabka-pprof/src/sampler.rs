@@ -62,7 +62,8 @@
 //!
 //! Off the signal path, a drain ([`Sampler::drain`], called about every 100 ms while a
 //! window is open, and when one opens or closes) gives new threads their timers, swaps the
-//! two buffers, waits for handlers still writing to the old one, and folds its records
+//! two buffers, waits for handlers still writing to the old one (at most 100 ms: past
+//! it, a later drain folds that buffer), and folds its records
 //! into each open window's map from stack to count and weight (`buffer.rs`). A window
 //! opened or closed at a swap gets exactly the records written while it was open. Memory
 //! is therefore bounded by the buffer size and the distinct stacks of the open windows,
@@ -89,7 +90,7 @@
 //! | a thread with a seccomp filter of its own is read only with calls its filter allows | `host::a_thread_with_a_seccomp_filter_of_its_own_lives_and_is_unwound`, `host::a_seccomp_filter_killing_for_process_vm_readv_kills_nothing` |
 //! | a scratch slot has one user; none free: the PC alone, marked; a dump's handler waits for one at most `dump::MAX_SCRATCH_WAIT` | `scratch::a_slot_is_taken_by_one_handler_until_it_is_given_back`; `dump::a_dumps_handler_gives_up_on_a_scratch_slot_within_its_bound` |
 //! | about 3 KiB of the interrupted thread's stack | `the_handler_uses_little_of_the_interrupted_threads_stack`; `truth::a_thread_with_little_stack_left_survives_being_profiled` |
-//! | a record is folded only once written whole; a full buffer counts lost samples | `buffer::a_late_handlers_record_is_folded_only_once_it_is_written_whole`, `buffer::buffer_records_round_trip_and_overflow_is_counted` |
+//! | a record is folded only once written whole; a full buffer counts lost samples; a drain waits for a handler still writing at most `buffer::MAX_WRITER_WAIT`, then leaves that buffer (and the label sweep) to a later drain | `buffer::a_late_handlers_record_is_folded_only_once_it_is_written_whole`, `buffer::buffer_records_round_trip_and_overflow_is_counted`, `buffer::a_drain_does_not_wait_on_a_handler_stopped_mid_write_and_folds_its_record_later` |
 //! | a stack ends with a marker wherever it stops short: depth, no tables, code in no object, a switch of stacks, unreadable memory | `truth::a_stack_deeper_than_recorded_ends_in_truncated`; `frames::a_stack_ends_at_the_first_frame_no_unwind_table_covers`; `host::stacks_switched_onto_segments_mapped_anew_are_sampled_and_marked` |
 //! | a sleeping thread's stack is read without a signal, and never from a record not proven its frame's own | `asleep::a_thread_asleep_in_poll_or_on_a_futex_is_read_without_a_signal_and_never_interrupted`, `asleep::a_stack_read_asleep_stops_where_the_frame_pointer_is_needed_and_takes_no_record` |
 //! | freeing waits for running handlers, at most `signals::HANDLER_WAIT`; one that never returns leaks what it may read, said once, and the next quiet moment ends that | `signals::a_wait_for_handlers_waits_for_them_and_gives_up_on_one_that_never_returns`; `published::a_replaced_value_is_freed_once_no_handler_runs_and_the_last_with_its_owner` |
@@ -549,14 +550,18 @@ impl Sampler {
         } = &mut *state;
         registry.clocks(clocks);
         labels::drain_begins();
-        session
+        // Whole unless a handler stopped mid-write: its buffer's records wait for a later
+        // drain, and so does the sweep, which must not free a set they may carry.
+        let whole = session
             .records
             .drain(batch, &mut |word| resolver.resolve(word));
         resolver.clear();
         // SAFETY: the drain lock is held: this is the one writer of the published tables.
         let unwinding = unsafe { session.unwinding.get() };
         frames::drop_guessed_callers_of_all(batch, unwinding, objects);
-        labels::sweep();
+        if whole {
+            labels::sweep();
+        }
         for key in batch.keys() {
             names
                 .entry(key.tid)

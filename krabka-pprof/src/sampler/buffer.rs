@@ -152,22 +152,30 @@ impl Records {
 
     /// Swaps the buffers and adds everything the handlers wrote before the swap to
     /// `into`, label words resolved by `labels`. For one drainer at a time (see
-    /// [`Records`]).
+    /// [`Records`]). Waits at most [`MAX_WRITER_WAIT`] for handlers still writing into the
+    /// buffer drained: past it (a handler stopped mid-write: a debugger, `SIGSTOP`), that
+    /// buffer's records stay where they are, folded by a later drain of it once its
+    /// writers are done, and until then it fills, its new samples counted as lost.
+    /// Whether it folded everything.
     pub(crate) fn drain(
         &self,
         into: &mut HashMap<StackKey, Tally>,
         labels: &mut dyn FnMut(u64) -> SampleLabels,
-    ) {
+    ) -> bool {
         let old = self.active.load(Ordering::Acquire);
         self.active.store(1 - old, Ordering::Release);
         let buffer = &self.buffers[old];
         let done = &self.done[old];
+        let deadline = std::time::Instant::now() + MAX_WRITER_WAIT;
         loop {
             // Wait for handlers that reserved space before the swap to finish writing.
             let state = loop {
                 let state = buffer.state.load(Ordering::Acquire);
                 if state & !CURSOR_MASK == 0 {
                     break state;
+                }
+                if std::time::Instant::now() >= deadline {
+                    return false;
                 }
                 std::thread::yield_now();
             };
@@ -182,11 +190,17 @@ impl Records {
                 .is_ok()
             {
                 done.store(0, Ordering::Relaxed);
-                return;
+                return true;
             }
         }
     }
 }
+
+/// How long a drain waits for handlers still writing into the buffer it drains. A
+/// handler writes its record in well under a microsecond; a wait this long is a handler
+/// that cannot run (its thread stopped), and the drain, which holds the session's lock,
+/// must not wait on it.
+const MAX_WRITER_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Folds records `from..to` of `buffer` into `stacks` and zeroes them. Stops at the first
 /// empty header: space reserved by a sample that did not fit is never written.
@@ -337,6 +351,7 @@ mod tests {
         let old = &records.buffers[0];
         records.write(7, 0, 0x0102_0000_0300, 1, &[1, 2]);
         let mut stacks = HashMap::new();
+        let mut whole = false;
         std::thread::scope(|scope| {
             let mut late = Some(scope);
             // Called as the drain folds the first record (the labelled one): the late
@@ -351,8 +366,9 @@ mod tests {
                     scope.spawn(move || {
                         // The drain cannot be watched mid-fold: this head start makes a
                         // drain that folded past its cursor read the frames before they
-                        // are written. A drain that waits is right however long it is.
-                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        // are written. A drain that waits is right however long it is
+                        // (past its bound, a later drain of this buffer folds the record).
+                        std::thread::sleep(std::time::Duration::from_millis(20));
                         old.words[at + 2].store(5, Ordering::Relaxed);
                         old.words[at + 3].store(6, Ordering::Relaxed);
                         old.state.fetch_sub(WRITER, Ordering::Release);
@@ -360,8 +376,13 @@ mod tests {
                 }
                 SampleLabels::default()
             };
-            records.drain(&mut stacks, &mut labels);
+            whole = records.drain(&mut stacks, &mut labels);
         });
+        if !whole {
+            // The other buffer, then this one again, its writer done.
+            let none = &mut |_| SampleLabels::default();
+            assert!(records.drain(&mut stacks, none) && records.drain(&mut stacks, none));
+        }
         let mut frames: Vec<(u32, Vec<u64>)> = stacks
             .keys()
             .map(|key| (key.tid, key.frames.to_vec()))
@@ -374,6 +395,56 @@ mod tests {
             "reset once both are folded"
         );
         assert!(old.words.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+    }
+
+    #[test]
+    fn a_drain_does_not_wait_on_a_handler_stopped_mid_write_and_folds_its_record_later() {
+        // A handler that reserved its words and wrote its header, then stopped (its thread
+        // stopped by a debugger): the drain returns, and folds nothing it has not seen
+        // written whole; once the handler ends, the buffer's next drain folds everything.
+        let records = Records::new(64);
+        records.write(7, 0, 0, 1, &[1, 2]);
+        let old = &records.buffers[0];
+        let previous = old.state.fetch_add(WRITER + 4, Ordering::AcqRel);
+        let at = (previous & CURSOR_MASK) as usize;
+        old.words[at].store(MAGIC << 56 | 2 << 32 | 8, Ordering::Relaxed);
+        old.words[at + 1].store(1, Ordering::Relaxed);
+        let none = &mut |_| SampleLabels::default();
+        let (returned, drained) = std::sync::mpsc::channel();
+        let mut stacks = HashMap::new();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let whole = records.drain(&mut stacks, none);
+                returned.send(whole).unwrap();
+            });
+            // The test's own bound, far past the drain's: a drain that waits for the
+            // writer does not return within it (the writer is then let go, so that the
+            // test fails rather than hangs).
+            let whole = drained.recv_timeout(std::time::Duration::from_secs(60));
+            if whole.is_err() {
+                old.state.fetch_sub(WRITER, Ordering::Release);
+            }
+            let whole = whole.expect("the drain returned while a handler was stopped mid-write");
+            assert!(!whole, "the drain says it left records behind");
+        });
+        assert!(
+            stacks.is_empty(),
+            "nothing folded past a writer: {stacks:?}"
+        );
+        // The other buffer is drained next, then this one, once its writer has finished.
+        records.write(9, 0, 0, 1, &[3]);
+        assert!(records.drain(&mut stacks, none));
+        old.words[at + 2].store(5, Ordering::Relaxed);
+        old.words[at + 3].store(6, Ordering::Relaxed);
+        old.state.fetch_sub(WRITER, Ordering::Release);
+        assert!(records.drain(&mut stacks, none));
+        let mut frames: Vec<(u32, Vec<u64>)> = stacks
+            .keys()
+            .map(|key| (key.tid, key.frames.to_vec()))
+            .collect();
+        frames.sort_unstable();
+        assert_eq!(frames, [(7, vec![1, 2]), (8, vec![5, 6]), (9, vec![3])]);
+        assert_eq!(old.state.load(Ordering::Relaxed), 0, "reset once folded");
     }
 
     #[test]

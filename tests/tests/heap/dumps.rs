@@ -242,6 +242,7 @@ fn any_query_on_the_heap_route_gets_the_contracts_answer() {
             !(queries::contract_accepts(query, Route::Heap)
                 && queries::decoded(query).iter().any(|(k, _)| k == "seconds"))
         }),
+        256,
         |query, answer| {
             let accepted = queries::contract_accepts(query, Route::Heap);
             if !accepted {

@@ -234,12 +234,15 @@ fn any_query_on_the_thread_routes_gets_the_contracts_answer() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let _serial = runtime.block_on(serial());
     let server = TestServer::start(app);
+    // Half the cases on each name of the route (one handler): each accepted query is a
+    // whole dump of this process, most of the suite's time in this test at 256 a name.
     for path in ["/debug/pprof/threads", "/debug/pprof/goroutine"] {
         queries::check_routes_answers(
             &runtime,
             server.addr,
             path,
             queries::query(),
+            128,
             |query, answer| {
                 let accepted = queries::contract_accepts(query, Route::Threads);
                 if accepted {
@@ -270,6 +273,7 @@ fn any_query_on_the_cpu_route_gets_the_contracts_answer() {
         server.addr,
         "/debug/pprof/profile",
         forcing,
+        256,
         |query, answer| {
             let accepted = queries::contract_accepts(query, Route::Cpu);
             let expected = if accepted { 409 } else { 400 };
