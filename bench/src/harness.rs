@@ -400,10 +400,11 @@ pub fn own_profile() -> String {
 
 /// This benchmark built with line tables (the workspace's `bench-lines` profile: release
 /// with `debug = "line-tables-only"`), for figure L; returns its path. Where the
-/// benchmark runs from that build already (CI: one build of everything, not two), itself.
+/// benchmark runs from such a build already (CI's `bench-quick`, which inherits it: one
+/// build of everything, not two), itself.
 pub fn build_with_lines() -> std::path::PathBuf {
     let current = std::env::current_exe().unwrap();
-    if own_profile() == "bench-lines" {
+    if matches!(own_profile().as_str(), "bench-lines" | "bench-quick") {
         return current;
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
