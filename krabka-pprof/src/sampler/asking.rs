@@ -1,31 +1,24 @@
 //! The collector's side of thread dumps (off the signal path, on the blocking pool): it
-//! builds a [`Dump`] (an unwinder over the loaded objects' tables, a reply slot per
-//! listed thread, a few scratch slots), publishes it in [`DUMP`], and goes through the
-//! threads once: a thread asleep in the kernel is read without a signal (`asleep.rs`),
-//! and only the others are asked for their stack with `SIGURG` (`dump.rs` is what the
-//! thread does then).
+//! builds a [`Dump`] (an unwinder over the loaded objects' tables, a reply slot per listed
+//! thread, a few scratch slots), publishes it in [`DUMP`], and reads a thread asleep in
+//! the kernel without a signal (`asleep.rs`); only the others are asked with `SIGURG`
+//! (`dump.rs` is what the thread does then).
 //!
-//! One dump at a time, per process: [`DumpTurn`] is taken before the dump goes to the
-//! blocking pool, and a request that finds it taken is refused at once with the time the
-//! running dump still needs, never queued behind it (a thread that cannot answer, one in
-//! `vfork` or in uninterruptible sleep, makes a dump wait its whole deadline). The request
-//! that holds the turn can cancel its dump ([`DumpTurn::canceller`], when its client hangs
-//! up): the collector stops waiting at once.
-//!
-//! The collector then waits until every thread asked has answered, the deadline passes
-//! (counted from the last thread asked), or the dump is cancelled, sending the signal
-//! again every [`RESEND_EVERY`] to threads that have not answered (a `SIGURG` already
-//! pending on a thread makes the kernel drop another one sent to it). Then it expires
-//! every reply still pending (pending → expired, so a late handler leaves it alone), waits
-//! for the ones being written, clears [`DUMP`] and waits until no handler runs before
-//! freeing the dump. A thread that blocks `SIGURG` (its `SigBlk`, seen twice a millisecond
-//! apart: a thread's mask also holds it while its own handler runs) is not signalled at
-//! all and is reported as such; one that exits, or blocks the signal after it was asked,
-//! is not waited for either. A thread whose sleeping stack did not unwind to its end is
-//! asked too, and if it does not answer (it cannot take signals now), the part read is its
-//! answer. A thread with a seccomp filter of its own (its `status`, read anyway for its
-//! mask) is asked to answer without system calls its filter may forbid (`dump.rs`). A late
-//! signal, after the dump is gone, finds no dump with its number and returns at once.
+//! One dump at a time per process: [`DumpTurn`] is taken before the dump goes to the
+//! blocking pool; a request that finds it taken is refused at once with the time the
+//! running dump still needs, never queued. Its holder can cancel the dump
+//! ([`DumpTurn::canceller`], when its client hangs up). The collector waits until every
+//! thread asked has answered, the deadline passes (from the last thread asked) or the dump
+//! is cancelled, signalling again every [`RESEND_EVERY`] (a pending `SIGURG` makes the
+//! kernel drop another). Then it expires the replies still pending (a late handler leaves
+//! them alone), waits for those being written, clears [`DUMP`] and waits until no handler
+//! runs before freeing the dump. A thread that blocks `SIGURG` (its `SigBlk` seen twice a
+//! millisecond apart: its own handler's mask holds it too) is not signalled and is
+//! reported so; one that exits or blocks it after being asked is not waited for. A thread
+//! whose sleeping stack did not unwind to its end is asked too, and if it cannot answer,
+//! the part read is its answer. A thread with a seccomp filter of its own (its `status`)
+//! answers without the system calls its filter may forbid (`dump.rs`). A late signal finds
+//! no dump with its number and returns at once.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, Ordering};
@@ -47,8 +40,7 @@ use super::unwind::Unwinding;
 use crate::objects::Objects;
 use crate::process::{PerProcess, ProcThread, ThreadStatus, current_tid};
 
-/// How often a thread that has not answered is signalled again, and how often the
-/// collector looks whether the threads it waits for can still answer.
+/// How often a thread that has not answered is signalled again (and looked at).
 const RESEND_EVERY: Duration = Duration::from_millis(10);
 /// How often a thread whose handler found no scratch slot is asked again.
 const BUSY_RETRIES: u8 = 3;
@@ -57,8 +49,7 @@ const BLOCKED_LOOK: Duration = Duration::from_millis(1);
 
 /// The next dump's number: 16 bits of the signal's value (wrapping, as dumps take turns).
 static NEXT_DUMP: AtomicU16 = AtomicU16::new(1);
-/// When the running dump's deadline ends, while one runs. Per process: a child made by
-/// `fork` during a dump must not inherit the turn taken.
+/// When the running dump's deadline ends. Per process: a forked child has no dump.
 static TURN: PerProcess<Mutex<Option<Instant>>> = PerProcess::new(|| Mutex::new(None));
 
 /// The one dump of this process that may run now; given back when dropped.
@@ -69,8 +60,7 @@ pub(crate) struct DumpTurn {
 }
 
 impl DumpTurn {
-    /// The turn, for a dump that waits up to `deadline` for its threads; if another dump
-    /// holds it, how long that one still waits.
+    /// The turn, for a dump that waits up to `deadline`; else how long the other waits.
     pub(crate) fn take(deadline: Duration) -> Result<DumpTurn, Duration> {
         let mut running = TURN.get().lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
