@@ -389,13 +389,15 @@ pub fn alternate_on(
 /// The cargo profile this benchmark was built with: the name of the directory its binary
 /// is in (`target/release/`, `target/bench-lines/`). The builds it makes itself (the heap
 /// service, figure M6's apps) use the same, so that they share its dependencies' build.
+/// `target/debug/` is the `dev` profile's directory.
 pub fn own_profile() -> String {
     let exe = std::env::current_exe().unwrap();
-    exe.parent()
+    let dir = exe
+        .parent()
         .and_then(|dir| dir.file_name())
         .and_then(|name| name.to_str())
-        .expect("the benchmark runs from target/PROFILE/")
-        .to_owned()
+        .expect("the benchmark runs from target/PROFILE/");
+    if dir == "debug" { "dev" } else { dir }.to_owned()
 }
 
 /// This benchmark built with line tables (the workspace's `bench-lines` profile: release

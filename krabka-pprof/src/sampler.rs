@@ -600,9 +600,10 @@ impl Sampler {
             }
         }
         // A thread is looked at for a seccomp filter of its own when it is first listed,
-        // before its timer is made (`refresh_threads`), and again only when a system call reading its stack was
-        // refused since: a read of its `status` costs about 10 µs, which at every drain
-        // for each busy thread would cost 200 busy threads 2 % of a core.
+        // before its timer is made (`refresh_threads`), and again only when a system call
+        // reading its stack was refused since: a read of its `status` costs about 10 µs,
+        // which at every drain for each busy thread would cost 200 busy threads 2 % of a
+        // core.
         let mut unlearned = Vec::new();
         for tid in drain.ran {
             if let Some(entry) = threads.find(tid)
