@@ -215,8 +215,18 @@ pub(crate) struct WindowStart {
 struct DrainState {
     windows: Windows,
     accounting: Accounting,
-    /// One drain's samples, reused.
+    /// The samples drained since the threads' work was last done (see
+    /// [`thread_work_every`]): held until then, when the threads' clocks judge them and
+    /// the open windows get them.
     batch: HashMap<StackKey, Tally>,
+    /// One drain's samples, reused.
+    fresh: HashMap<StackKey, Tally>,
+    /// When the threads' work is due next: a drain before it only folds the records...
+    thread_work_due: Instant,
+    /// ... unless it is past this (half way there) and the process has another number of
+    /// threads than `listed`, the threads alive at the last listing.
+    thread_work_early: Instant,
+    listed: usize,
     /// The timed threads' clocks, reused.
     clocks: Vec<(u32, Duration)>,
     /// The loaded objects, and the loader's count of loads and unloads when they were
@@ -325,6 +335,10 @@ impl Sampler {
                 windows: Windows::default(),
                 accounting: Accounting::new(period, process_cpu_time()),
                 batch: HashMap::new(),
+                fresh: HashMap::new(),
+                thread_work_due: Instant::now(),
+                thread_work_early: Instant::now(),
+                listed: 0,
                 clocks: Vec::new(),
                 loaded,
                 objects,
@@ -382,7 +396,15 @@ impl Sampler {
     /// as its profile will name them: each stack's leaf as sampled, its return addresses
     /// minus one. Lets the request symbolize most of its profile before the window ends.
     pub(crate) fn window_addresses(&self, id: u64) -> Vec<u64> {
-        self.state().windows.addresses(id)
+        let state = self.state();
+        // The samples held for the next threads' work are every open window's.
+        let mut addresses = state.windows.addresses(id);
+        if state.windows.is_open(id) {
+            addresses.extend(state.batch.keys().flat_map(windows::addresses_of));
+            addresses.sort_unstable();
+            addresses.dedup();
+        }
+        addresses
     }
 
     /// The objects this session's profiles are built with: every object seen loaded
@@ -397,7 +419,7 @@ impl Sampler {
         let mut counts = Counts::default();
         if let Some(session) = self.session() {
             let mut state = self.state();
-            self.drain_locked(session, &mut state);
+            self.drain_locked(session, &mut state, true);
             counts = Counts::of(session, state.rebuilds);
             state.windows.open(id);
         }
@@ -443,7 +465,7 @@ impl Sampler {
         {
             let mut state = self.state();
             if let Some(session) = self.session() {
-                self.drain_locked(session, &mut state);
+                self.drain_locked(session, &mut state, true);
                 let now = Counts::of(session, state.rebuilds);
                 counts = now.since(&start.counts);
                 drained = state.windows.close(start.id);
@@ -523,8 +545,9 @@ impl Sampler {
         drop(self.state().windows.close(id));
     }
 
-    /// Folds the records written so far into the open windows' stack counts, gives
-    /// threads that started since the last drain their own timers, and follows libraries
+    /// Folds the records written so far, and when the threads' work is due (see
+    /// [`thread_work_every`]) judges them by the threads' clocks, gives them to the open
+    /// windows, gives threads that started since their own timers, and follows libraries
     /// loaded or unloaded. If another handler replaced ours, the timers stop: their
     /// signals would only disturb the other profiler.
     pub(crate) fn drain(&self) {
@@ -532,40 +555,69 @@ impl Sampler {
             return;
         };
         let mut state = self.state();
-        self.drain_locked(session, &mut state);
+        let now = Instant::now();
+        // A process that gained or lost threads gets their timers sooner; one whose
+        // threads are replaced one for one, at the next due time.
+        let due = now >= state.thread_work_due
+            || (now >= state.thread_work_early
+                && crate::process::thread_count() != Some(state.listed));
+        self.drain_locked(session, &mut state, due);
     }
 
-    /// [`drain`](Self::drain), under the drain lock.
-    fn drain_locked(&self, session: &Session, state: &mut DrainState) {
+    /// [`drain`](Self::drain), under the drain lock; the threads' work done if `threads`
+    /// (always when a window opens or closes, so that each gets exactly its samples).
+    fn drain_locked(&self, session: &Session, state: &mut DrainState, threads: bool) {
         let mut registry = Registry::lock();
+        // The thread's own clock: what the threads' work costs decides when it is done
+        // next.
+        let cost_from = own_cpu_time();
+        if threads {
+            // Read before the records: a sample folded now was taken before its thread's
+            // clock was read, or in the moment between (a period of slack covers it).
+            registry.clocks(&mut state.clocks);
+        }
         let DrainState {
             windows,
             accounting,
             batch,
+            fresh,
             clocks,
             labels: resolver,
             names,
             objects,
             ..
         } = &mut *state;
-        registry.clocks(clocks);
         labels::drain_begins();
         // Whole unless a handler stopped mid-write: its buffer's records wait for a later
         // drain, and so does the sweep, which must not free a set they may carry.
         let whole = session
             .records
-            .drain(batch, &mut |word| resolver.resolve(word));
+            .drain(fresh, &mut |word| resolver.resolve(word));
         resolver.clear();
         // SAFETY: the drain lock is held: this is the one writer of the published tables.
         let unwinding = unsafe { session.unwinding.get() };
-        frames::drop_guessed_callers_of_all(batch, unwinding, objects);
+        frames::drop_guessed_callers_of_all(fresh, unwinding, objects);
         if whole {
             labels::sweep();
         }
-        for key in batch.keys() {
+        // Named at every drain, while they may still live.
+        for (key, tally) in fresh.drain() {
             names
                 .entry(key.tid)
                 .or_insert_with(|| thread_name(key.tid).into());
+            let sum = batch.entry(key).or_default();
+            sum.samples += tally.samples;
+            sum.periods += tally.periods;
+        }
+        if !threads {
+            if !state.stopped && !handler::is_ours() {
+                self.stop_timers(&mut registry, state);
+            }
+            drop(registry);
+            if state.loaded.changed() {
+                self.follow_libraries(session, state);
+            }
+            return;
         }
         let process = process_cpu_time();
         let drain = accounting.drain(clocks, process, batch, &mut |tid| {
@@ -579,14 +631,7 @@ impl Sampler {
             return;
         }
         if !handler::is_ours() {
-            self.handler_replaced.store(true, Ordering::Relaxed);
-            registry.disarm();
-            // The process-wide timer too: its signals would go on reaching the other
-            // handler at the session's rate, on whichever thread burns CPU.
-            if let Some(backstop) = &self.backstop {
-                backstop.disarm();
-            }
-            state.stopped = true;
+            self.stop_timers(&mut registry, state);
             return;
         }
         // SAFETY: the drain lock is held: this is the one writer of the published tables.
@@ -631,6 +676,24 @@ impl Sampler {
         if state.loaded.changed() {
             self.follow_libraries(session, state);
         }
+        let cost = own_cpu_time().saturating_sub(cost_from);
+        let every = thread_work_every(cost);
+        let now = Instant::now();
+        state.thread_work_due = now + every;
+        state.thread_work_early = now + every / 2;
+        state.listed = alive.len();
+    }
+
+    /// Another handler replaced ours: the timers stop.
+    fn stop_timers(&self, registry: &mut Registry, state: &mut DrainState) {
+        self.handler_replaced.store(true, Ordering::Relaxed);
+        registry.disarm();
+        // The process-wide timer too: its signals would go on reaching the other handler
+        // at the session's rate, on whichever thread burns CPU.
+        if let Some(backstop) = &self.backstop {
+            backstop.disarm();
+        }
+        state.stopped = true;
     }
 
     /// Libraries were loaded or unloaded: the unwinder is built anew over the objects
@@ -663,6 +726,30 @@ impl Sampler {
         labels::set_collecting(false);
         session
     }
+}
+
+/// The share of a core the threads' work of the drains may take: listing the process's
+/// threads (`/proc/self/task`), reading each timed thread's clock, making timers. About a
+/// microsecond a thread on this project's machines: done every [`DRAIN_EVERY`], 1,000
+/// threads cost 1 % of a core whatever they do (bench figure S).
+const THREAD_WORK_SHARE: u32 = 500; // 1/500: 0.2 %
+
+/// The longest the threads' work waits: the samples held meanwhile, and a thread that
+/// started meanwhile sampled by the backstop only.
+const THREAD_WORK_AT_MOST_EVERY: Duration = Duration::from_secs(2);
+
+/// How long after threads' work that took `cost` of CPU the next is due: every drain while
+/// it is cheap, then as far apart as keeps it under [`THREAD_WORK_SHARE`], up to
+/// [`THREAD_WORK_AT_MOST_EVERY`]. The drains between only fold the records (a cost that
+/// grows with the samples, not the threads); the windows get their samples at the next
+/// threads' work, and always when one opens or closes.
+fn thread_work_every(cost: Duration) -> Duration {
+    (cost * THREAD_WORK_SHARE).clamp(DRAIN_EVERY, THREAD_WORK_AT_MOST_EVERY)
+}
+
+/// The calling thread's CPU time so far.
+fn own_cpu_time() -> Duration {
+    crate::process::clock_time(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
 }
 
 /// The words of a session's record buffer, for `frequency` Hz on `cpus` CPUs: a quarter

@@ -177,9 +177,9 @@ fn crowded_cost(options: &Options) -> Row {
             let mut seen = before.clone();
             loop {
                 let last = done.load(std::sync::atomic::Ordering::Acquire);
-                for (tid, cpu) in profiler_threads_cpu(pid) {
-                    let most = seen.entry(tid).or_default();
-                    *most = (*most).max(cpu);
+                for (tid, (name, cpu)) in profiler_threads_cpu(pid) {
+                    let most = seen.entry(tid).or_insert((name, Duration::ZERO));
+                    most.1 = most.1.max(cpu);
                 }
                 if last {
                     return seen;
@@ -191,18 +191,25 @@ fn crowded_cost(options: &Options) -> Row {
         done.store(true, std::sync::atomic::Ordering::Release);
         (line, watcher.join().unwrap())
     });
-    let threads: f64 = seen
+    // By name too: the drain thread's share (which grows with the threads) apart from
+    // the worker's (building the profile, which grows with the samples).
+    let mut by_name: std::collections::BTreeMap<String, f64> = Default::default();
+    for (tid, (name, cpu)) in &seen {
+        let before = before.get(tid).map(|(_, cpu)| *cpu).unwrap_or_default();
+        *by_name.entry(name.clone()).or_default() += cpu.saturating_sub(before).as_secs_f64();
+    }
+    let threads: f64 = by_name.values().sum();
+    let by_name: Vec<String> = by_name
         .iter()
-        .map(|(tid, cpu)| {
-            cpu.saturating_sub(before.get(tid).copied().unwrap_or_default())
-                .as_secs_f64()
-        })
-        .sum();
+        .map(|(name, cpu)| format!("{name} {:.1} ms", cpu * 1e3))
+        .collect();
     let handlers = line.median_us * 1e-6 * line.samples as f64;
     let share = (threads + handlers) / window as f64 * 100.0;
     eprintln!(
-        "S crowded: profiler threads {:.1} ms, handlers {:.1} ms ({} samples) over {window} s",
+        "S crowded: profiler threads {:.1} ms ({}), handlers {:.1} ms ({} samples) over \
+         {window} s",
         threads * 1e3,
+        by_name.join(", "),
         handlers * 1e3,
         line.samples
     );
@@ -222,8 +229,8 @@ fn crowded_cost(options: &Options) -> Row {
 }
 
 /// The CPU so far of each of process `pid`'s threads named `krabka-*`, by the kernel's
-/// clocks (`/proc/PID/task/TID/stat`, in clock ticks).
-fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, Duration> {
+/// clocks (`/proc/PID/task/TID/stat`, in clock ticks), with its name.
+fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, (String, Duration)> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let mut threads = std::collections::HashMap::new();
@@ -252,7 +259,13 @@ fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, Duration> {
         let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
             continue;
         };
-        threads.insert(tid, Duration::from_nanos(ticks * 1_000_000_000 / hz));
+        threads.insert(
+            tid,
+            (
+                comm.trim().to_owned(),
+                Duration::from_nanos(ticks * 1_000_000_000 / hz),
+            ),
+        );
     }
     threads
 }

@@ -347,3 +347,24 @@ fn only_a_filter_the_chooser_does_not_share_is_a_threads_own() {
     assert!(own, "a filter this thread installed is its own");
     assert!(!theirs, "a chooser with the same filters does not count it");
 }
+
+#[test]
+fn the_threads_work_keeps_to_its_share_of_a_core_between_every_drain_and_two_seconds() {
+    // Cheap (a service of tens of threads): at every drain.
+    assert_eq!(thread_work_every(Duration::from_micros(20)), DRAIN_EVERY);
+    // 1,000 threads' worth on this project's machines: 0.2 % of a core.
+    assert_eq!(
+        thread_work_every(Duration::from_millis(1)),
+        Duration::from_millis(500)
+    );
+    let every = thread_work_every(Duration::from_micros(700));
+    assert!(
+        Duration::from_micros(700).as_secs_f64() / every.as_secs_f64() <= 0.002 + 1e-9,
+        "{every:?}"
+    );
+    // Never longer than two seconds, however many threads.
+    assert_eq!(
+        thread_work_every(Duration::from_millis(50)),
+        THREAD_WORK_AT_MOST_EVERY
+    );
+}

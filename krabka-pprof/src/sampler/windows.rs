@@ -111,6 +111,11 @@ impl Windows {
         }
     }
 
+    /// Whether window `id` is open.
+    pub(crate) fn is_open(&self, id: u64) -> bool {
+        self.open.iter().any(|w| w.id == id)
+    }
+
     /// What window `id` has drained so far, if it is open.
     #[cfg(test)]
     pub(crate) fn stacks(&self, id: u64) -> Option<&HashMap<StackKey, Tally>> {
@@ -123,20 +128,20 @@ impl Windows {
         let Some(window) = self.open.iter().find(|w| w.id == id) else {
             return Vec::new();
         };
-        let mut addresses: Vec<u64> = window
-            .stacks
-            .keys()
-            .flat_map(|key| {
-                key.frames
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &address)| if i == 0 { address } else { address - 1 })
-            })
-            .collect();
+        let mut addresses: Vec<u64> = window.stacks.keys().flat_map(addresses_of).collect();
         addresses.sort_unstable();
         addresses.dedup();
         addresses
     }
+}
+
+/// The code addresses of a stack as its profile will name them: its leaf as sampled, its
+/// return addresses minus one.
+pub(crate) fn addresses_of(key: &StackKey) -> impl Iterator<Item = u64> + '_ {
+    key.frames
+        .iter()
+        .enumerate()
+        .map(|(i, &address)| if i == 0 { address } else { address - 1 })
 }
 
 /// What one window of a session collected.
