@@ -224,9 +224,14 @@ struct DrainState {
     /// When the threads' work is due next: a drain before it only folds the records...
     thread_work_due: Instant,
     /// ... unless it is past this (half way there) and the process has another number of
-    /// threads than `listed`, the threads alive at the last listing.
+    /// threads than `alive`, those of the last listing of `/proc/self/task` (sorted).
     thread_work_early: Instant,
-    listed: usize,
+    alive: Vec<u32>,
+    /// The threads' works since that listing, which each skipped: nothing said the threads
+    /// changed (see [`RELIST_AT_LEAST_EVERY`]).
+    listings_skipped: u32,
+    /// A thread the last listing did not see was sampled since: the threads changed.
+    unlisted: bool,
     /// The timed threads' clocks, reused.
     clocks: Vec<(u32, Duration)>,
     /// The loaded objects, and the loader's count of loads and unloads when they were
@@ -338,7 +343,9 @@ impl Sampler {
                 fresh: HashMap::new(),
                 thread_work_due: Instant::now(),
                 thread_work_early: Instant::now(),
-                listed: 0,
+                alive: alive.clone(),
+                listings_skipped: 0,
+                unlisted: false,
                 clocks: Vec::new(),
                 loaded,
                 objects,
@@ -560,7 +567,7 @@ impl Sampler {
         // threads are replaced one for one, at the next due time.
         let due = now >= state.thread_work_due
             || (now >= state.thread_work_early
-                && crate::process::thread_count() != Some(state.listed));
+                && crate::process::thread_count() != Some(state.alive.len()));
         self.drain_locked(session, &mut state, due);
     }
 
@@ -571,10 +578,13 @@ impl Sampler {
         // The thread's own clock: what the threads' work costs decides when it is done
         // next.
         let cost_from = own_cpu_time();
+        // Some timed thread's clock could not be read: the thread is gone.
+        let mut gone = false;
         if threads {
             // Read before the records: a sample folded now was taken before its thread's
             // clock was read, or in the moment between (a period of slack covers it).
             registry.clocks(&mut state.clocks);
+            gone = state.clocks.len() < registry.len();
         }
         let DrainState {
             windows,
@@ -585,6 +595,8 @@ impl Sampler {
             labels: resolver,
             names,
             objects,
+            alive,
+            unlisted,
             ..
         } = &mut *state;
         labels::drain_begins();
@@ -602,9 +614,12 @@ impl Sampler {
         }
         // Named at every drain, while they may still live.
         for (key, tally) in fresh.drain() {
-            names
-                .entry(key.tid)
-                .or_insert_with(|| thread_name(key.tid).into());
+            names.entry(key.tid).or_insert_with(|| {
+                // First seen: one the last listing missed (it started since, and may be
+                // gone) makes the next threads' work list them, and forget its name.
+                *unlisted |= alive.binary_search(&key.tid).is_err();
+                thread_name(key.tid).into()
+            });
             let sum = batch.entry(key).or_default();
             sum.samples += tally.samples;
             sum.periods += tally.periods;
@@ -667,11 +682,28 @@ impl Sampler {
             }
         }
         learn_stacks(threads, &unlearned);
-        let alive = list_threads();
-        state
-            .stacks_looked
-            .retain(|tid| alive.binary_search(tid).is_ok());
-        refresh_threads(session, state, &mut registry, &alive, self.seccomp);
+        // Listing the threads is the costliest part (about 1 ms with 1,000 of them): done
+        // when they changed, as a thread gone (its clock), a thread sampled that the last
+        // listing did not see, a count that differs, or a thread still without a timer
+        // say, and at least every few threads' works (a thread replaced one for one by a
+        // new one, all between two of them).
+        let relist = gone
+            || state.unlisted
+            || registry.shortfall().is_some()
+            || state.listings_skipped + 1 >= RELIST_AT_LEAST_EVERY
+            || crate::process::thread_count() != Some(state.alive.len());
+        if relist {
+            let alive = list_threads();
+            state
+                .stacks_looked
+                .retain(|tid| alive.binary_search(tid).is_ok());
+            refresh_threads(session, state, &mut registry, &alive, self.seccomp);
+            state.alive = alive;
+            state.listings_skipped = 0;
+            state.unlisted = false;
+        } else {
+            state.listings_skipped += 1;
+        }
         drop(registry);
         if state.loaded.changed() {
             self.follow_libraries(session, state);
@@ -681,7 +713,6 @@ impl Sampler {
         let now = Instant::now();
         state.thread_work_due = now + every;
         state.thread_work_early = now + every / 2;
-        state.listed = alive.len();
     }
 
     /// Another handler replaced ours: the timers stop.
@@ -728,11 +759,12 @@ impl Sampler {
     }
 }
 
-/// The share of a core the threads' work of the drains may take: listing the process's
-/// threads (`/proc/self/task`), reading each timed thread's clock, making timers. About a
-/// microsecond a thread on this project's machines: done every [`DRAIN_EVERY`], 1,000
-/// threads cost 1 % of a core whatever they do (bench figure S).
-const THREAD_WORK_SHARE: u32 = 500; // 1/500: 0.2 %
+/// The share of a core the threads' work of the drains may take (as `1 /` this): listing
+/// the process's threads (`/proc/self/task`), reading each timed thread's clock, making
+/// timers, learning new threads' stacks. With 1,000 threads it costs about 2 ms here
+/// (5 ms while new threads' stacks are learnt from `/proc/self/maps`); done at every
+/// [`DRAIN_EVERY`], it cost 1 % of a core whatever the threads did (bench figure S).
+const THREAD_WORK_SHARE: u32 = 1_000; // 1/1,000: 0.1 %
 
 /// The longest the threads' work waits: the samples held meanwhile, and a thread that
 /// started meanwhile sampled by the backstop only.
@@ -746,6 +778,10 @@ const THREAD_WORK_AT_MOST_EVERY: Duration = Duration::from_secs(2);
 fn thread_work_every(cost: Duration) -> Duration {
     (cost * THREAD_WORK_SHARE).clamp(DRAIN_EVERY, THREAD_WORK_AT_MOST_EVERY)
 }
+
+/// The threads' works of which at least one lists `/proc/self/task`, whatever says the
+/// threads did not change.
+const RELIST_AT_LEAST_EVERY: u32 = 5;
 
 /// The calling thread's CPU time so far.
 fn own_cpu_time() -> Duration {

@@ -158,14 +158,39 @@ fn deep_stack_cost(options: &Options, window: u64) -> Vec<Row> {
 }
 
 /// The sampler's own CPU in a service of 1,000 threads, 200 of them busy (sharing the
-/// service's core) and 800 asleep: over a 10 s profile at 99 Hz, the CPU of the profiler's
-/// threads (`krabka-drain`, `krabka-worker`, by the kernel's clocks for them) plus the
-/// handler's (its median × the samples), as a share of one core. A 1 s profile first
-/// starts those threads.
+/// service's core) and 800 asleep: over a 10 s profile at 99 Hz, the CPU of its drain
+/// thread (`krabka-drain`, by the kernel's clock for it) plus the handler's (its median ×
+/// the samples), as a share of one core; the profile's building (`krabka-worker`) is
+/// printed beside it. A 1 s profile first starts those threads.
 fn crowded_cost(options: &Options) -> Row {
     let window = options.secs(10.0).round().max(2.0) as u64;
     let server = Server::start_crowded(200, 800);
     let _warm = handler_line(&server, 1, 99);
+    // Three profiles, the median's figures (the handler's median alone varies two-fold
+    // between profiles on a VM).
+    let mut rounds: Vec<(f64, String)> = (0..options.rounds(3))
+        .map(|round| crowded_round(&server, window, round))
+        .collect();
+    rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let shares: Vec<String> = rounds
+        .iter()
+        .map(|(share, _)| format!("{share:.3}"))
+        .collect();
+    let (share, what) = rounds.swap_remove(rounds.len() / 2);
+    Row {
+        id: "S",
+        figure: "sampler CPU, 1,000 threads (200 busy) at 99 Hz: its drain thread + \
+                 handlers, share of a core (median profile)"
+            .to_owned(),
+        target: "≤ 0.5 %",
+        measured: format!("{share:.3} % ({what}; all: {} %)", shares.join(", ")),
+        verdict: Verdict::at_most(share, 0.5),
+    }
+}
+
+/// One profile of `window` seconds of figure S's crowded service: the share of a core,
+/// and what it is made of.
+fn crowded_round(server: &Server, window: u64, round: usize) -> (f64, String) {
     // Per thread, the most its clock was seen at, looked at every 200 ms while the profile
     // runs: a session's drain thread exits with its session, and a sum read only at the
     // end would miss it (and could come out below the sum before).
@@ -187,7 +212,7 @@ fn crowded_cost(options: &Options) -> Row {
                 std::thread::sleep(Duration::from_millis(200));
             }
         });
-        let line = handler_line(&server, window, 99);
+        let line = handler_line(server, window, 99);
         done.store(true, std::sync::atomic::Ordering::Release);
         (line, watcher.join().unwrap())
     });
@@ -199,37 +224,42 @@ fn crowded_cost(options: &Options) -> Row {
         *by_name.entry(name.clone()).or_default() += cpu.saturating_sub(before).as_secs_f64();
     }
     let threads: f64 = by_name.values().sum();
+    // The profile's building (symbolizing, encoding, gzip: the request's, on the worker
+    // when it is idle, else on the blocking pool, which is not counted) apart: it grows
+    // with the stacks, and figures M2 and L measure it.
+    let building = by_name.get("krabka-worker").copied().unwrap_or_default();
+    let sampler = threads - building;
     let by_name: Vec<String> = by_name
         .iter()
         .map(|(name, cpu)| format!("{name} {:.1} ms", cpu * 1e3))
         .collect();
     let handlers = line.median_us * 1e-6 * line.samples as f64;
-    let share = (threads + handlers) / window as f64 * 100.0;
+    let share = (sampler + handlers) / window as f64 * 100.0;
     eprintln!(
-        "S crowded: profiler threads {:.1} ms ({}), handlers {:.1} ms ({} samples) over \
-         {window} s",
+        "S crowded, round {}: profiler threads {:.1} ms ({}), handlers {:.1} ms ({} samples) \
+         over {window} s: the sampler {share:.3} %, with the profile's building {:.3} %",
+        round + 1,
         threads * 1e3,
         by_name.join(", "),
         handlers * 1e3,
-        line.samples
+        line.samples,
+        (threads + handlers) / window as f64 * 100.0
     );
-    Row {
-        id: "S",
-        figure: "sampler CPU, 1,000 threads (200 busy) at 99 Hz: its threads + handlers, \
-                 share of a core"
-            .to_owned(),
-        target: "≤ 0.5 %",
-        measured: format!(
-            "{share:.3} % ({:.1} ms of threads, {:.1} ms of handlers in {window} s)",
-            threads * 1e3,
-            handlers * 1e3
+    (
+        share,
+        format!(
+            "{:.1} ms of its threads, {:.1} ms of handlers in {window} s; building the \
+             profile {:.1} ms more",
+            sampler * 1e3,
+            handlers * 1e3,
+            building * 1e3
         ),
-        verdict: Verdict::at_most(share, 0.5),
-    }
+    )
 }
 
 /// The CPU so far of each of process `pid`'s threads named `krabka-*`, by the kernel's
-/// clocks (`/proc/PID/task/TID/stat`, in clock ticks), with its name.
+/// clocks, with its name: `/proc/PID/task/TID/schedstat` (nanoseconds), else `stat` (clock
+/// ticks, 10 ms: coarser than the figure, whose threads use tens of milliseconds).
 fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, (String, Duration)> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
@@ -245,27 +275,31 @@ fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, (String, Dur
         if !comm.starts_with("krabka-") {
             continue;
         }
-        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
-            continue;
-        };
-        // Fields after the name (which ends at the last ')'): utime and stime are the
-        // 12th and 13th.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map_or("", |(_, rest)| rest)
-            .split_whitespace()
-            .collect();
-        let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
         let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
             continue;
         };
-        threads.insert(
-            tid,
-            (
-                comm.trim().to_owned(),
-                Duration::from_nanos(ticks * 1_000_000_000 / hz),
-            ),
-        );
+        let precise = std::fs::read_to_string(path.join("schedstat"))
+            .ok()
+            .and_then(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+            .map(Duration::from_nanos);
+        let cpu = match precise {
+            Some(cpu) => cpu,
+            None => {
+                let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+                    continue;
+                };
+                // Fields after the name (which ends at the last ')'): utime and stime are
+                // the 12th and 13th.
+                let fields: Vec<&str> = stat
+                    .rsplit_once(')')
+                    .map_or("", |(_, rest)| rest)
+                    .split_whitespace()
+                    .collect();
+                let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+                Duration::from_nanos(ticks * 1_000_000_000 / hz)
+            }
+        };
+        threads.insert(tid, (comm.trim().to_owned(), cpu));
     }
     threads
 }

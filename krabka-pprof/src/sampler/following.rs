@@ -78,10 +78,11 @@ pub(super) fn learn_stacks(table: &Threads, threads: &[(u32, u64)]) {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return;
     };
+    let maps = thread_table::Mappings::parse(&maps);
     let pid = std::process::id();
     for &(tid, tcb) in threads {
         if let Some(entry) = table.find(tid)
-            && let Some((low, high)) = thread_table::own_stack(&maps, tcb, tid == pid)
+            && let Some((low, high)) = maps.own_stack(tcb, tid == pid)
         {
             entry.set_stack(low, high);
         }

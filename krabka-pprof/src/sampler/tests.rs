@@ -270,8 +270,9 @@ fn the_names_of_threads_gone_are_forgotten_by_the_session() {
             break;
         }
     }
-    let named: Vec<u32> = sampler.state().names.keys().copied().collect();
+    // Closing the window does the threads' work (a drain in between may only fold).
     let collected = sampler.close_window(window);
+    let named: Vec<u32> = sampler.state().names.keys().copied().collect();
     drop(sampler);
     let sampled: Vec<u32> = collected
         .stacks
@@ -352,14 +353,14 @@ fn only_a_filter_the_chooser_does_not_share_is_a_threads_own() {
 fn the_threads_work_keeps_to_its_share_of_a_core_between_every_drain_and_two_seconds() {
     // Cheap (a service of tens of threads): at every drain.
     assert_eq!(thread_work_every(Duration::from_micros(20)), DRAIN_EVERY);
-    // 1,000 threads' worth on this project's machines: 0.2 % of a core.
+    // 1,000 threads' worth on this project's machines: 0.1 % of a core.
     assert_eq!(
         thread_work_every(Duration::from_millis(1)),
-        Duration::from_millis(500)
+        Duration::from_secs(1)
     );
     let every = thread_work_every(Duration::from_micros(700));
     assert!(
-        Duration::from_micros(700).as_secs_f64() / every.as_secs_f64() <= 0.002 + 1e-9,
+        Duration::from_micros(700).as_secs_f64() / every.as_secs_f64() <= 0.001 + 1e-9,
         "{every:?}"
     );
     // Never longer than two seconds, however many threads.
