@@ -61,10 +61,13 @@
 //! frame, whatever the stack's depth (measured by a test below).
 //!
 //! Off the signal path, a drain ([`Sampler::drain`], called about every 100 ms while a
-//! window is open, and when one opens or closes) gives new threads their timers, swaps the
-//! two buffers, waits for handlers still writing to the old one (at most 100 ms: past
-//! it, a later drain folds that buffer), and folds its records
-//! into each open window's map from stack to count and weight (`buffer.rs`). A window
+//! window is open, and when one opens or closes) swaps the two buffers, waits for handlers
+//! still writing to the old one (at most 100 ms: past it, a later drain folds that
+//! buffer), and folds its records into a batch. The threads' work (new threads' timers,
+//! the clocks that hold each thread's samples to its CPU, the batch into each open
+//! window's map from stack to count and weight, `buffer.rs`) is done by the drains that
+//! find it due (`thread_work_every`: every drain where it is cheap, up to every 2 s where
+//! threads are many) and always when a window opens or closes. A window
 //! opened or closed at a swap gets exactly the records written while it was open. Memory
 //! is therefore bounded by the buffer size and the distinct stacks of the open windows,
 //! not by their length. `sampler/frames.rs` turns a recorded stack into profile frames,

@@ -13,12 +13,13 @@
 //!
 //! A thread's timer carries the thread's id in its signal value, so the handler knows whose
 //! sample it is without a system call, for any number of timers ever made. Threads are
-//! found by listing `/proc/self/task` at the start and at every drain; a thread that lives
+//! found by listing `/proc/self/task` at the start and at the drains' looks at the threads
+//! (`thread_work_every` in `sampler.rs`, when they changed); a thread that lives
 //! and dies between two listings is covered by the backstop, a `CLOCK_PROCESS_CPUTIME_ID`
 //! timer whose signals the handler keeps only on threads that have no timer of their own.
 //! A thread that exited loses its timer at the next listing, so timers (each holds one
 //! queued signal of the user's `RLIMIT_SIGPENDING`) never outnumber the threads alive. A
-//! timer that could not be made (`EAGAIN` at that limit) is tried again at the next drain.
+//! timer that could not be made (`EAGAIN` at that limit) is tried again at the next look.
 //!
 //! The thread timers outlive sessions ([`Registry`], one per process): a session arms them
 //! and its end disarms them. A timer's signal that stays pending on a thread that blocks
@@ -196,7 +197,7 @@ impl Registry {
                     if untimed.is_empty() {
                         *untimed = format!(
                             "some threads have no CPU timer of their own ({err}; tried again \
-                             at every drain); the process-wide timer samples them"
+                             at the next look at the threads); the process-wide timer samples them"
                         );
                     }
                 }
