@@ -90,6 +90,11 @@ where
 #[cfg(all(pprof_rs, not(sampler)))]
 pub(crate) use pprof_rs::profile;
 
+/// One window of this crate's sampler, for a profile built from what it collected by
+/// another kind (the wall-clock profile's running part): see [`sessions::window`].
+#[cfg(sampler)]
+pub(crate) use sessions::{Closed, window};
+
 /// Without a sampler for this target, every request is a 503.
 #[cfg(not(any(sampler, pprof_rs)))]
 pub(crate) async fn profile<R, F>(_request: CpuRequest, _render: F) -> Result<R, CpuError>

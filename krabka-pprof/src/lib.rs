@@ -83,6 +83,7 @@ mod symbolize;
 mod tasks;
 mod threads;
 mod views;
+mod wall;
 
 pub use config::{
     ConfigError, DEFAULT_RECENT_MEMORY, DurationField, Guard, MAX_ALLOC_STACKS, MAX_DURATION,

@@ -317,6 +317,9 @@ fn parse_stat(stat: &str) -> Option<(char, Duration)> {
 /// gives): the waits a service's threads sleep in, by name; any other as
 /// `system call N`.
 pub(crate) fn syscall_name(nr: i64) -> String {
+    if nr == -1 {
+        return "no system call (a page fault)".to_owned();
+    }
     #[cfg(target_os = "linux")]
     {
         let named: &[(i64, &str)] = &[
@@ -335,6 +338,23 @@ pub(crate) fn syscall_name(nr: i64) -> String {
             (libc::SYS_wait4, "wait4"),
             (libc::SYS_rt_sigtimedwait, "rt_sigtimedwait"),
             (libc::SYS_restart_syscall, "restart_syscall"),
+            (libc::SYS_pread64, "pread64"),
+            (libc::SYS_pwrite64, "pwrite64"),
+            (libc::SYS_readv, "readv"),
+            (libc::SYS_writev, "writev"),
+            (libc::SYS_sendto, "sendto"),
+            (libc::SYS_sendmsg, "sendmsg"),
+            (libc::SYS_epoll_pwait2, "epoll_pwait2"),
+            (libc::SYS_io_uring_enter, "io_uring_enter"),
+            (libc::SYS_io_getevents, "io_getevents"),
+            (libc::SYS_fsync, "fsync"),
+            (libc::SYS_fdatasync, "fdatasync"),
+            (libc::SYS_openat, "openat"),
+            (libc::SYS_flock, "flock"),
+            (libc::SYS_fcntl, "fcntl"),
+            (libc::SYS_waitid, "waitid"),
+            (libc::SYS_msgrcv, "msgrcv"),
+            (libc::SYS_semtimedop, "semtimedop"),
             #[cfg(target_arch = "x86_64")]
             (libc::SYS_poll, "poll"),
             #[cfg(target_arch = "x86_64")]
@@ -372,6 +392,15 @@ pub(crate) fn thread_cpu_clock(tid: u32) -> libc::clockid_t {
 /// Thread `tid`'s CPU time so far (to the nanosecond; `/proc`'s `stat` counts ticks).
 pub(crate) fn thread_cpu_time(tid: u32) -> io::Result<Duration> {
     clock_time(thread_cpu_clock(tid))
+}
+
+#[cfg(procfs)]
+/// How long thread `tid` has waited, ready to run, for a CPU so far: the second field of
+/// its `schedstat` (nanoseconds; kernels without scheduler statistics have no such file).
+pub(crate) fn thread_run_delay(tid: u32) -> Option<Duration> {
+    let line = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let waited = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(waited))
 }
 
 #[cfg(procfs)]

@@ -22,7 +22,7 @@ use axum::routing::get;
 use tracing::{Instrument as _, field};
 
 use self::access::Access;
-use self::query::{CpuQuery, HeapQuery, RecentQuery, ThreadsAnswer, ThreadsQuery};
+use self::query::{CpuQuery, HeapQuery, RecentQuery, ThreadsAnswer, ThreadsQuery, WallQuery};
 use self::response::{bad_request, not_found, redirect};
 use crate::config::{ConfigError, ProfilingConfig};
 use crate::cpu::{self, CpuError, CpuRequest, RecentError, RecentRequest, RecorderSettings};
@@ -89,6 +89,7 @@ where
         .route(prefix, handler(Route::Redirect))
         .route(&format!("{prefix}/"), handler(Route::Index))
         .route(&format!("{prefix}/profile"), handler(Route::Profile))
+        .route(&format!("{prefix}/wall"), handler(Route::Wall))
         // Always mounted: without `recent` it says which key turns it on.
         .route(&format!("{prefix}/recent"), handler(Route::Recent));
     if config.heap() {
@@ -124,7 +125,7 @@ fn announce_open_routes(config: &ProfilingConfig) {
         return;
     }
     let prefix = config.prefix();
-    let mut routes = vec!["/", "/profile", "/recent"];
+    let mut routes = vec!["/", "/profile", "/wall", "/recent"];
     if config.heap() {
         routes.extend(["/heap", "/allocs"]);
     }
@@ -152,6 +153,7 @@ enum Route {
     Redirect,
     Index,
     Profile,
+    Wall,
     Recent,
     Heap,
     Allocs,
@@ -167,6 +169,7 @@ impl Route {
             Route::Redirect => "",
             Route::Index => "/",
             Route::Profile => "/profile",
+            Route::Wall => "/wall",
             Route::Recent => "/recent",
             Route::Heap => "/heap",
             Route::Allocs => "/allocs",
@@ -217,6 +220,7 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
             Route::Redirect => redirect(&format!("{}/", shared.config.prefix())),
             Route::Index => index(&shared.config, &parts),
             Route::Profile => cpu_profile(&shared.config, &parts).await,
+            Route::Wall => wall_profile(&shared.config, &parts).await,
             Route::Recent => recent_profile(&shared.config, &parts).await,
             Route::Heap => heap_profile(&shared.config, &parts, HeapRoute::Heap).await,
             Route::Allocs => heap_profile(&shared.config, &parts, HeapRoute::Allocs).await,
@@ -282,6 +286,89 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
         Ok(view) => response::view(view, "profile"),
         Err(error) => answers::cpu(error),
     }
+}
+
+/// `/wall`: a wall-clock profile of the threads doing work. A window of the CPU sampler's
+/// session gives the time on a CPU (so the CPU route's lease and 409s hold), and a sweep
+/// opened with it the time off the CPU (`crate::wall`).
+async fn wall_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
+    let span = tracing::Span::current();
+    let query = match WallQuery::parse(parts.uri.query(), config) {
+        Ok(query) => query,
+        Err(message) => return bad_request(&message),
+    };
+    let cpu_query = query.cpu;
+    span.record("seconds", cpu_query.duration.as_secs_f64());
+    span.record("frequency", cpu_query.frequency);
+    span.record("format", cpu_query.format.name());
+    span.record("symbolize", cpu_query.naming.symbolize.name());
+    if let Some(requested) = cpu_query.seconds_requested {
+        span.record("seconds_requested", requested);
+    }
+    #[cfg(sampler)]
+    {
+        use crate::wall::{Sweeper, WallOptions, WallParts};
+
+        if !cpu::shares_windows() {
+            return answers::cpu(CpuError::Unavailable(
+                "wall-clock profiles need krabka-pprof's own CPU sampler; this process takes                  CPU profiles with the pprof crate's: take /profile?seconds=N instead",
+            ));
+        }
+        let request = CpuRequest {
+            duration: cpu_query.duration,
+            frequency: cpu_query.frequency,
+            blocklist: config.blocklist(),
+            force: cpu_query.force,
+            max_windows: config.max_windows(),
+            symbolize: cpu_query.naming.symbolize,
+            split: cpu::Split::default(),
+        };
+        let options = WallOptions {
+            every_thread: query.every_thread,
+            thread_ids: cpu_query.thread_ids,
+        };
+        let (format, lines, group) = (cpu_query.format, cpu_query.naming.lines, cpu_query.group);
+        let subtitle = format!(
+            "{} s, threads {}, looked at {} times a second",
+            cpu_query.duration.as_secs(),
+            if query.every_thread {
+                "all"
+            } else {
+                "doing work"
+            },
+            cpu_query.frequency
+        );
+        let (frequency, blocklist) = (cpu_query.frequency, config.blocklist());
+        let rendered = cpu::window(
+            request,
+            move || Sweeper::start(frequency, blocklist),
+            move |closed: cpu::Closed, sweeper: Sweeper| {
+                let parts = WallParts {
+                    collected: closed.collected,
+                    shared_with: closed.shared_with,
+                    symbolize: closed.symbolize,
+                    before: closed.before,
+                    swept: sweeper.finish(),
+                };
+                let profile = crate::wall::wall_profile(parts, options);
+                let rendered = views::render(
+                    &profile,
+                    format,
+                    (lines, group.as_deref()),
+                    "Wall clock",
+                    &subtitle,
+                )
+                .map_err(CpuError::Failed);
+                (rendered, false)
+            },
+        );
+        match rendered.await {
+            Ok(view) => response::view(view, "profile"),
+            Err(error) => answers::cpu(error),
+        }
+    }
+    #[cfg(not(sampler))]
+    answers::cpu(CpuError::Unavailable(crate::wall::UNAVAILABLE))
 }
 
 /// What the recorder runs with, if `config` turns it on.

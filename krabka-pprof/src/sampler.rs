@@ -119,6 +119,7 @@ mod prologue;
 mod published;
 mod scratch;
 mod signals;
+mod sleepers;
 mod thread_table;
 mod timers;
 mod unwind;
@@ -129,6 +130,7 @@ pub(crate) use buffer::{StackKey, Tally};
 pub(crate) use dump::{MAX_DUMP_THREADS, Stack};
 pub(crate) use frames::stack_frames;
 pub(crate) use signals::StartError;
+pub(crate) use sleepers::{SleeperReader, Slept};
 pub(crate) use windows::{Collected, Report};
 
 use crate::labels::table::{self as labels, Resolver};

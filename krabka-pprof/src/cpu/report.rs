@@ -23,18 +23,7 @@ fn labels_of(
     tid: Option<u32>,
     labels: &SampleLabels,
 ) -> Vec<(Cow<'static, str>, LabelValue)> {
-    let mut out = vec![("thread".into(), LabelValue::Str(name.to_owned()))];
-    if let Some(tid) = tid {
-        // A string: `-tagfocus` matches string labels only.
-        out.push(("thread_id".into(), LabelValue::Str(tid.to_string())));
-    }
-    out.extend(labels.pairs().map(|(key, value)| {
-        (
-            Cow::Owned(key.to_owned()),
-            LabelValue::Str(value.to_owned()),
-        )
-    }));
-    out
+    labels.for_sample(name, tid)
 }
 
 /// Puts what the sampler noticed into the request's span, and says what a reader of

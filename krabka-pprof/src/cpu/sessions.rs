@@ -498,10 +498,53 @@ where
     F: FnOnce(Profile) -> Result<R, CpuError> + Send + 'static,
     R: Send + 'static,
 {
+    let split = request.split;
+    window(
+        request,
+        || (),
+        move |closed: Closed, ()| {
+            let (profile, capped) = report_profile(
+                closed.collected,
+                closed.shared_with,
+                closed.symbolize,
+                closed.before,
+                split,
+            );
+            (render(profile), capped)
+        },
+    )
+    .await
+}
+
+/// What a closed window hands to its request's `finish`.
+pub(crate) struct Closed {
+    pub(crate) collected: crate::sampler::Collected,
+    /// The windows that shared the session while this one was open, this one included.
+    pub(crate) shared_with: usize,
+    pub(crate) symbolize: crate::symbolize::Symbolize,
+    /// Addresses already symbolized while the window was open.
+    pub(crate) before: crate::symbolize::Resolved,
+}
+
+/// One window of the shared session for `request`: `opened` runs (on the blocking pool)
+/// as the window opens, and what it gives goes to `finish` with what the window
+/// collected, off the async workers; `finish` says whether the rate was capped, for the
+/// request's log line. A request refused (409) or dropped runs neither, or drops what
+/// `opened` gave.
+pub(crate) async fn window<T, O, R, F>(
+    request: CpuRequest,
+    opened: O,
+    finish: F,
+) -> Result<R, CpuError>
+where
+    O: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+    F: FnOnce(Closed, T) -> (Result<R, CpuError>, bool) + Send + 'static,
+    R: Send + 'static,
+{
     static NEXT_WINDOW: AtomicU64 = AtomicU64::new(1);
     let id = NEXT_WINDOW.fetch_add(1, Ordering::Relaxed);
     let symbolize = request.symbolize;
-    let split = request.split;
     let deadline = tokio::time::Instant::now() + FORCE_WAIT;
     // A forced request that takes over holds `starting` from the moment it closes the
     // running windows until its own session runs, so that no other request starts a
@@ -610,13 +653,13 @@ where
     };
     let session = window.shared.as_ref().expect("set above");
     let opening = session.clone();
-    let start = blocking(move || {
+    let (start, opened) = blocking(move || {
         let start = opening.sampler.open_window(id);
         if !opening.is_open(id) {
             // Its client hung up meanwhile (see `WindowGuard`).
             opening.sampler.forget_window(id);
         }
-        Ok(start)
+        Ok((start, opened()))
     })
     .await?;
     let end = tokio::time::Instant::now() + request.duration;
@@ -673,9 +716,13 @@ where
                 .and_then(|answered| answered.recv().ok())
                 .unwrap_or_default();
             let report = collected.report.clone();
-            let (profile, capped) =
-                report_profile(collected, shared_with, symbolize, before, split);
-            let rendered = render(profile);
+            let closed = Closed {
+                collected,
+                shared_with,
+                symbolize,
+                before,
+            };
+            let (rendered, capped) = finish(closed, opened);
             crate::profile::give_back_freed_memory();
             Ok((rendered, (report, capped, shared_with)))
         },

@@ -8,13 +8,99 @@
 //! Writers are the thread itself (a scope entered, a future polled, a span entered);
 //! the reader is a signal handler on the same thread, so a store and a compiler fence
 //! suffice: no read-modify-write.
+//!
+//! A wall-clock profile reads the words of *sleeping* threads too, from another thread
+//! (`crate::wall`), without a signal: a thread's first write registers its word's address
+//! under its id ([`word_of`]), and a second thread-local's destructor removes it when the
+//! thread exits, under the same lock the reader holds while it loads, so that no word is
+//! read after its thread is gone.
 
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
 
 use super::table::Handle;
 
 thread_local! {
     static WORD: AtomicU64 = const { AtomicU64::new(0) };
+    static REGISTERED: Registered = const { Registered(Cell::new(0)) };
+}
+
+/// The words of threads that ever set labels, by thread id: each word's address.
+static WORDS: Mutex<Option<Words>> = Mutex::new(None);
+
+/// [`WORDS`], with the process they were registered in: a child forked from this process
+/// has one thread, and none of the others' entries apply to it (their ids may come back).
+struct Words {
+    pid: u32,
+    by_tid: HashMap<u32, usize>,
+}
+
+/// The registry of this process, emptied if it was inherited from a parent.
+fn words_here(words: &mut Option<Words>) -> &mut HashMap<u32, usize> {
+    let pid = std::process::id();
+    if words.as_ref().is_none_or(|words| words.pid != pid) {
+        *words = Some(Words {
+            pid,
+            by_tid: HashMap::new(),
+        });
+    }
+    &mut words.as_mut().expect("set above").by_tid
+}
+
+/// This thread's entry in [`WORDS`]: its id once registered (0: not yet), removed when
+/// the thread exits.
+struct Registered(Cell<u32>);
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let tid = self.0.get();
+        if tid != 0 {
+            let mut words = WORDS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            words_here(&mut words).remove(&tid);
+        }
+    }
+}
+
+/// Registers this thread's word for [`word_of`], once per thread (a thread-local read
+/// after that). Nothing during the thread's exit, once its entry is gone.
+#[inline]
+fn register() {
+    let _ = REGISTERED.try_with(|registered| {
+        if registered.0.get() == 0 {
+            register_slow(registered);
+        }
+    });
+}
+
+#[cold]
+fn register_slow(registered: &Registered) {
+    let tid = crate::process::current_tid();
+    let Ok(address) = WORD.try_with(|word| word as *const AtomicU64 as usize) else {
+        return;
+    };
+    let mut words = WORDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    words_here(&mut words).insert(tid, address);
+    registered.0.set(tid);
+}
+
+/// The label word of thread `tid` of this process now, if it ever set labels and lives:
+/// 0 where none are active. Another thread's word is read with one relaxed load, under
+/// the lock its exit takes to remove it.
+pub(crate) fn word_of(tid: u32) -> Option<u64> {
+    let mut words = WORDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let address = *words_here(&mut words).get(&tid)?;
+    // SAFETY: the address is of thread `tid`'s `WORD`, registered by that thread; its entry
+    // is removed (under this lock, held here) by a destructor of a thread-local that runs
+    // before the thread's thread-locals are freed, so the atomic lives while it is loaded.
+    Some(unsafe { &*(address as *const AtomicU64) }.load(Ordering::Relaxed))
 }
 
 const LOW: u64 = 0xffff_ffff;
@@ -35,6 +121,7 @@ pub(crate) fn user() -> Handle {
 /// Sets the user half; returns the whole word before, for [`restore`].
 #[inline]
 pub(crate) fn set_user(handle: Handle) -> u64 {
+    register();
     WORD.with(|word| {
         let old = word.load(Ordering::Relaxed);
         word.store(old & !LOW | u64::from(handle), Ordering::Relaxed);
@@ -46,6 +133,7 @@ pub(crate) fn set_user(handle: Handle) -> u64 {
 /// Sets the span half; returns the whole word before, for [`restore`].
 #[inline]
 pub(crate) fn set_span(handle: Handle) -> u64 {
+    register();
     WORD.with(|word| {
         let old = word.load(Ordering::Relaxed);
         word.store(old & LOW | u64::from(handle) << 32, Ordering::Relaxed);

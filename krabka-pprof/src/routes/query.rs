@@ -114,6 +114,35 @@ impl CpuQuery {
     }
 }
 
+/// A `/wall` request: the CPU route's parameters, and which threads it shows.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct WallQuery {
+    pub(crate) cpu: CpuQuery,
+    /// `threads=all`: every thread, idle ones too; `threads=working` (the default): the
+    /// threads doing work.
+    pub(crate) every_thread: bool,
+}
+
+impl WallQuery {
+    /// As [`CpuQuery::parse`], and `threads`: `working` (the default) or `all`.
+    pub(crate) fn parse(query: Option<&str>, config: &ProfilingConfig) -> Result<Self, String> {
+        let cpu = CpuQuery::parse(query, config)?;
+        let params = Params::parse_known(query, Params::WALL)?;
+        let every_thread = match params.get("threads") {
+            None | Some("working") => false,
+            Some("all") => true,
+            Some(other) => {
+                return Err(format!(
+                    "`threads` must be working (the default: threads doing work, inside \
+                     labels or not idle in a runtime or pool) or all (idle ones too), found \
+                     {other:?}"
+                ));
+            }
+        };
+        Ok(WallQuery { cpu, every_thread })
+    }
+}
+
 /// A `true`/`false` parameter (also `1`/`0`); false when missing.
 fn parse_bool(params: &Params, key: &str) -> Result<bool, String> {
     match params.get(key) {
@@ -390,6 +419,18 @@ impl Params {
         "lines",
         "thread_ids",
         "group",
+    ];
+    /// The parameters of `/wall`: the profile routes' and `threads`.
+    const WALL: &'static [&'static str] = &[
+        "seconds",
+        "format",
+        "frequency",
+        "force",
+        "symbolize",
+        "lines",
+        "thread_ids",
+        "group",
+        "threads",
     ];
     /// The parameters of the heap routes.
     const HEAP: &'static [&'static str] = &[

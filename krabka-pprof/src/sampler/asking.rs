@@ -307,7 +307,7 @@ impl<'d> Collector<'d> {
         }
         let tid = self.dump.replies[index].tid;
         match self.asleep.read(&self.dump.unwinding, self.objects, tid) {
-            Read::Whole(stack) => {
+            Read::Whole { stack, .. } => {
                 self.settle(index, ThreadAnswer::Unwound(stack));
                 return true;
             }

@@ -64,8 +64,9 @@ const TRIES: usize = 3;
 /// What reading a thread without a signal gave.
 pub(crate) enum Read {
     /// Its stack, read while it slept: to its outermost frame, or as far as a signal's
-    /// answer would go too (a blocklisted leaf, a stack that cannot be read here).
-    Whole(Stack),
+    /// answer would go too (a blocklisted leaf, a stack that cannot be read here), asleep
+    /// in system call `syscall`.
+    Whole { stack: Stack, syscall: i64 },
     /// Read while it slept, but not to its outermost frame: the unwind stopped at a frame
     /// that needs the frame pointer. `syscall`: the system call it sleeps in.
     Part { stack: Stack, syscall: i64 },
@@ -167,7 +168,7 @@ impl Asleep {
             // `syscall` file gives none) is a part, which the answer marks itself.
             return if stack.complete || stack.flags & !FLAG_STACK_UNREAD != 0 {
                 self.read += 1;
-                Read::Whole(stack)
+                Read::Whole { stack, syscall: nr }
             } else {
                 stack.flags = 0;
                 Read::Part { stack, syscall: nr }
@@ -462,7 +463,7 @@ mod tests {
         let tid = rx.recv().unwrap();
         asleep(tid, FUTEX);
         let waiting = match reader.read(unwinding, objects, tid) {
-            Read::Whole(stack) | Read::Part { stack, .. } => stack,
+            Read::Whole { stack, .. } | Read::Part { stack, .. } => stack,
             Read::NotAsleep => panic!("krabka_test_waiting's thread is read without a signal"),
         };
         drop(stop);
@@ -544,7 +545,7 @@ mod tests {
     /// `function` if it was read only in part, or not at all.
     fn whole(read: Read, objects: &Objects, function: &str) -> (Stack, Vec<String>) {
         let stack = match read {
-            Read::Whole(stack) => stack,
+            Read::Whole { stack, .. } => stack,
             Read::Part { stack, .. } => panic!("{function}: part {:?}", names(&stack, objects)),
             Read::NotAsleep => panic!("{function}'s thread is read without a signal"),
         };
@@ -620,7 +621,7 @@ mod tests {
                         "the frames up to the stop: {part:?}"
                     );
                 }
-                Read::Whole(stack) => {
+                Read::Whole { stack, .. } => {
                     // A standard library built without frame pointers reads whole.
                     let whole = names(&stack, &objects);
                     assert!(
@@ -691,7 +692,7 @@ mod tests {
                         "no frame of the stale record ({stale_function}): {part:?}"
                     );
                 }
-                Read::Whole(stack) => panic!("read whole: {:?}", names(&stack, &objects)),
+                Read::Whole { stack, .. } => panic!("read whole: {:?}", names(&stack, &objects)),
                 Read::NotAsleep => panic!("read as not asleep"),
             }
         }

@@ -15,4 +15,5 @@ mod sessions;
 mod shapes;
 mod truth;
 mod views;
+mod wall;
 mod windows;

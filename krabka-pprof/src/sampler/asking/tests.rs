@@ -52,7 +52,7 @@ fn a_stack_read_asleep_is_the_one_its_thread_gives_when_signalled_or_a_prefix_of
         if matches!(ProcThread::in_kernel(tid), Some(InKernel::Asleep { nr, .. }) if nr == libc::SYS_futex)
         {
             match reader.read(&unwinding, &objects, tid) {
-                Read::Whole(stack) => break (stack, true),
+                Read::Whole { stack, .. } => break (stack, true),
                 Read::Part { stack, .. } => break (stack, false),
                 Read::NotAsleep => {}
             }

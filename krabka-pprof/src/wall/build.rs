@@ -1,0 +1,356 @@
+//! A wall window's profile: the CPU sampler's samples as the running part, the sweep's as
+//! the time off the CPU, in `samples/count` and `wall/nanoseconds`, each sample labelled
+//! with `thread_state` (and `syscall` where it slept in one). By default only the threads
+//! doing work: a sample inside labels (a labelled poll, a span, a `scope`), or one whose
+//! stack is not a runtime's or a pool's idle wait.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::sweep::{OffCpu, State, Swept};
+use crate::labels::table::SampleLabels;
+use crate::objects::Objects;
+use crate::profile::{Frame, LabelValue, Meta, Profile, ProfileBuilder};
+use crate::sampler::{self, stack_frames};
+use crate::symbolize::{Resolved, Symbolize};
+
+/// What a wall request asks for beyond its window.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WallOptions {
+    /// Every thread, idle ones too (fgprof's meaning), not only those doing work.
+    pub(crate) every_thread: bool,
+    /// Samples also carry `thread_id`.
+    pub(crate) thread_ids: bool,
+}
+
+/// The pieces of a closed wall window.
+pub(crate) struct WallParts {
+    pub(crate) collected: sampler::Collected,
+    pub(crate) shared_with: usize,
+    pub(crate) symbolize: Symbolize,
+    pub(crate) before: Resolved,
+    /// The sweep, if its thread could be started.
+    pub(crate) swept: Option<Swept>,
+}
+
+/// Functions a sleeping thread's stack is read past, from its leaf, to find the code that
+/// waits: the standard library's and the system's waiting primitives.
+const PRIMITIVES: &[&str] = &[
+    "std::",
+    "core::",
+    "alloc::",
+    "parking_lot",
+    "mio::",
+    "crossbeam_channel::",
+    "crossbeam_utils::",
+    "__",
+    "syscall",
+    "epoll_",
+    "poll",
+    "ppoll",
+    "select",
+    "pselect",
+    "nanosleep",
+    "clock_nanosleep",
+    "pthread_",
+    "futex",
+    "sem_",
+];
+
+/// Code whose wait, found past the primitives, is a runtime's or a pool's idle one (or
+/// this profiler's own).
+const IDLE: &[&str] = &["tokio::runtime::", "rayon_core::", "krabka_pprof::"];
+
+/// Whether `name` starts with one of `prefixes`, also as a trait method's `<Type as
+/// Trait>::method`.
+fn starts_with_any(name: &str, prefixes: &[&str]) -> bool {
+    let name = name.strip_prefix('<').unwrap_or(name);
+    prefixes.iter().any(|prefix| name.starts_with(prefix))
+}
+
+/// Whether a sleeping stack is an idle wait: past the waiting primitives from its leaf,
+/// the first function named is a runtime's or a pool's. A stack with nothing past them
+/// (read no further than a C library without unwind tables, static musl's) shows nothing
+/// of the program: it counts as idle, as a stack that cannot be read does, unless its
+/// thread is inside labels.
+fn is_idle_wait(frames: &[Frame], resolved: &Resolved) -> bool {
+    for frame in frames {
+        let Frame::Code(address) = frame else {
+            continue;
+        };
+        for function in resolved.functions(*address).unwrap_or_default() {
+            if starts_with_any(&function.name, PRIMITIVES) {
+                continue;
+            }
+            return starts_with_any(&function.name, IDLE);
+        }
+    }
+    true
+}
+
+/// The marker that ends a stack read asleep in part.
+const PART_MARKER: &str = "[read asleep up to here: the next frame needs the frame pointer, \
+                           which a sleeping thread's registers in /proc do not give]";
+
+/// The wall profile of `parts` at `frequency`.
+pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
+    let WallParts {
+        collected,
+        shared_with,
+        symbolize,
+        before,
+        swept,
+    } = parts;
+    let objects: &Objects = &collected.objects;
+    let period = 1_000_000_000 / i64::from(collected.frequency.max(1));
+    let tid_of = |tid: u32| options.thread_ids.then_some(tid);
+    let unnamed: Arc<str> = Arc::from(sampler::UNNAMED_THREAD);
+
+    // Off the CPU: each key's frames, with markers where the stack is not whole.
+    let mut off: Vec<(Vec<Frame>, &OffCpu, u64, u64)> = Vec::new();
+    if let Some(swept) = &swept {
+        for (key, charged) in &swept.off_cpu {
+            let frames = match &key.state {
+                State::Asleep {
+                    frames,
+                    flags,
+                    whole,
+                    ..
+                } => {
+                    let mut stack = stack_frames(frames, *flags, objects);
+                    if !whole {
+                        stack.push(Frame::Marker(PART_MARKER.to_owned()));
+                    }
+                    stack
+                }
+                State::AsleepUnread { .. } => vec![Frame::Marker(
+                    "[asleep: its stack cannot be read without a signal on this platform]"
+                        .to_owned(),
+                )],
+                State::Runnable => vec![Frame::Marker("[runnable: waiting for a CPU]".to_owned())],
+                State::AsleepUnseen => vec![Frame::Marker(
+                    "[asleep between two looks that found it running]".to_owned(),
+                )],
+            };
+            off.push((frames, key, charged.looks, charged.nanos));
+        }
+    }
+    // Names for the sleeping stacks, to tell idle waits (and to build the profile with).
+    let mut resolved = before;
+    let addresses: Vec<u64> = off
+        .iter()
+        .flat_map(|(frames, ..)| frames)
+        .filter_map(|frame| match frame {
+            Frame::Code(address) if !resolved.has_tried(*address) => Some(*address),
+            _ => None,
+        })
+        .collect();
+    resolved.add(objects, addresses);
+
+    let mut builder = ProfileBuilder::new(objects).symbolize(symbolize);
+    let mut left_out = (0u64, 0u64);
+    let mut threads_shown = std::collections::HashSet::new();
+    for (frames, key, looks, nanos) in off {
+        let labelled = key.labels != SampleLabels::default();
+        let idle = !labelled
+            && match key.state {
+                State::Asleep { .. } => is_idle_wait(&frames, &resolved),
+                // Nothing to tell it by: a thread without labels there is left out.
+                State::AsleepUnread { .. } => true,
+                State::Runnable | State::AsleepUnseen => false,
+            };
+        if idle && !options.every_thread {
+            left_out.0 += 1;
+            left_out.1 += nanos;
+            continue;
+        }
+        threads_shown.insert(key.tid);
+        let name = swept
+            .as_ref()
+            .and_then(|swept| swept.names.get(&key.tid))
+            .unwrap_or(&unnamed);
+        let mut labels = key.labels.for_sample(name, tid_of(key.tid));
+        let (state, syscall) = match &key.state {
+            State::Asleep { syscall, .. } | State::AsleepUnread { syscall } => {
+                ("sleeping", Some(*syscall))
+            }
+            State::Runnable => ("runnable", None),
+            State::AsleepUnseen => ("sleeping", None),
+        };
+        labels.push(("thread_state".into(), LabelValue::Str(state.to_owned())));
+        if let Some(syscall) = syscall {
+            labels.push((
+                "syscall".into(),
+                LabelValue::Str(crate::process::syscall_name(syscall)),
+            ));
+        }
+        builder.add(frames, vec![looks as i64, nanos as i64], labels);
+    }
+    // On the CPU: the CPU sampler's samples, each period a period of the thread's time.
+    let mut merged: HashMap<RunningKey<'_>, sampler::Tally> = HashMap::new();
+    for (stack, tally) in &collected.stacks {
+        let name = collected.names.get(&stack.tid).unwrap_or(&unnamed).clone();
+        let key = (
+            name,
+            tid_of(stack.tid),
+            stack.flags,
+            &stack.frames[..],
+            &stack.labels,
+        );
+        let sum = merged.entry(key).or_default();
+        sum.samples += tally.samples;
+        sum.periods += tally.periods;
+    }
+    for ((name, tid, flags, frames, labels), tally) in merged {
+        let mut sample_labels = labels.for_sample(&name, tid);
+        sample_labels.push(running());
+        builder.add(
+            stack_frames(frames, flags, objects),
+            vec![tally.samples as i64, tally.periods as i64 * period],
+            sample_labels,
+        );
+    }
+    if collected.lost.samples > 0 {
+        builder.add(
+            vec![Frame::Marker("[lost: sample buffer full]".into())],
+            vec![
+                collected.lost.samples as i64,
+                collected.lost.periods as i64 * period,
+            ],
+            vec![running()],
+        );
+    }
+    let unattributed = collected.unattributed.as_nanos() as i64;
+    if unattributed > 2 * period {
+        builder.add(
+            vec![Frame::Marker(
+                "[threads too short-lived to be sampled, or without a CPU timer]".to_owned(),
+            )],
+            vec![(unattributed + period / 2) / period, unattributed],
+            vec![running()],
+        );
+    }
+    let comments = comments(
+        &collected,
+        swept.as_ref(),
+        shared_with,
+        options,
+        left_out,
+        threads_shown.len(),
+    );
+    builder = builder.resolved_before(resolved);
+    builder.finish(
+        &Meta {
+            sample_types: &[("samples", "count"), ("wall", "nanoseconds")],
+            period_type: ("wall", "nanoseconds"),
+            period,
+            time: collected.started,
+            duration: collected.duration,
+            default_sample_type: None,
+            comments,
+        },
+        &|_| false,
+    )
+}
+
+/// What the running samples of one thread name are merged by: the name, the thread's id
+/// if asked, the stack's flags and frames, the labels.
+type RunningKey<'c> = (Arc<str>, Option<u32>, u8, &'c [u64], &'c SampleLabels);
+
+fn running() -> (Cow<'static, str>, LabelValue) {
+    ("thread_state".into(), LabelValue::Str("running".to_owned()))
+}
+
+/// What `go tool pprof -comments` shows of how the window went.
+fn comments(
+    collected: &sampler::Collected,
+    swept: Option<&Swept>,
+    shared_with: usize,
+    options: WallOptions,
+    left_out: (u64, u64),
+    threads_shown: usize,
+) -> Vec<String> {
+    let mut comments = vec![format!(
+        "krabka-pprof wall-clock profile: time on a CPU from {} Hz per-thread CPU timers \
+         (stacks read with {}); time off it from looks at every thread {} times a second, \
+         without a signal",
+        collected.frequency, collected.report.reader, collected.frequency
+    )];
+    match swept {
+        Some(swept) => comments.push(format!(
+            "{} looks over {} ms: {} stacks read asleep, {} places counted again unread (the \
+             thread had not run); the looks took {} ms of CPU",
+            swept.looks,
+            swept.elapsed.as_millis(),
+            swept.stacks_read,
+            swept.counted_again,
+            swept.cpu.as_millis()
+        )),
+        None => comments.push(
+            "time off the CPU is missing: the thread that looks at sleeping threads could not \
+             be started"
+                .to_owned(),
+        ),
+    }
+    if options.every_thread {
+        comments.push("every thread, idle ones too (?threads=all)".to_owned());
+    } else {
+        comments.push(format!(
+            "threads doing work only ({threads_shown} off the CPU shown): left out, {} places \
+             of idle waits in a runtime or pool, {} ms (?threads=all shows them)",
+            left_out.0,
+            left_out.1 / 1_000_000
+        ));
+    }
+    if !cfg!(target_arch = "x86_64") {
+        comments.push(
+            "on this architecture a sleeping thread's stack cannot be read without a signal, \
+             and none is sent: time asleep carries its labels and system call under a marker"
+                .to_owned(),
+        );
+    }
+    if shared_with > 1 {
+        comments.push(format!(
+            "{shared_with} windows shared the CPU sampler while this one was open; this \
+             profile holds the samples of its own window only"
+        ));
+    }
+    comments
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{IDLE, PRIMITIVES, starts_with_any};
+
+    #[test]
+    fn idle_waits_are_told_by_the_first_function_past_the_primitives() {
+        for primitive in [
+            "std::sys::pal::unix::futex::futex_wait",
+            "<std::sync::mpsc::Receiver<T>>::recv",
+            "parking_lot_core::parking_lot::park",
+            "mio::poll::Poll::poll",
+            "__GI___poll",
+            "epoll_wait",
+            "clock_nanosleep",
+        ] {
+            assert!(starts_with_any(primitive, PRIMITIVES), "{primitive}");
+        }
+        for idle in [
+            "tokio::runtime::scheduler::multi_thread::park::Parker::park",
+            "<tokio::runtime::blocking::pool::Inner>::run",
+            "rayon_core::sleep::Sleep::sleep",
+        ] {
+            assert!(starts_with_any(idle, IDLE), "{idle}");
+            assert!(!starts_with_any(idle, PRIMITIVES), "{idle}");
+        }
+        for working in [
+            "my_service::handlers::checkout",
+            "tokio::fs::read::{{closure}}",
+            "hyper::proto::h1::dispatch::Dispatcher::poll_loop",
+        ] {
+            assert!(!starts_with_any(working, IDLE), "{working}");
+            assert!(!starts_with_any(working, PRIMITIVES), "{working}");
+        }
+    }
+}

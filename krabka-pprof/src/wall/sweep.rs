@@ -1,0 +1,373 @@
+//! The off-CPU half of a wall window: a thread of its own (`krabka-wall`) looks at the
+//! process's threads at the window's frequency, without a signal, and charges each the
+//! real time since its previous look.
+//!
+//! A look reads the thread's CPU clock (one system call). Unchanged since the previous
+//! look, with the thread seen asleep then, it slept there all along: that place is
+//! counted again for the time between, and nothing else is read. So a thread that sleeps
+//! long costs one clock read a look, and its looks thin out (every 2, 4, ... ticks, at
+//! most a second apart: the time between is still exact), so that idle threads cost next
+//! to nothing. A thread whose clock moved ran meanwhile: its time on the CPU is the CPU
+//! sampler's (the running part), its time ready to run comes from its `schedstat`, and
+//! the rest it slept. Where it sleeps now is read as a thread dump reads a sleeper
+//! (`crate::sampler::SleeperReader`); the time it slept is split between there (half of
+//! at most one period) and where it slept at the previous look (the rest), so that an
+//! idle thread's long wait is not charged to the next place it waits in. A thread inside
+//! labels is doing work, and its looks never thin out. A thread that runs now and was not
+//! seen asleep before slept, if at all, between two looks: that time has a marker of its
+//! own. Never a signal: no wait is cut short.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::labels::table::{Resolver, SampleLabels};
+use crate::sampler::{SleeperReader, Slept};
+
+/// How often the threads are listed (`/proc/self/task`): a thread that starts meanwhile
+/// is looked at from the next listing on.
+const LIST_EVERY: Duration = Duration::from_secs(1);
+
+/// Where a thread's time off the CPU went, as a sample's key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct OffCpu {
+    pub(crate) tid: u32,
+    pub(crate) state: State,
+    pub(crate) labels: SampleLabels,
+}
+
+/// What a thread off the CPU was doing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum State {
+    /// Asleep in system call `syscall` at `frames` (the sampler's stack: return
+    /// addresses, leaf first), read whole or up to a frame that needs the frame pointer.
+    Asleep {
+        syscall: i64,
+        frames: Vec<u64>,
+        flags: u8,
+        whole: bool,
+    },
+    /// Asleep in `syscall`, where its stack cannot be read without a signal.
+    AsleepUnread { syscall: i64 },
+    /// Ready to run, waiting for a CPU.
+    Runnable,
+    /// Asleep between two looks that both found it running: where, no look saw.
+    AsleepUnseen,
+}
+
+/// Time charged to one key, and the looks that found it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Charged {
+    pub(crate) looks: u64,
+    pub(crate) nanos: u64,
+}
+
+/// What a sweep gathered.
+pub(crate) struct Swept {
+    pub(crate) off_cpu: HashMap<OffCpu, Charged>,
+    /// The name of each thread looked at.
+    pub(crate) names: HashMap<u32, Arc<str>>,
+    /// Looks taken; of them, stacks read, and looks that counted a place again unread.
+    pub(crate) looks: u64,
+    pub(crate) stacks_read: u64,
+    pub(crate) counted_again: u64,
+    /// The sweeping thread's own CPU time.
+    pub(crate) cpu: Duration,
+    pub(crate) elapsed: Duration,
+}
+
+/// A sweep running on its own thread: [`finish`](Self::finish) stops it and takes what
+/// it gathered; dropped, it stops by itself within a period.
+pub(crate) struct Sweeper {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Swept>>,
+}
+
+impl Sweeper {
+    /// Starts looking at every thread `frequency` times a second.
+    pub(crate) fn start(frequency: u32, blocklist: &'static [&'static str]) -> Sweeper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("krabka-wall".to_owned())
+            .spawn(move || sweep(frequency, blocklist, &stopping))
+            .ok();
+        Sweeper { stop, thread }
+    }
+
+    /// Stops the sweep and takes what it gathered; blocks for at most a period.
+    pub(crate) fn finish(mut self) -> Option<Swept> {
+        self.stop.store(true, Ordering::Release);
+        self.thread.take()?.join().ok()
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// One watched thread.
+struct Watched {
+    /// When it was last looked at, its CPU clock and its time ready to run then.
+    looked: Instant,
+    clock: Duration,
+    waited: Duration,
+    /// Where it slept at that look, if it did.
+    asleep: Option<OffCpu>,
+    /// Looks in a row that found it asleep in the same place, unchanged.
+    quiet: u32,
+    /// The tick of its next look.
+    next: u64,
+}
+
+/// The ticks to the next look at a thread found unchanged `quiet` times in a row: 1, 2,
+/// 4, ... up to a second's worth.
+fn ticks_to_next(quiet: u32, frequency: u32) -> u64 {
+    (1u64 << quiet.min(20)).min(u64::from(frequency.max(1)))
+}
+
+fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) -> Swept {
+    let cpu_at_start = own_cpu();
+    let mut reader = SleeperReader::new(blocklist);
+    let period = Duration::from_secs(1) / frequency.max(1);
+    let started = Instant::now();
+    let own = crate::process::current_tid();
+    let mut sweep = Sweep {
+        reader: &mut reader,
+        period,
+        frequency,
+        labels: Resolver::default(),
+        off_cpu: HashMap::new(),
+        names: HashMap::new(),
+        looks: 0,
+        stacks_read: 0,
+        counted_again: 0,
+    };
+    let mut watched: HashMap<u32, Watched> = HashMap::new();
+    let mut listed_at: Option<Instant> = None;
+    let mut tick: u64 = 0;
+    while !stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if listed_at.is_none_or(|at| now.duration_since(at) >= LIST_EVERY) {
+            listed_at = Some(now);
+            let alive = crate::process::list_threads();
+            watched.retain(|tid, _| alive.binary_search(tid).is_ok());
+            for tid in alive {
+                if tid != own && !watched.contains_key(&tid) {
+                    // The first look sets where it is: no time before it is charged.
+                    if let Some(first) = sweep.first_look(tid, tick) {
+                        watched.insert(tid, first);
+                    }
+                }
+            }
+        }
+        watched.retain(|&tid, thread| thread.next > tick || sweep.look(tid, thread, tick));
+        tick += 1;
+        // Ticks at fixed times from the start: a slow sweep skips ticks rather than
+        // drifting.
+        let due = started + period * u32::try_from(tick).unwrap_or(u32::MAX);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        } else {
+            tick = (now.duration_since(started).as_nanos() / period.as_nanos().max(1)) as u64 + 1;
+        }
+    }
+    let Sweep {
+        off_cpu,
+        names,
+        looks,
+        stacks_read,
+        counted_again,
+        ..
+    } = sweep;
+    Swept {
+        off_cpu,
+        names,
+        looks,
+        stacks_read,
+        counted_again,
+        cpu: own_cpu().saturating_sub(cpu_at_start),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// The sweep's working state.
+struct Sweep<'r> {
+    reader: &'r mut SleeperReader,
+    period: Duration,
+    frequency: u32,
+    labels: Resolver,
+    off_cpu: HashMap<OffCpu, Charged>,
+    names: HashMap<u32, Arc<str>>,
+    looks: u64,
+    stacks_read: u64,
+    counted_again: u64,
+}
+
+impl Sweep<'_> {
+    fn first_look(&mut self, tid: u32, tick: u64) -> Option<Watched> {
+        let clock = crate::process::thread_cpu_time(tid).ok()?;
+        let waited = crate::process::thread_run_delay(tid).unwrap_or_default();
+        let looked = Instant::now();
+        let asleep = self.where_asleep(tid);
+        Some(Watched {
+            looked,
+            clock,
+            waited,
+            asleep,
+            quiet: 0,
+            next: tick + 1,
+        })
+    }
+
+    /// Looks at `thread` (thread `tid`) at `tick`; false once it is gone.
+    fn look(&mut self, tid: u32, thread: &mut Watched, tick: u64) -> bool {
+        let Ok(clock) = crate::process::thread_cpu_time(tid) else {
+            return false;
+        };
+        let now = Instant::now();
+        let elapsed = now.duration_since(thread.looked);
+        thread.looked = now;
+        self.looks += 1;
+        if clock == thread.clock
+            && let Some(place) = &thread.asleep
+        {
+            // It did not run: asleep there since the last look, and now. A thread inside
+            // labels (a request's poll, a span, a scope) is doing work: looked at every
+            // tick, so that where it sleeps next is charged from when it got there.
+            self.counted_again += 1;
+            charge(&mut self.off_cpu, place, elapsed, 1);
+            if place.labels == SampleLabels::default() {
+                thread.quiet += 1;
+            }
+            thread.next = tick + ticks_to_next(thread.quiet, self.frequency);
+            return true;
+        }
+        let ran = clock.saturating_sub(thread.clock);
+        let waited_now = crate::process::thread_run_delay(tid).unwrap_or(thread.waited);
+        let waited = waited_now.saturating_sub(thread.waited);
+        let slept = elapsed.saturating_sub(ran).saturating_sub(waited);
+        let labels = self.labels_of(tid);
+        if !waited.is_zero() {
+            let key = OffCpu {
+                tid,
+                state: State::Runnable,
+                labels: labels.clone(),
+            };
+            charge(&mut self.off_cpu, &key, waited, 1);
+        }
+        let before = thread.asleep.take();
+        let now_asleep = self.where_asleep(tid);
+        match (&before, &now_asleep) {
+            // Asleep here now, and elsewhere at the last look: it moved at a moment no look
+            // saw. Half of at most a period of the sleep is charged here, the rest where
+            // it slept before: even between two looks a period apart (each place's
+            // expected share), and a long wait seen from afar (a thread whose looks had
+            // thinned out) stays where it was, not charged to the place it went to.
+            (_, Some(here)) => {
+                let here_part = slept.min(self.period) / 2;
+                let rest = slept - here_part;
+                match &before {
+                    Some(there) => {
+                        charge(&mut self.off_cpu, there, rest, 0);
+                        charge(&mut self.off_cpu, here, here_part, 1);
+                    }
+                    None => charge(&mut self.off_cpu, here, slept, 1),
+                }
+            }
+            // Running now: its sleep was where it slept before, or no look saw it.
+            (Some(there), None) => charge(&mut self.off_cpu, there, slept, 0),
+            (None, None) if !slept.is_zero() => {
+                let key = OffCpu {
+                    tid,
+                    state: State::AsleepUnseen,
+                    labels,
+                };
+                charge(&mut self.off_cpu, &key, slept, 1);
+            }
+            (None, None) => {}
+        }
+        thread.clock = clock;
+        thread.waited = waited_now;
+        thread.asleep = now_asleep;
+        thread.quiet = 0;
+        thread.next = tick + 1;
+        true
+    }
+
+    /// Where thread `tid` sleeps now, with the labels active on it, if it sleeps.
+    fn where_asleep(&mut self, tid: u32) -> Option<OffCpu> {
+        let state = match self.reader.look(tid) {
+            Slept::Read {
+                stack,
+                syscall,
+                whole,
+            } => {
+                self.stacks_read += 1;
+                State::Asleep {
+                    syscall,
+                    frames: stack.frames,
+                    flags: stack.flags,
+                    whole,
+                }
+            }
+            Slept::Unread { syscall } => State::AsleepUnread { syscall },
+            Slept::NotAsleep => return None,
+        };
+        self.names
+            .entry(tid)
+            .or_insert_with(|| crate::process::thread_name(tid).unwrap_or_default().into());
+        Some(OffCpu {
+            tid,
+            state,
+            labels: self.labels_of(tid),
+        })
+    }
+
+    /// The labels active on thread `tid` now.
+    fn labels_of(&mut self, tid: u32) -> SampleLabels {
+        self.names
+            .entry(tid)
+            .or_insert_with(|| crate::process::thread_name(tid).unwrap_or_default().into());
+        match crate::labels::current::word_of(tid) {
+            Some(word) if word != 0 => self.labels.resolve(word),
+            _ => SampleLabels::default(),
+        }
+    }
+}
+
+fn charge(off_cpu: &mut HashMap<OffCpu, Charged>, key: &OffCpu, time: Duration, looks: u64) {
+    if time.is_zero() && looks == 0 {
+        return;
+    }
+    let charged = match off_cpu.get_mut(key) {
+        Some(charged) => charged,
+        None => off_cpu.entry(key.clone()).or_default(),
+    };
+    charged.looks += looks;
+    charged.nanos += time.as_nanos() as u64;
+}
+
+/// The calling thread's CPU time so far.
+fn own_cpu() -> Duration {
+    crate::process::clock_time(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ticks_to_next;
+
+    #[test]
+    fn a_quiet_thread_is_looked_at_less_often_up_to_once_a_second() {
+        assert_eq!(ticks_to_next(0, 99), 1);
+        assert_eq!(ticks_to_next(1, 99), 2);
+        assert_eq!(ticks_to_next(3, 99), 8);
+        assert_eq!(ticks_to_next(7, 99), 99);
+        assert_eq!(ticks_to_next(40, 99), 99);
+        assert_eq!(ticks_to_next(40, 1), 1);
+    }
+}

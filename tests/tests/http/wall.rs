@@ -1,0 +1,546 @@
+//! `/wall`: where the threads doing work spent their time, on a CPU and off it. Judged by
+//! the service's own clocks: each part of a request timed by the thread that ran it (its
+//! CPU clock around the burn; around each blocking call, the wall clock less its CPU and
+//! its wait for a CPU by the kernel's count), read every 2 ms so that only what fell
+//! inside the profile's window counts.
+
+use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::os::fd::FromRawFd as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::Router;
+use axum::routing::get;
+use krabka_pprof::labels::LabelsExt as _;
+use krabka_pprof::pprof_routes;
+use krabka_pprof_tests::{
+    Profile, Readings, TestServer, assert_window_inside, client, column, decode,
+    krabka_sampler_only, serial, stacks, string,
+};
+use reqwest::StatusCode;
+
+#[pprof_routes(cpu_max = "30s")]
+fn app() -> Router {
+    Router::new().route(
+        "/blocky",
+        get(|| async { blocky().with_labels(&[("route", "blocky")]).await }),
+    )
+}
+
+/// The parts of one request, in the order it does them.
+#[derive(Clone, Copy)]
+enum Part {
+    Burn,
+    Sleep,
+    Pipe,
+    Mutex,
+}
+
+/// Nanoseconds each part took, over every request ended so far.
+static ENDED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// The part each worker is in now, by thread id: its clocks when it began.
+static IN_PROGRESS: Mutex<Option<HashMap<u32, (Part, Clocks)>>> = Mutex::new(None);
+
+/// A thread's clocks: the wall clock, its CPU clock, and the kernel's count of its time
+/// waiting for a CPU (`schedstat`).
+#[derive(Clone, Copy)]
+struct Clocks {
+    wall: Instant,
+    cpu: Duration,
+    waited: Duration,
+}
+
+impl Clocks {
+    fn of(tid: u32) -> Clocks {
+        let waited = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+            .ok()
+            .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
+            .map(Duration::from_nanos)
+            .unwrap_or_default();
+        Clocks {
+            wall: Instant::now(),
+            cpu: cpu_of(tid),
+            waited,
+        }
+    }
+
+    /// The time since `self` a part took: CPU time for the burn; for a blocking call, the
+    /// time its thread was off the CPU and not waiting for one (what a wall profile calls
+    /// sleeping; the wait for a CPU after the call woke is its `runnable` time).
+    fn since(self, part: Part, tid: u32) -> Duration {
+        let now = Clocks::of(tid);
+        let cpu = now.cpu.saturating_sub(self.cpu);
+        match part {
+            Part::Burn => cpu,
+            _ => now
+                .wall
+                .duration_since(self.wall)
+                .saturating_sub(cpu)
+                .saturating_sub(now.waited.saturating_sub(self.waited)),
+        }
+    }
+}
+
+fn tid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+fn cpu_of(tid: u32) -> Duration {
+    let clock = (!(tid as libc::clockid_t) << 3) | 4 | 2;
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into `time`; a gone thread's clock is an error.
+    if unsafe { libc::clock_gettime(clock, &mut time) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
+}
+
+/// Times `f` as `part` of the calling worker's request.
+fn timed<R>(part: Part, f: impl FnOnce() -> R) -> R {
+    let me = tid();
+    let since = Clocks::of(me);
+    IN_PROGRESS
+        .lock()
+        .unwrap()
+        .get_or_insert_with(HashMap::new)
+        .insert(me, (part, since));
+    let out = f();
+    let took = since.since(part, me);
+    let mut in_progress = IN_PROGRESS.lock().unwrap();
+    ENDED[part as usize].fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    in_progress.as_mut().unwrap().remove(&me);
+    out
+}
+
+/// Each part's time so far, the parts in progress included.
+fn parts_so_far() -> [u64; 4] {
+    let in_progress = IN_PROGRESS.lock().unwrap();
+    let mut sums: [u64; 4] = std::array::from_fn(|i| ENDED[i].load(Ordering::Relaxed));
+    for (&tid, &(part, since)) in in_progress.iter().flatten() {
+        sums[part as usize] += since.since(part, tid).as_nanos() as u64;
+    }
+    sums
+}
+
+/// One request: 45 ms of CPU, then three calls that block the worker inside its poll (a
+/// 40 ms sleep, a read of a pipe written 40 ms later, a `std::sync::Mutex` held by
+/// another thread for 40 ms), then an awaited timer, which does not block it.
+async fn blocky() -> &'static str {
+    timed(Part::Burn, || wall_burn(Duration::from_millis(45)));
+    timed(Part::Sleep, || wall_sleep(Duration::from_millis(40)));
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors into `fds`.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both are new and owned here from now on.
+    let (mut reader, mut writer) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    let writing = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(40));
+        writer.write_all(b"x").unwrap();
+    });
+    timed(Part::Pipe, || wall_pipe_read(&mut reader));
+    writing.join().unwrap();
+    let lock = Arc::new(Mutex::new(()));
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let holding = {
+        let lock = lock.clone();
+        std::thread::spawn(move || {
+            let _held = lock.lock().unwrap();
+            held_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(40));
+        })
+    };
+    held_rx.recv().unwrap();
+    timed(Part::Mutex, || wall_mutex_wait(&lock));
+    holding.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    "ok"
+}
+
+#[inline(never)]
+fn wall_burn(cpu: Duration) {
+    let me = tid();
+    let until = cpu_of(me) + cpu;
+    while cpu_of(me) < until {
+        std::hint::black_box((0..2_000u64).sum::<u64>());
+    }
+}
+
+#[inline(never)]
+fn wall_sleep(time: Duration) {
+    std::thread::sleep(time);
+    std::hint::black_box(());
+}
+
+#[inline(never)]
+fn wall_pipe_read(reader: &mut std::fs::File) {
+    let mut byte = [0u8; 1];
+    reader.read_exact(&mut byte).unwrap();
+    std::hint::black_box(byte);
+}
+
+#[inline(never)]
+fn wall_mutex_wait(lock: &Mutex<()>) {
+    let held = lock.lock().unwrap();
+    std::hint::black_box(&held);
+}
+
+/// Each sample's labels, by key.
+fn labels(profile: &Profile, sample: usize) -> HashMap<String, String> {
+    profile.sample[sample]
+        .label
+        .iter()
+        .map(|label| {
+            (
+                string(profile, label.key).to_owned(),
+                string(profile, label.str).to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// `wall/nanoseconds` of samples whose stack has `function` and whose labels `keep`.
+fn wall_in(
+    profile: &Profile,
+    function: &str,
+    keep: impl Fn(&HashMap<String, String>) -> bool,
+) -> i64 {
+    let wall = column(profile, "wall");
+    stacks(profile)
+        .iter()
+        .enumerate()
+        .filter(|(i, (stack, _))| {
+            stack.iter().any(|f| f.contains(function)) && keep(&labels(profile, *i))
+        })
+        .map(|(_, (_, values))| values[wall])
+        .sum()
+}
+
+/// `wall/nanoseconds` asleep under `route=blocky` in one of `syscalls`.
+fn by_syscall_under_route(profile: &Profile, syscalls: &[&str]) -> i64 {
+    let wall = column(profile, "wall");
+    (0..profile.sample.len())
+        .filter(|&i| {
+            let labels = labels(profile, i);
+            labels.get("thread_state").map(String::as_str) == Some("sleeping")
+                && labels.get("route").map(String::as_str) == Some("blocky")
+                && labels
+                    .get("syscall")
+                    .is_some_and(|syscall| syscalls.contains(&syscall.as_str()))
+        })
+        .map(|i| profile.sample[i].value[wall])
+        .sum()
+}
+
+/// Threads asleep in `poll`, `epoll_wait` and `nanosleep` for 500 ms at a time, counting
+/// the waits cut short with `EINTR`: what a signal sent to read a sleeping thread (as a
+/// thread dump's `SIGURG`) would do. They block `SIGPROF`, the CPU half's signal: the
+/// kernel gives the CPU sampler's process-wide backstop signal to any thread that does not
+/// block it when the thread whose CPU made it expire cannot take it (one exiting, as this
+/// test's helpers do by the hundred), so a sleeper that does not block it sees an `EINTR`
+/// now and then under `/profile` as under `/wall` (seen here: 1 or 2 in a 7 s window),
+/// which is the CPU sampler's to answer, not this route's.
+struct Sleepers {
+    stop: Arc<AtomicBool>,
+    interrupted: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// One kind of wait: made once, then waited on until it times out.
+type Wait = fn() -> Box<dyn FnMut() -> i32 + Send>;
+
+impl Sleepers {
+    fn start() -> Sleepers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let interrupted = Arc::new(AtomicU64::new(0));
+        let waits: [Wait; 3] = [
+            || {
+                let mut fds = [0; 2];
+                // SAFETY: pipe writes two descriptors, kept open for the thread's life.
+                assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+                Box::new(move || {
+                    let mut pollfd = libc::pollfd {
+                        fd: fds[0],
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: poll reads and writes the one pollfd.
+                    unsafe { libc::poll(&mut pollfd, 1, 500) }
+                })
+            },
+            || {
+                // SAFETY: an epoll instance of no descriptors, kept for the thread's life.
+                let epoll = unsafe { libc::epoll_create1(0) };
+                assert!(epoll >= 0);
+                Box::new(move || {
+                    let mut event = libc::epoll_event { events: 0, u64: 0 };
+                    // SAFETY: epoll_wait writes at most one event into `event`.
+                    unsafe { libc::epoll_wait(epoll, &mut event, 1, 500) }
+                })
+            },
+            || {
+                Box::new(|| {
+                    let wait = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 500_000_000,
+                    };
+                    // SAFETY: nanosleep reads `wait`; the remainder is not asked for.
+                    unsafe { libc::nanosleep(&wait, std::ptr::null_mut()) }
+                })
+            },
+        ];
+        let threads = waits
+            .into_iter()
+            .map(|make| {
+                let (stop, interrupted) = (stop.clone(), interrupted.clone());
+                std::thread::spawn(move || {
+                    // SAFETY: a signal set of SIGPROF, blocked on this thread only.
+                    unsafe {
+                        let mut set: libc::sigset_t = std::mem::zeroed();
+                        libc::sigemptyset(&mut set);
+                        libc::sigaddset(&mut set, libc::SIGPROF);
+                        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                    }
+                    let mut wait = make();
+                    while !stop.load(Ordering::Relaxed) {
+                        if wait() == -1
+                            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+                        {
+                            interrupted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Sleepers {
+            stop,
+            interrupted,
+            threads,
+        }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            thread.join().unwrap();
+        }
+        self.interrupted.load(Ordering::Relaxed)
+    }
+}
+
+#[tokio::test]
+async fn blocking_calls_and_cpu_land_under_their_functions_labels_and_system_calls() {
+    let _serial = serial().await;
+    if krabka_sampler_only(
+        "blocking_calls_and_cpu_land_under_their_functions_labels_and_system_calls",
+        "has no wall-clock profiles (they answer 503)",
+    ) {
+        return;
+    }
+    let server = TestServer::start(app);
+    let truth = Readings::start("wall-parts", parts_so_far);
+    let sleepers = Sleepers::start();
+    // Two requests at a time, each about 150 ms, for as long as the window and a margin.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, stop) = (server.url("/blocky"), stop.clone());
+            tokio::spawn(async move {
+                let http = client();
+                let until = Instant::now() + Duration::from_secs(30);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                    assert_eq!(
+                        http.get(&url).send().await.unwrap().status(),
+                        StatusCode::OK
+                    );
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = SystemTime::now();
+    let response = client()
+        .get(server.url("/debug/pprof/wall?seconds=9"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let profile = decode(&response.bytes().await.unwrap());
+    let received = SystemTime::now();
+    stop.store(true, Ordering::Relaxed);
+    for load in load {
+        load.await.unwrap();
+    }
+    let interrupted = sleepers.stop();
+    let (start, end) = assert_window_inside(&profile, sent, received, "the wall profile");
+    let (before, after) = truth.around(start, end);
+    let truth: Vec<i64> = (0..4).map(|i| (after[i] - before[i]) as i64).collect();
+
+    let types: Vec<(&str, &str)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (string(&profile, t.ty), string(&profile, t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("wall", "nanoseconds")]);
+    let period_type = profile.period_type.as_ref().unwrap();
+    assert_eq!(
+        (
+            string(&profile, period_type.ty),
+            string(&profile, period_type.unit)
+        ),
+        ("wall", "nanoseconds")
+    );
+    assert_eq!(interrupted, 0, "a sleeper's wait was cut short by a signal");
+
+    let state_is = |state: &'static str| {
+        move |labels: &HashMap<String, String>| {
+            labels.get("thread_state").map(String::as_str) == Some(state)
+                && labels.get("route").map(String::as_str) == Some("blocky")
+        }
+    };
+    let syscall_of = |function: &str| -> HashMap<String, i64> {
+        let wall = column(&profile, "wall");
+        let mut by_syscall = HashMap::new();
+        for (i, (stack, values)) in stacks(&profile).iter().enumerate() {
+            if stack.iter().any(|f| f.contains(function)) {
+                let labels = labels(&profile, i);
+                if labels.get("thread_state").map(String::as_str) == Some("sleeping") {
+                    let syscall = labels.get("syscall").cloned().unwrap_or_default();
+                    *by_syscall.entry(syscall).or_default() += values[wall];
+                }
+            }
+        }
+        by_syscall
+    };
+    let parts = [
+        ("wall_burn", Part::Burn, "running", &["" as &str][..]),
+        (
+            "wall_sleep",
+            Part::Sleep,
+            "sleeping",
+            &["clock_nanosleep", "nanosleep"][..],
+        ),
+        ("wall_pipe_read", Part::Pipe, "sleeping", &["read"][..]),
+        ("wall_mutex_wait", Part::Mutex, "sleeping", &["futex"][..]),
+    ];
+    for (function, part, state, syscalls) in parts {
+        let expected = truth[part as usize];
+        assert!(
+            expected >= 2_000_000_000,
+            "{function}: only {} ms of it in the window; the workload is too slow to judge",
+            expected / 1_000_000
+        );
+        // Static musl's C functions have no unwind tables: a stack read asleep stops in
+        // them, and the time is told by its labels and system call alone.
+        let shown = if cfg!(target_env = "musl") && state == "sleeping" {
+            by_syscall_under_route(&profile, syscalls)
+        } else {
+            wall_in(&profile, function, state_is(state))
+        };
+        let error = (shown - expected) as f64 / expected as f64;
+        eprintln!(
+            "{function}: {} ms {state} in the profile, {} ms by the service's clocks ({:+.1} %)",
+            shown / 1_000_000,
+            expected / 1_000_000,
+            error * 100.0
+        );
+        assert!(
+            error.abs() <= 0.10,
+            "{function}: {} ms {state} under route=blocky in the profile, {} ms by the \
+             service's own clocks ({:+.1} %)",
+            shown / 1_000_000,
+            expected / 1_000_000,
+            error * 100.0
+        );
+        if state == "sleeping" {
+            let by_syscall = syscall_of(function);
+            let named: i64 = by_syscall
+                .iter()
+                .filter(|(syscall, _)| syscalls.contains(&syscall.as_str()))
+                .map(|(_, wall)| wall)
+                .sum();
+            let all: i64 = by_syscall.values().sum();
+            assert!(
+                named as f64 >= 0.9 * all as f64,
+                "{function}: asleep in {by_syscall:?}, expected {syscalls:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn idle_runtime_threads_are_left_out_unless_every_thread_is_asked_for() {
+    let _serial = serial().await;
+    if krabka_sampler_only(
+        "idle_runtime_threads_are_left_out_unless_every_thread_is_asked_for",
+        "has no wall-clock profiles (they answer 503)",
+    ) {
+        return;
+    }
+    // Nothing runs: the server's workers wait for work in tokio's park.
+    let server = TestServer::start(app);
+    let sleeping = |profile: &Profile, park_only: bool| {
+        let wall = column(profile, "wall");
+        stacks(profile)
+            .iter()
+            .enumerate()
+            .filter(|(i, (stack, _))| {
+                labels(profile, *i).get("thread_state").map(String::as_str) == Some("sleeping")
+                    && (!park_only
+                        || stack
+                            .iter()
+                            .any(|f| f.contains("tokio::runtime::scheduler::multi_thread::park")))
+            })
+            .map(|(_, (_, values))| values[wall])
+            .sum::<i64>()
+    };
+    let wall = |query: &'static str| {
+        let url = server.url(&format!("/debug/pprof/wall?seconds=1{query}"));
+        async move {
+            decode(
+                &client()
+                    .get(url)
+                    .send()
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    let working = wall("").await;
+    let every = wall("&threads=all").await;
+    assert_eq!(
+        sleeping(&working, true),
+        0,
+        "the default profile shows idle workers"
+    );
+    // Two workers parked for most of a second, and the server's own thread (where
+    // static musl's C library stops the stack, they show as that, not as tokio's park).
+    let idle = sleeping(&every, false) - sleeping(&working, false);
+    assert!(
+        idle >= 1_000_000_000,
+        "threads=all shows {} ms asleep more than the default, not two idle workers' second",
+        idle / 1_000_000
+    );
+    let bad = client()
+        .get(server.url("/debug/pprof/wall?threads=some"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    let text = bad.text().await.unwrap();
+    assert!(text.starts_with("`threads` must be working"), "{text}");
+}
