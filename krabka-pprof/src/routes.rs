@@ -90,6 +90,7 @@ where
         .route(&format!("{prefix}/"), handler(Route::Index))
         .route(&format!("{prefix}/profile"), handler(Route::Profile))
         .route(&format!("{prefix}/wall"), handler(Route::Wall))
+        .route(&format!("{prefix}/blocking"), handler(Route::Blocking))
         // Always mounted: without `recent` it says which key turns it on.
         .route(&format!("{prefix}/recent"), handler(Route::Recent));
     if config.heap() {
@@ -125,7 +126,7 @@ fn announce_open_routes(config: &ProfilingConfig) {
         return;
     }
     let prefix = config.prefix();
-    let mut routes = vec!["/", "/profile", "/wall", "/recent"];
+    let mut routes = vec!["/", "/profile", "/wall", "/blocking", "/recent"];
     if config.heap() {
         routes.extend(["/heap", "/allocs"]);
     }
@@ -154,6 +155,7 @@ enum Route {
     Index,
     Profile,
     Wall,
+    Blocking,
     Recent,
     Heap,
     Allocs,
@@ -170,6 +172,7 @@ impl Route {
             Route::Index => "/",
             Route::Profile => "/profile",
             Route::Wall => "/wall",
+            Route::Blocking => "/blocking",
             Route::Recent => "/recent",
             Route::Heap => "/heap",
             Route::Allocs => "/allocs",
@@ -220,7 +223,8 @@ async fn handle(shared: Arc<Shared>, route: Route, request: Request) -> Response
             Route::Redirect => redirect(&format!("{}/", shared.config.prefix())),
             Route::Index => index(&shared.config, &parts),
             Route::Profile => cpu_profile(&shared.config, &parts).await,
-            Route::Wall => wall_profile(&shared.config, &parts).await,
+            Route::Wall => wall_profile(&shared.config, &parts, false).await,
+            Route::Blocking => wall_profile(&shared.config, &parts, true).await,
             Route::Recent => recent_profile(&shared.config, &parts).await,
             Route::Heap => heap_profile(&shared.config, &parts, HeapRoute::Heap).await,
             Route::Allocs => heap_profile(&shared.config, &parts, HeapRoute::Allocs).await,
@@ -288,12 +292,22 @@ async fn cpu_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     }
 }
 
-/// `/wall`: a wall-clock profile of the threads doing work. A window of the CPU sampler's
-/// session gives the time on a CPU (so the CPU route's lease and 409s hold), and a sweep
-/// opened with it the time off the CPU (`crate::wall`).
-async fn wall_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
+/// `/wall`: a wall-clock profile of the threads doing work; `/blocking` (`blocking`), its
+/// view of the time threads slept inside an async task's poll. A window of the CPU
+/// sampler's session gives the time on a CPU (so the CPU route's lease and 409s hold),
+/// and a sweep opened with it the time off the CPU (`crate::wall`).
+async fn wall_profile(config: &ProfilingConfig, parts: &Parts, blocking: bool) -> Response {
     let span = tracing::Span::current();
-    let query = match WallQuery::parse(parts.uri.query(), config) {
+    let parsed = if blocking {
+        // Every thread's poll is looked at: `threads` does not apply.
+        CpuQuery::parse(parts.uri.query(), config).map(|cpu| WallQuery {
+            cpu,
+            every_thread: false,
+        })
+    } else {
+        WallQuery::parse(parts.uri.query(), config)
+    };
+    let query = match parsed {
         Ok(query) => query,
         Err(message) => return bad_request(&message),
     };
@@ -307,7 +321,7 @@ async fn wall_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
     }
     #[cfg(sampler)]
     {
-        use crate::wall::{Sweeper, WallOptions, WallParts};
+        use crate::wall::{Sweeper, WallOptions, WallParts, WallView};
 
         if !cpu::shares_windows() {
             return answers::cpu(CpuError::Unavailable(
@@ -324,20 +338,39 @@ async fn wall_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
             split: cpu::Split::default(),
         };
         let options = WallOptions {
+            view: if blocking {
+                WallView::Blocking
+            } else {
+                WallView::Wall
+            },
             every_thread: query.every_thread,
             thread_ids: cpu_query.thread_ids,
         };
         let (format, lines, group) = (cpu_query.format, cpu_query.naming.lines, cpu_query.group);
-        let subtitle = format!(
-            "{} s, threads {}, looked at {} times a second",
-            cpu_query.duration.as_secs(),
-            if query.every_thread {
-                "all"
-            } else {
-                "doing work"
-            },
-            cpu_query.frequency
-        );
+        let (title, subtitle) = if blocking {
+            (
+                "Blocking",
+                format!(
+                    "{} s of time asleep inside async tasks' polls, looked at {} times a second",
+                    cpu_query.duration.as_secs(),
+                    cpu_query.frequency
+                ),
+            )
+        } else {
+            (
+                "Wall clock",
+                format!(
+                    "{} s, threads {}, looked at {} times a second",
+                    cpu_query.duration.as_secs(),
+                    if query.every_thread {
+                        "all"
+                    } else {
+                        "doing work"
+                    },
+                    cpu_query.frequency
+                ),
+            )
+        };
         let (frequency, blocklist) = (cpu_query.frequency, config.blocklist());
         let rendered = cpu::window(
             request,
@@ -355,7 +388,7 @@ async fn wall_profile(config: &ProfilingConfig, parts: &Parts) -> Response {
                     &profile,
                     format,
                     (lines, group.as_deref()),
-                    "Wall clock",
+                    title,
                     &subtitle,
                 )
                 .map_err(CpuError::Failed);

@@ -15,7 +15,7 @@ mod build;
 mod sweep;
 
 #[cfg(sampler)]
-pub(crate) use build::{WallOptions, WallParts, wall_profile};
+pub(crate) use build::{WallOptions, WallParts, WallView, wall_profile};
 #[cfg(sampler)]
 pub(crate) use sweep::Sweeper;
 

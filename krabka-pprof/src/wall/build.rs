@@ -3,6 +3,11 @@
 //! with `thread_state` (and `syscall` where it slept in one). By default only the threads
 //! doing work: a sample inside labels (a labelled poll, a span, a `scope`), or one whose
 //! stack is not a runtime's or a pool's idle wait.
+//!
+//! The blocking view keeps, of the same window, the time threads slept *inside an async
+//! task's poll*: what blocked the runtime. Told by the stack where it can be read (a
+//! task's poll, or `block_on`'s, on it; not the blocking pool's), else by the labels
+//! (a labelled future or a span is polled while its labels are on the thread).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,9 +20,20 @@ use crate::profile::{Frame, LabelValue, Meta, Profile, ProfileBuilder};
 use crate::sampler::{self, stack_frames};
 use crate::symbolize::{Resolved, Symbolize};
 
+/// Which view of a wall window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum WallView {
+    /// Everything (`/wall`).
+    #[default]
+    Wall,
+    /// Time asleep inside an async task's poll (`/blocking`).
+    Blocking,
+}
+
 /// What a wall request asks for beyond its window.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct WallOptions {
+    pub(crate) view: WallView,
     /// Every thread, idle ones too (fgprof's meaning), not only those doing work.
     pub(crate) every_thread: bool,
     /// Samples also carry `thread_id`.
@@ -62,6 +78,31 @@ const PRIMITIVES: &[&str] = &[
 /// this profiler's own).
 const IDLE: &[&str] = &["tokio::runtime::", "rayon_core::", "krabka_pprof::"];
 
+/// Functions that poll an async task: a stack with one of them sleeps inside a poll.
+const TASK_POLLS: &[&str] = &[
+    "tokio::runtime::task::",
+    "tokio::runtime::park::CachedParkThread::block_on",
+    "tokio::runtime::scheduler::current_thread::CoreGuard::block_on",
+    "futures_executor::",
+];
+
+/// A task of tokio's blocking pool (`spawn_blocking`), which may block: its poll, nearer
+/// the leaf than any other, is not a runtime's. (tokio's workers run inside one, further
+/// out than the tasks they poll.)
+const BLOCKING_TASK: &[&str] = &["tokio::runtime::blocking::task::BlockingTask"];
+
+/// What a sleeping stack shows of the program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    /// Nothing past the waiting primitives (a stack cut in a C library without tables).
+    Nothing,
+    /// A runtime's or a pool's idle wait.
+    Idle,
+    /// The program's own wait: whether inside an async task's poll (on a runtime's
+    /// worker, not its blocking pool).
+    Program { in_poll: bool },
+}
+
 /// Whether `name` starts with one of `prefixes`, also as a trait method's `<Type as
 /// Trait>::method`.
 fn starts_with_any(name: &str, prefixes: &[&str]) -> bool {
@@ -69,24 +110,31 @@ fn starts_with_any(name: &str, prefixes: &[&str]) -> bool {
     prefixes.iter().any(|prefix| name.starts_with(prefix))
 }
 
-/// Whether a sleeping stack is an idle wait: past the waiting primitives from its leaf,
-/// the first function named is a runtime's or a pool's. A stack with nothing past them
-/// (read no further than a C library without unwind tables, static musl's) shows nothing
-/// of the program: it counts as idle, as a stack that cannot be read does, unless its
-/// thread is inside labels.
-fn is_idle_wait(frames: &[Frame], resolved: &Resolved) -> bool {
-    for frame in frames {
-        let Frame::Code(address) = frame else {
-            continue;
-        };
-        for function in resolved.functions(*address).unwrap_or_default() {
-            if starts_with_any(&function.name, PRIMITIVES) {
-                continue;
-            }
-            return starts_with_any(&function.name, IDLE);
-        }
+/// What a sleeping stack shows: past the waiting primitives from its leaf, the first
+/// function named is a runtime's or a pool's (an idle wait) or the program's, or there is
+/// none (read no further than a C library without unwind tables, static musl's: nothing
+/// of the program, which counts as idle unless the thread is inside labels, as a stack
+/// that cannot be read does).
+fn seen(frames: &[Frame], resolved: &Resolved) -> Seen {
+    let names = || {
+        frames.iter().flat_map(|frame| match frame {
+            Frame::Code(address) => resolved.functions(*address).unwrap_or_default(),
+            _ => &[],
+        })
+    };
+    let Some(first) = names().find(|function| !starts_with_any(&function.name, PRIMITIVES)) else {
+        return Seen::Nothing;
+    };
+    if starts_with_any(&first.name, IDLE) {
+        return Seen::Idle;
     }
-    true
+    // The innermost poll of a task decides: a runtime's, or the blocking pool's.
+    let innermost = names().find(|function| {
+        starts_with_any(&function.name, TASK_POLLS)
+            || starts_with_any(&function.name, BLOCKING_TASK)
+    });
+    let in_poll = innermost.is_some_and(|function| !starts_with_any(&function.name, BLOCKING_TASK));
+    Seen::Program { in_poll }
 }
 
 /// The marker that ends a stack read asleep in part.
@@ -150,17 +198,41 @@ pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
 
     let mut builder = ProfileBuilder::new(objects).symbolize(symbolize);
     let mut left_out = (0u64, 0u64);
+    // Of the blocking view's samples, those told by the stack, and by the labels.
+    let mut decided = (0u64, 0u64);
     let mut threads_shown = std::collections::HashSet::new();
     for (frames, key, looks, nanos) in off {
         let labelled = key.labels != SampleLabels::default();
-        let idle = !labelled
-            && match key.state {
-                State::Asleep { .. } => is_idle_wait(&frames, &resolved),
-                // Nothing to tell it by: a thread without labels there is left out.
-                State::AsleepUnread { .. } => true,
-                State::Runnable | State::AsleepUnseen => false,
-            };
-        if idle && !options.every_thread {
+        let seen = match &key.state {
+            State::Asleep { whole, .. } => match seen(&frames, &resolved) {
+                // A part read up to a frame that needs the frame pointer may have its
+                // task's poll further out: not known.
+                Seen::Program { in_poll: false } if !whole => Seen::Nothing,
+                seen => seen,
+            },
+            State::AsleepUnread { .. } => Seen::Nothing,
+            State::Runnable | State::AsleepUnseen => Seen::Program { in_poll: false },
+        };
+        let keep = match options.view {
+            WallView::Wall => {
+                options.every_thread || labelled || matches!(seen, Seen::Program { .. })
+            }
+            WallView::Blocking => {
+                let asleep = matches!(key.state, State::Asleep { .. } | State::AsleepUnread { .. });
+                match seen {
+                    Seen::Program { in_poll: true } if asleep => {
+                        decided.0 += 1;
+                        true
+                    }
+                    Seen::Nothing if asleep && labelled => {
+                        decided.1 += 1;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        };
+        if !keep {
             left_out.0 += 1;
             left_out.1 += nanos;
             continue;
@@ -187,9 +259,11 @@ pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
         }
         builder.add(frames, vec![looks as i64, nanos as i64], labels);
     }
-    // On the CPU: the CPU sampler's samples, each period a period of the thread's time.
+    // On the CPU: the CPU sampler's samples, each period a period of the thread's time
+    // (none in the blocking view: a thread on a CPU does not block).
+    let running_part = options.view == WallView::Wall;
     let mut merged: HashMap<RunningKey<'_>, sampler::Tally> = HashMap::new();
-    for (stack, tally) in &collected.stacks {
+    for (stack, tally) in collected.stacks.iter().filter(|_| running_part) {
         let name = collected.names.get(&stack.tid).unwrap_or(&unnamed).clone();
         let key = (
             name,
@@ -211,7 +285,7 @@ pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
             sample_labels,
         );
     }
-    if collected.lost.samples > 0 {
+    if running_part && collected.lost.samples > 0 {
         builder.add(
             vec![Frame::Marker("[lost: sample buffer full]".into())],
             vec![
@@ -222,7 +296,7 @@ pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
         );
     }
     let unattributed = collected.unattributed.as_nanos() as i64;
-    if unattributed > 2 * period {
+    if running_part && unattributed > 2 * period {
         builder.add(
             vec![Frame::Marker(
                 "[threads too short-lived to be sampled, or without a CPU timer]".to_owned(),
@@ -236,7 +310,7 @@ pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
         swept.as_ref(),
         shared_with,
         options,
-        left_out,
+        (left_out, decided),
         threads_shown.len(),
     );
     builder = builder.resolved_before(resolved);
@@ -268,7 +342,7 @@ fn comments(
     swept: Option<&Swept>,
     shared_with: usize,
     options: WallOptions,
-    left_out: (u64, u64),
+    ((left_places, left_nanos), (by_stack, by_labels)): ((u64, u64), (u64, u64)),
     threads_shown: usize,
 ) -> Vec<String> {
     let mut comments = vec![format!(
@@ -293,15 +367,23 @@ fn comments(
                 .to_owned(),
         ),
     }
-    if options.every_thread {
-        comments.push("every thread, idle ones too (?threads=all)".to_owned());
-    } else {
-        comments.push(format!(
-            "threads doing work only ({threads_shown} off the CPU shown): left out, {} places \
-             of idle waits in a runtime or pool, {} ms (?threads=all shows them)",
-            left_out.0,
-            left_out.1 / 1_000_000
-        ));
+    match options.view {
+        WallView::Blocking => comments.push(format!(
+            "blocking view: time threads slept inside an async task's poll ({threads_shown} \
+             threads); {by_stack} places told by a task's poll on the stack, {by_labels} by \
+             the labels of a labelled future or span where the stack could not be read that \
+             far; {left_places} other places, {} ms, left out",
+            left_nanos / 1_000_000
+        )),
+        WallView::Wall if options.every_thread => {
+            comments.push("every thread, idle ones too (?threads=all)".to_owned());
+        }
+        WallView::Wall => comments.push(format!(
+            "threads doing work only ({threads_shown} off the CPU shown): left out, \
+             {left_places} places of idle waits in a runtime or pool, {} ms (?threads=all \
+             shows them)",
+            left_nanos / 1_000_000
+        )),
     }
     if !cfg!(target_arch = "x86_64") {
         comments.push(

@@ -131,7 +131,8 @@ fn parts_so_far() -> [u64; 4] {
 
 /// One request: 45 ms of CPU, then three calls that block the worker inside its poll (a
 /// 40 ms sleep, a read of a pipe written 40 ms later, a `std::sync::Mutex` held by
-/// another thread for 40 ms), then an awaited timer, which does not block it.
+/// another thread for 40 ms), then an awaited timer, which does not block it, and a sleep
+/// on the blocking pool, which does not either.
 async fn blocky() -> &'static str {
     timed(Part::Burn, || wall_burn(Duration::from_millis(45)));
     timed(Part::Sleep, || wall_sleep(Duration::from_millis(40)));
@@ -165,7 +166,17 @@ async fn blocky() -> &'static str {
     timed(Part::Mutex, || wall_mutex_wait(&lock));
     holding.join().unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
+    // Blocking where it may: on tokio's blocking pool, not the worker.
+    tokio::task::spawn_blocking(|| wall_pool_sleep(Duration::from_millis(10)))
+        .await
+        .unwrap();
     "ok"
+}
+
+#[inline(never)]
+fn wall_pool_sleep(time: Duration) {
+    std::thread::sleep(time);
+    std::hint::black_box(());
 }
 
 #[inline(never)]
@@ -340,16 +351,17 @@ impl Sleepers {
 }
 
 #[tokio::test]
-async fn blocking_calls_and_cpu_land_under_their_functions_labels_and_system_calls() {
+async fn blocking_calls_and_cpu_land_under_their_functions_labels_system_calls_and_the_blocking_view()
+ {
     let _serial = serial().await;
     if krabka_sampler_only(
-        "blocking_calls_and_cpu_land_under_their_functions_labels_and_system_calls",
+        "blocking_calls_and_cpu_land_under_their_functions_labels_system_calls_and_the_blocking_view",
         "has no wall-clock profiles (they answer 503)",
     ) {
         return;
     }
     let server = TestServer::start(app);
-    let truth = Readings::start("wall-parts", parts_so_far);
+    let readings = Readings::start("wall-parts", parts_so_far);
     let sleepers = Sleepers::start();
     // Two requests at a time, each about 150 ms, for as long as the window and a margin.
     let stop = Arc::new(AtomicBool::new(false));
@@ -369,14 +381,18 @@ async fn blocking_calls_and_cpu_land_under_their_functions_labels_and_system_cal
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // The wall profile and its blocking view side by side, sharing the CPU sampler.
     let sent = SystemTime::now();
-    let response = client()
-        .get(server.url("/debug/pprof/wall?seconds=9"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let profile = decode(&response.bytes().await.unwrap());
+    let take = |route: &'static str| {
+        let url = server.url(&format!("/debug/pprof/{route}?seconds=10"));
+        tokio::spawn(async move {
+            let response = client().get(url).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{route}");
+            decode(&response.bytes().await.unwrap())
+        })
+    };
+    let (wall, blocking) = (take("wall"), take("blocking"));
+    let (profile, blocking) = (wall.await.unwrap(), blocking.await.unwrap());
     let received = SystemTime::now();
     stop.store(true, Ordering::Relaxed);
     for load in load {
@@ -384,8 +400,58 @@ async fn blocking_calls_and_cpu_land_under_their_functions_labels_and_system_cal
     }
     let interrupted = sleepers.stop();
     let (start, end) = assert_window_inside(&profile, sent, received, "the wall profile");
-    let (before, after) = truth.around(start, end);
+    let (before, after) = readings.around(start, end);
     let truth: Vec<i64> = (0..4).map(|i| (after[i] - before[i]) as i64).collect();
+
+    // The blocking view: nothing but the request's blocking calls, each under its
+    // handler (where static musl's C library lets the stack be read that far) and its
+    // route's label; as long as they took.
+    let (start, end) = assert_window_inside(&blocking, sent, received, "the blocking view");
+    let (before, after) = readings.around(start, end);
+    let blocked: i64 = (1..4).map(|i| (after[i] - before[i]) as i64).sum();
+    let wall_column = column(&blocking, "wall");
+    for (i, (stack, values)) in stacks(&blocking).iter().enumerate() {
+        let labels = labels(&blocking, i);
+        assert_eq!(
+            (
+                labels.get("thread_state").map(String::as_str),
+                labels.get("route").map(String::as_str)
+            ),
+            (Some("sleeping"), Some("blocky")),
+            "a sample of the blocking view ({} ms): {stack:?}",
+            values[wall_column] / 1_000_000
+        );
+        assert!(
+            cfg!(target_env = "musl") || stack.iter().any(|f| f.contains("wall::blocky")),
+            "a sample of the blocking view has no handler's frame: {stack:?}"
+        );
+        assert!(
+            !stack.iter().any(|f| f.contains("wall_pool_sleep")),
+            "the blocking view holds a sleep on the blocking pool: {stack:?}"
+        );
+    }
+    // ... which the wall profile shows.
+    assert!(
+        wall_in(&profile, "wall_pool_sleep", |labels| {
+            labels.get("thread_state").map(String::as_str) == Some("sleeping")
+        }) > 0,
+        "the wall profile shows no sleep on the blocking pool"
+    );
+    let shown: i64 = blocking.sample.iter().map(|s| s.value[wall_column]).sum();
+    let error = (shown - blocked) as f64 / blocked as f64;
+    eprintln!(
+        "blocking view: {} ms, {} ms by the service's clocks ({:+.1} %)",
+        shown / 1_000_000,
+        blocked / 1_000_000,
+        error * 100.0
+    );
+    assert!(
+        error.abs() <= 0.10,
+        "the blocking view holds {} ms, the blocking calls took {} ms ({:+.1} %)",
+        shown / 1_000_000,
+        blocked / 1_000_000,
+        error * 100.0
+    );
 
     let types: Vec<(&str, &str)> = profile
         .sample_type
