@@ -32,3 +32,6 @@ pub mod limits {}
 
 #[doc = include_str!("../docs/operating.md")]
 pub mod operating {}
+
+#[doc = include_str!("../docs/wall.md")]
+pub mod wall {}

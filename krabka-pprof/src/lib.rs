@@ -42,7 +42,8 @@
 //! | `task-dump` | off | `/tasks`, tokio's task dump, when the app is also built with `RUSTFLAGS="--cfg tokio_unstable"` on Linux ([thread and task dumps](guide::threads)) |
 //!
 //! The HTTP contract follows; the [`guide`] has a page for each of the rest:
-//! [how the CPU sampler works](guide::cpu), [labels on samples](guide::labels),
+//! [how the CPU sampler works](guide::cpu), [wall-clock profiles and what blocks the
+//! runtime](guide::wall), [labels on samples](guide::labels),
 //! [profiles of the past](guide::recent) (the `recent` recorder), [heap profiling](guide::heap),
 //! [thread and task dumps](guide::threads), [scraping with Parca and Grafana
 //! Alloy](guide::scraping), [good stacks in release builds](guide::release_builds),

@@ -324,9 +324,7 @@ async fn wall_profile(config: &ProfilingConfig, parts: &Parts, blocking: bool) -
         use crate::wall::{Sweeper, WallOptions, WallParts, WallView};
 
         if !cpu::shares_windows() {
-            return answers::cpu(CpuError::Unavailable(
-                "wall-clock profiles need krabka-pprof's own CPU sampler; this process takes                  CPU profiles with the pprof crate's: take /profile?seconds=N instead",
-            ));
+            return answers::cpu(CpuError::Unavailable(crate::wall::NEEDS_OWN_SAMPLER));
         }
         let request = CpuRequest {
             duration: cpu_query.duration,
@@ -401,7 +399,9 @@ async fn wall_profile(config: &ProfilingConfig, parts: &Parts, blocking: bool) -
         }
     }
     #[cfg(not(sampler))]
-    answers::cpu(CpuError::Unavailable(crate::wall::UNAVAILABLE))
+    answers::cpu(CpuError::Unavailable(
+        crate::wall::UNAVAILABLE.unwrap_or_default(),
+    ))
 }
 
 /// What the recorder runs with, if `config` turns it on.

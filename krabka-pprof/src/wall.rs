@@ -19,8 +19,19 @@ pub(crate) use build::{WallOptions, WallParts, WallView, wall_profile};
 #[cfg(sampler)]
 pub(crate) use sweep::Sweeper;
 
-/// Why wall-clock profiles cannot be taken on this target: they need this crate's own
-/// sampler.
-#[cfg(not(sampler))]
-pub(crate) const UNAVAILABLE: &str = "wall-clock profiles are not available on this \
-    platform: they need Linux on x86_64 or aarch64, where krabka-pprof's own sampler runs";
+/// Why wall-clock profiles cannot be taken on this target, if they cannot: they need this
+/// crate's own sampler.
+pub(crate) const UNAVAILABLE: Option<&str> = if cfg!(sampler) {
+    None
+} else {
+    Some(
+        "wall-clock profiles are not available on this platform: they need Linux on x86_64 \
+         or aarch64, where krabka-pprof's own sampler runs",
+    )
+};
+
+/// Why they cannot be taken in this process, which takes CPU profiles with the `pprof`
+/// crate's sampler.
+pub(crate) const NEEDS_OWN_SAMPLER: &str = "wall-clock profiles need krabka-pprof's own CPU \
+    sampler; this process takes CPU profiles with the pprof crate's: take /profile?seconds=N \
+    instead";

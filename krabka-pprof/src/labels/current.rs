@@ -15,92 +15,138 @@
 //! thread exits, under the same lock the reader holds while it loads, so that no word is
 //! read after its thread is gone.
 
-use std::cell::Cell;
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
 
 use super::table::Handle;
 
 thread_local! {
     static WORD: AtomicU64 = const { AtomicU64::new(0) };
-    static REGISTERED: Registered = const { Registered(Cell::new(0)) };
-}
-
-/// The words of threads that ever set labels, by thread id: each word's address.
-static WORDS: Mutex<Option<Words>> = Mutex::new(None);
-
-/// [`WORDS`], with the process they were registered in: a child forked from this process
-/// has one thread, and none of the others' entries apply to it (their ids may come back).
-struct Words {
-    pid: u32,
-    by_tid: HashMap<u32, usize>,
-}
-
-/// The registry of this process, emptied if it was inherited from a parent.
-fn words_here(words: &mut Option<Words>) -> &mut HashMap<u32, usize> {
-    let pid = std::process::id();
-    if words.as_ref().is_none_or(|words| words.pid != pid) {
-        *words = Some(Words {
-            pid,
-            by_tid: HashMap::new(),
-        });
-    }
-    &mut words.as_mut().expect("set above").by_tid
-}
-
-/// This thread's entry in [`WORDS`]: its id once registered (0: not yet), removed when
-/// the thread exits.
-struct Registered(Cell<u32>);
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        let tid = self.0.get();
-        if tid != 0 {
-            let mut words = WORDS
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            words_here(&mut words).remove(&tid);
-        }
-    }
 }
 
 /// Registers this thread's word for [`word_of`], once per thread (a thread-local read
-/// after that). Nothing during the thread's exit, once its entry is gone.
+/// after that). Only where wall-clock profiles read it (this crate's own sampler).
 #[inline]
 fn register() {
-    let _ = REGISTERED.try_with(|registered| {
-        if registered.0.get() == 0 {
-            register_slow(registered);
+    #[cfg(sampler)]
+    registry::register();
+}
+
+#[cfg(sampler)]
+pub(crate) use registry::word_of;
+
+#[cfg(sampler)]
+mod registry {
+    use std::cell::Cell;
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Mutex, PoisonError};
+
+    use super::WORD;
+
+    thread_local! {
+        static REGISTERED: Registered = const { Registered(Cell::new(0)) };
+    }
+
+    /// The words of threads that ever set labels, by thread id: each word's address.
+    static WORDS: Mutex<Option<Words>> = Mutex::new(None);
+
+    /// [`WORDS`], with the process they were registered in: a child forked from this
+    /// process has one thread, and none of the others' entries apply to it (their ids may
+    /// come back).
+    struct Words {
+        pid: u32,
+        by_tid: HashMap<u32, usize>,
+    }
+
+    /// The registry of this process, emptied if it was inherited from a parent.
+    fn words_here(words: &mut Option<Words>) -> &mut HashMap<u32, usize> {
+        let pid = std::process::id();
+        if words.as_ref().is_none_or(|words| words.pid != pid) {
+            *words = Some(Words {
+                pid,
+                by_tid: HashMap::new(),
+            });
         }
-    });
-}
+        &mut words.as_mut().expect("set above").by_tid
+    }
 
-#[cold]
-fn register_slow(registered: &Registered) {
-    let tid = crate::process::current_tid();
-    let Ok(address) = WORD.try_with(|word| word as *const AtomicU64 as usize) else {
-        return;
-    };
-    let mut words = WORDS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    words_here(&mut words).insert(tid, address);
-    registered.0.set(tid);
-}
+    /// This thread's entry in [`WORDS`]: its id once registered (0: not yet), removed
+    /// when the thread exits.
+    struct Registered(Cell<u32>);
 
-/// The label word of thread `tid` of this process now, if it ever set labels and lives:
-/// 0 where none are active. Another thread's word is read with one relaxed load, under
-/// the lock its exit takes to remove it.
-pub(crate) fn word_of(tid: u32) -> Option<u64> {
-    let mut words = WORDS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let address = *words_here(&mut words).get(&tid)?;
-    // SAFETY: the address is of thread `tid`'s `WORD`, registered by that thread; its entry
-    // is removed (under this lock, held here) by a destructor of a thread-local that runs
-    // before the thread's thread-locals are freed, so the atomic lives while it is loaded.
-    Some(unsafe { &*(address as *const AtomicU64) }.load(Ordering::Relaxed))
+    impl Drop for Registered {
+        fn drop(&mut self) {
+            let tid = self.0.get();
+            if tid != 0 {
+                let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
+                words_here(&mut words).remove(&tid);
+            }
+        }
+    }
+
+    /// Nothing during the thread's exit, once its entry is gone.
+    #[inline]
+    pub(super) fn register() {
+        let _ = REGISTERED.try_with(|registered| {
+            if registered.0.get() == 0 {
+                register_slow(registered);
+            }
+        });
+    }
+
+    #[cold]
+    fn register_slow(registered: &Registered) {
+        let tid = crate::process::current_tid();
+        let Ok(address) = WORD.try_with(|word| word as *const AtomicU64 as usize) else {
+            return;
+        };
+        let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
+        words_here(&mut words).insert(tid, address);
+        registered.0.set(tid);
+    }
+
+    /// The label word of thread `tid` of this process now, if it ever set labels and
+    /// lives: 0 where none are active. Another thread's word is read with one relaxed
+    /// load, under the lock its exit takes to remove it.
+    pub(crate) fn word_of(tid: u32) -> Option<u64> {
+        let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
+        let address = *words_here(&mut words).get(&tid)?;
+        // SAFETY: the address is of thread `tid`'s `WORD`, registered by that thread; its
+        // entry is removed (under this lock, held here) by a destructor of a thread-local
+        // that runs before the thread's thread-locals are freed, so the atomic lives while
+        // it is loaded.
+        Some(unsafe { &*(address as *const AtomicU64) }.load(Ordering::Relaxed))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::word_of;
+
+        #[test]
+        fn another_threads_word_is_read_while_it_lives_and_forgotten_when_it_exits() {
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let thread = std::thread::spawn(move || {
+                crate::labels::scope(&[("tenant", "acme")], || {
+                    tid_tx.send(crate::process::current_tid()).unwrap();
+                    go_rx.recv().unwrap();
+                });
+                done_tx.send(()).unwrap();
+                // Outside its scope now, alive until told.
+                let _ = go_rx.recv();
+            });
+            let tid = tid_rx.recv().unwrap();
+            let inside = word_of(tid).expect("a thread that set labels is registered");
+            assert_ne!(inside, 0, "its word inside the scope");
+            go_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            assert_eq!(word_of(tid), Some(0), "its word after the scope");
+            drop(go_tx);
+            thread.join().unwrap();
+            assert_eq!(word_of(tid), None, "a thread gone is forgotten");
+        }
+    }
 }
 
 const LOW: u64 = 0xffff_ffff;

@@ -62,6 +62,24 @@ pub(super) fn index_html(
         views("profile", "?seconds=5")
             + " · <a href=\"profile?seconds=5&amp;format=text&amp;group=thread\">top by thread</a>",
     );
+    let wall_unavailable = crate::wall::UNAVAILABLE
+        .or_else(|| (!crate::cpu::shares_windows()).then_some(crate::wall::NEEDS_OWN_SAMPLER));
+    rows.push_str(&format!(
+        "<tr><td><code>wall</code></td><td>Wall-clock profile: where the threads doing work \
+         spent their time, on a CPU and off it (<code>thread_state</code>, and the \
+         <code>syscall</code> they slept in), with their labels, looked at without a signal. \
+         Shares the CPU sampler as <code>profile</code> does; <code>threads=all</code> adds \
+         idle threads.{}</td><td>5 s: {}</td></tr>\n\
+         <tr><td><code>blocking</code></td><td>Of the same, the time threads slept inside an \
+         async task's poll: what blocked the runtime, with the request's labels and the \
+         system call.{}</td><td>5 s: {}</td></tr>\n",
+        note(wall_unavailable),
+        views("wall", "?seconds=5")
+            + " · <a href=\"wall?seconds=5&amp;format=text&amp;group=thread_state\">by state</a>",
+        note(wall_unavailable),
+        views("blocking", "?seconds=5")
+            + " · <a href=\"blocking?seconds=5&amp;format=text&amp;group=syscall\">by system call</a>",
+    ));
     rows.push_str(&recent_row(config, recorder.as_ref()));
     if config.heap() {
         let counts = if config.alloc_stacks() > 0 {

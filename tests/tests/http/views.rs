@@ -145,6 +145,16 @@ async fn index_is_valid_html_and_every_link_works() {
         "profile?seconds=5&format=svg",
         "profile?seconds=5&format=text",
         "profile?seconds=5&format=text&group=thread",
+        "wall?seconds=5",
+        #[cfg(feature = "flamegraph")]
+        "wall?seconds=5&format=svg",
+        "wall?seconds=5&format=text",
+        "wall?seconds=5&format=text&group=thread_state",
+        "blocking?seconds=5",
+        #[cfg(feature = "flamegraph")]
+        "blocking?seconds=5&format=svg",
+        "blocking?seconds=5&format=text",
+        "blocking?seconds=5&format=text&group=syscall",
         "threads",
         #[cfg(feature = "flamegraph")]
         "threads?format=svg",
@@ -163,6 +173,14 @@ async fn index_is_valid_html_and_every_link_works() {
             .send()
             .await
             .unwrap();
+        if krabka_pprof_tests::pprof_rs_sampler()
+            && (link.starts_with("wall") || link.starts_with("blocking"))
+        {
+            // The wall routes need this crate's own sampler, and say so.
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{link}");
+            assert!(response.text().await.unwrap().contains("own CPU sampler"));
+            continue;
+        }
         if link == "tasks" {
             // This build has no task dumps: the link answers with the sentence that says
             // how to turn them on.
