@@ -14,6 +14,8 @@
 //!   from outside;
 //! - `hang_up.rs`: F, how soon a hung-up profile frees the profiler;
 //! - `thread_dump.rs`: T;
+//! - `wall.rs`: W, wall-clock profiles: what the sweep costs, signals to sleepers, the
+//!   answer's delay and memory;
 //! - `lines.rs`: L, a CPU profile read with line tables;
 //! - `labels_cost.rs`: labels, what setting labels and sampling them cost;
 //! - `soak.rs`: K, the soak;
@@ -36,6 +38,7 @@ pub mod thread_dump;
 pub mod throughput_idle_attribute;
 pub mod throughput_while_profiling;
 pub mod views;
+pub mod wall;
 
 pub const MB: f64 = 1024.0 * 1024.0;
 

@@ -149,6 +149,28 @@ impl Server {
         Server::spawn(command)
     }
 
+    /// The service for figure W: `workers` runtime workers, `pool_idle` idle blocking-pool
+    /// threads, `parked` threads asleep at various depths, and with `blocked_polls` one
+    /// task per worker blocking it inside its poll.
+    pub fn start_wall(
+        workers: usize,
+        pool_idle: usize,
+        parked: usize,
+        blocked_polls: bool,
+    ) -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .args(["--workers", &workers.to_string()])
+            .args(["--pool-idle", &pool_idle.to_string()])
+            .args(["--parked", &parked.to_string()]);
+        if blocked_polls {
+            command.arg("--blocked-polls");
+        }
+        Server::spawn(command)
+    }
+
     /// The service with `threads` more threads asleep at various depths, for figure T.
     pub fn start_parked(threads: usize) -> Server {
         let mut command = Command::new(std::env::current_exe().unwrap());

@@ -119,6 +119,11 @@ fn main() {
                 flag_value(&args, "--parked").map_or(0, |v| v.parse().expect("--parked N"));
             let churn = args.iter().any(|a| a == "--churn");
             let varied = flag_value(&args, "--varied").map(|v| v.parse().expect("--varied N"));
+            let workers =
+                flag_value(&args, "--workers").map_or(1, |v| v.parse().expect("--workers N"));
+            let pool_idle =
+                flag_value(&args, "--pool-idle").map_or(0, |v| v.parse().expect("--pool-idle N"));
+            let blocked_polls = args.iter().any(|a| a == "--blocked-polls");
             server::serve(server::Serve {
                 mounted,
                 current_thread,
@@ -130,12 +135,15 @@ fn main() {
                 parked,
                 churn,
                 varied,
+                workers,
+                pool_idle,
+                blocked_polls,
             });
         }
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
             println!(
-                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,F,T,L,labels,K,LS,R,RM] [--clean-build] [--soak]"
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,F,T,W,L,labels,K,LS,R,RM] [--clean-build] [--soak]"
             );
         }
         _ => {
@@ -319,6 +327,10 @@ fn run(options: &Options) {
     if options.wants("T") {
         rows.extend(figures::thread_dump::thread_dumps(options));
         lap("T");
+    }
+    if options.wants("W") {
+        rows.extend(figures::wall::wall(options));
+        lap("W");
     }
     if options.wants("LABELS") {
         rows.extend(figures::labels_cost::labels_cost(options));

@@ -260,7 +260,7 @@ fn crowded_round(server: &Server, window: u64, round: usize) -> (f64, String) {
 /// The CPU so far of each of process `pid`'s threads named `krabka-*`, by the kernel's
 /// clocks, with its name: `/proc/PID/task/TID/schedstat` (nanoseconds), else `stat` (clock
 /// ticks, 10 ms: coarser than the figure, whose threads use tens of milliseconds).
-fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, (String, Duration)> {
+pub(crate) fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, (String, Duration)> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let mut threads = std::collections::HashMap::new();

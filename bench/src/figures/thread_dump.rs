@@ -113,7 +113,7 @@ pub fn thread_dumps(options: &Options) -> Vec<Row> {
 }
 
 /// Context switches so far of each parked thread (named `parked-N`) of process `pid`.
-fn switches(pid: u32) -> HashMap<u32, u64> {
+pub(crate) fn switches(pid: u32) -> HashMap<u32, u64> {
     let mut found = HashMap::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
@@ -140,7 +140,7 @@ fn switches(pid: u32) -> HashMap<u32, u64> {
 }
 
 /// How many threads switched between `before` and `after`.
-fn woken(before: &HashMap<u32, u64>, after: &HashMap<u32, u64>) -> usize {
+pub(crate) fn woken(before: &HashMap<u32, u64>, after: &HashMap<u32, u64>) -> usize {
     before
         .iter()
         .filter(|(tid, then)| after.get(tid).is_some_and(|now| now > then))

@@ -118,6 +118,13 @@ pub struct Serve {
     pub churn: bool,
     /// A thread sampling a new stack nearly every time among this many (`--varied N`).
     pub varied: Option<u64>,
+    /// The multi-threaded runtime's workers (`--workers N`, default 1).
+    pub workers: usize,
+    /// Blocking-pool threads left idle from the start, kept an hour (`--pool-idle N`).
+    pub pool_idle: usize,
+    /// One task per worker that blocks its worker inside its poll, in a labelled future:
+    /// 20 ms asleep, then it yields, for ever (`--blocked-polls`).
+    pub blocked_polls: bool,
 }
 
 /// Serves until killed; prints `addr=...` once listening. With `spin_depth`, a thread also
@@ -139,6 +146,9 @@ pub fn serve(settings: Serve) {
         parked,
         churn,
         varied,
+        workers,
+        pool_idle,
+        blocked_polls,
     } = settings;
     if let Some(cpu) = cpu {
         crate::system::pin_to_cpu(cpu);
@@ -206,10 +216,47 @@ pub fn serve(settings: Serve) {
         tokio::runtime::Builder::new_current_thread()
     } else {
         let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(1);
+        b.worker_threads(workers.max(1));
         b
     };
+    if pool_idle > 0 {
+        builder
+            .max_blocking_threads(pool_idle + 16)
+            .thread_keep_alive(std::time::Duration::from_secs(3600));
+    }
     let runtime = builder.enable_all().build().expect("a runtime");
+    if pool_idle > 0 {
+        // As many blocking tasks at once as threads wanted: each gets a thread of its own,
+        // which then waits for work for the rest of the hour.
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(pool_idle));
+        let tasks: Vec<_> = (0..pool_idle)
+            .map(|_| {
+                let barrier = barrier.clone();
+                runtime.spawn_blocking(move || {
+                    barrier.wait();
+                })
+            })
+            .collect();
+        runtime.block_on(async {
+            for task in tasks {
+                task.await.expect("a pool task");
+            }
+        });
+    }
+    if blocked_polls {
+        use krabka_pprof::labels::LabelsExt as _;
+        for _ in 0..workers.max(1) {
+            runtime.spawn(
+                async {
+                    loop {
+                        blocked_poll();
+                        tokio::task::yield_now().await;
+                    }
+                }
+                .with_labels(&[("route", "blocked")]),
+            );
+        }
+    }
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         println!("addr={}", listener.local_addr().unwrap());
@@ -230,6 +277,13 @@ const FRAMES_ABOVE: u32 = 9;
 /// Frames `labels::scope` adds between the spinning thread's closure and the recursion
 /// (scope, the closure it calls, the loop's closure; the profile's mean depth confirms).
 const SCOPE_FRAMES: u32 = 3;
+
+/// Blocks the worker that polls it: 20 ms asleep inside the poll.
+#[inline(never)]
+fn blocked_poll() {
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::hint::black_box(());
+}
 
 #[inline(never)]
 fn recurse(depth: u32, rounds: u64) -> u64 {

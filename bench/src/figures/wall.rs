@@ -1,0 +1,201 @@
+//! W: wall-clock profiles (`/wall`). What the sweep that looks at sleeping threads costs
+//! where nothing happens (16 idle workers, 500 idle blocking-pool threads) and where every
+//! worker blocks inside its poll; whether it wakes a sleeping thread; how soon the profile
+//! follows its window; what it adds to resident memory with 2,000 threads.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::Options;
+use crate::figures::handler_cost::profiler_threads_cpu;
+use crate::figures::thread_dump::{switches, woken};
+use crate::figures::{MB, Row, Verdict};
+use crate::harness::{Fetched, Server, decode, fetch};
+use crate::system::{peak_rss, reset_peak, rss};
+
+pub fn wall(options: &Options) -> Vec<Row> {
+    let mut rows = Vec::new();
+
+    // Idle: nothing but the profile runs. Its window is also the one in which the parked
+    // threads must not be woken.
+    let idle_window = options.secs(60.0).round().max(3.0) as u64;
+    let server = Server::start_wall(16, 500, 100, false);
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = server.pid();
+    let switched = switches(pid);
+    let (fetched, cpu) = profiler_cpu_during(pid, || {
+        fetch(
+            server.addr,
+            &format!("/debug/pprof/wall?seconds={idle_window}"),
+        )
+    });
+    assert_eq!(
+        fetched.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&fetched.body)
+    );
+    let woken = woken(&switched, &switches(pid));
+    let idle_share = cpu.as_secs_f64() / idle_window as f64 * 100.0;
+    let looks = looks_comment(&fetched);
+    eprintln!(
+        "W idle: profiler threads {:.1} ms over {idle_window} s ({idle_share:.3} % of a core); \
+         {looks}; parked threads woken: {woken}",
+        cpu.as_secs_f64() * 1e3
+    );
+    drop(server);
+    rows.push(Row {
+        id: "W",
+        figure: "sampler CPU during a /wall window at 99 Hz, 16 idle workers and 500 idle \
+                 pool threads: the profiler's threads, share of a core"
+            .to_owned(),
+        target: "≤ 0.05 %",
+        measured: format!(
+            "{idle_share:.3} % ({:.1} ms in {idle_window} s; {looks})",
+            cpu.as_secs_f64() * 1e3
+        ),
+        verdict: Verdict::at_most(idle_share, 0.05),
+    });
+    rows.push(Row {
+        id: "W",
+        figure: format!(
+            "sleeping threads woken during a {idle_window} s /wall window, of 100 parked"
+        ),
+        target: "0",
+        measured: woken.to_string(),
+        verdict: Verdict::at_most(woken as f64, 0.0),
+    });
+
+    // Every worker blocked inside its poll, in a labelled future.
+    let window = options.secs(10.0).round().max(2.0) as u64;
+    let server = Server::start_wall(16, 0, 0, true);
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = server.pid();
+    let (fetched, cpu) = profiler_cpu_during(pid, || {
+        fetch(server.addr, &format!("/debug/pprof/wall?seconds={window}"))
+    });
+    assert_eq!(
+        fetched.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&fetched.body)
+    );
+    let blocked_share = cpu.as_secs_f64() / window as f64 * 100.0;
+    let after = fetched.after_window().as_secs_f64() * 1e3;
+    let looks = looks_comment(&fetched);
+    eprintln!(
+        "W blocked: profiler threads {:.1} ms over {window} s ({blocked_share:.3} % of a \
+         core); {looks}; last byte {after:.1} ms after the window",
+        cpu.as_secs_f64() * 1e3
+    );
+    drop(server);
+    rows.push(Row {
+        id: "W",
+        figure: "sampler CPU during a /wall window at 99 Hz, 16 workers blocked in their \
+                 polls: the profiler's threads (profile building included), share of a core"
+            .to_owned(),
+        target: "≤ 1 %",
+        measured: format!(
+            "{blocked_share:.3} % ({:.1} ms in {window} s; {looks})",
+            cpu.as_secs_f64() * 1e3
+        ),
+        verdict: Verdict::at_most(blocked_share, 1.0),
+    });
+    rows.push(Row {
+        id: "W",
+        figure: format!("{window} s /wall profile, 16 blocked workers: window end → last byte"),
+        target: "≤ 25 ms",
+        measured: format!("{after:.1} ms"),
+        verdict: Verdict::at_most(after, 25.0),
+    });
+
+    // 2,000 threads asleep: what a window adds to resident memory at its peak; beside it,
+    // what a CPU profile of the same length adds there (a wall window holds one).
+    let grown = |path: &str| {
+        let server = Server::start_wall(1, 0, 2_000, false);
+        std::thread::sleep(Duration::from_secs(2));
+        let pid = server.pid();
+        let before = rss(pid);
+        reset_peak(pid);
+        let fetched = fetch(server.addr, path);
+        assert_eq!(
+            fetched.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&fetched.body)
+        );
+        (
+            peak_rss(pid).saturating_sub(before) as f64 / MB,
+            before as f64 / MB,
+            looks_comment(&fetched),
+        )
+    };
+    let (cpu_grown, _, _) = grown(&format!("/debug/pprof/profile?seconds={window}"));
+    let (wall_grown, before, looks) =
+        grown(&format!("/debug/pprof/wall?seconds={window}&threads=all"));
+    eprintln!(
+        "W 2,000 threads: RSS {before:.1} MB before; peak +{wall_grown:.2} MB for /wall, \
+         +{cpu_grown:.2} MB for /profile; {looks}"
+    );
+    rows.push(Row {
+        id: "W",
+        figure: format!(
+            "{window} s /wall profile (threads=all) of 2,000 sleeping threads: resident \
+             memory added, peak"
+        ),
+        target: "≤ 2 MB",
+        measured: format!(
+            "+{wall_grown:.2} MB (a {window} s CPU profile of the same service: \
+             +{cpu_grown:.2} MB)"
+        ),
+        verdict: Verdict::at_most(wall_grown, 2.0),
+    });
+    rows
+}
+
+/// Runs `f` while watching the CPU of process `pid`'s threads named `krabka-*` every 200 ms
+/// (a thread that exits meanwhile, as the sweep's does, keeps what it was last seen at):
+/// what `f` returned, and the CPU they used meanwhile.
+fn profiler_cpu_during<T: Send>(pid: u32, f: impl FnOnce() -> T + Send) -> (T, Duration) {
+    let before = profiler_threads_cpu(pid);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (out, seen) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut seen: HashMap<u32, Duration> =
+                before.iter().map(|(tid, (_, cpu))| (*tid, *cpu)).collect();
+            loop {
+                let last = done.load(std::sync::atomic::Ordering::Acquire);
+                for (tid, (_, cpu)) in profiler_threads_cpu(pid) {
+                    let most = seen.entry(tid).or_default();
+                    *most = (*most).max(cpu);
+                }
+                if last {
+                    return seen;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let out = f();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        (out, watcher.join().unwrap())
+    });
+    let used = seen
+        .iter()
+        .map(|(tid, cpu)| {
+            let then = before.get(tid).map(|(_, cpu)| *cpu).unwrap_or_default();
+            cpu.saturating_sub(then)
+        })
+        .sum();
+    (out, used)
+}
+
+/// The profile's comment on its looks (how many, how many stacks read, their CPU).
+fn looks_comment(fetched: &Fetched) -> String {
+    let profile = decode(&fetched.body);
+    profile
+        .comment
+        .iter()
+        .map(|&i| profile.string_table[i as usize].clone())
+        .find(|comment| comment.contains(" looks over "))
+        .unwrap_or_default()
+}
