@@ -50,6 +50,23 @@ pub(crate) enum LabelValue {
     Num(i64),
 }
 
+/// A sample's labels: `thread` (the thread's name), `thread_id` if given (a string:
+/// `-tagfocus` matches string labels only), then `pairs` (the labels active on it).
+pub(crate) fn thread_labels<'a>(
+    name: &str,
+    tid: Option<u32>,
+    pairs: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Vec<(Cow<'static, str>, LabelValue)> {
+    let mut out = vec![("thread".into(), LabelValue::Str(name.to_owned()))];
+    if let Some(tid) = tid {
+        out.push(("thread_id".into(), LabelValue::Str(tid.to_string())));
+    }
+    out.extend(
+        pairs.map(|(key, value)| (key.to_owned().into(), LabelValue::Str(value.to_owned()))),
+    );
+    out
+}
+
 struct PendingSample {
     frames: Vec<Frame>,
     values: Vec<i64>,

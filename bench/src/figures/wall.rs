@@ -37,6 +37,7 @@ pub fn wall(options: &Options) -> Vec<Row> {
     );
     let woken = woken(&switched, &switches(pid));
     let idle_share = cpu.as_secs_f64() / idle_window as f64 * 100.0;
+    let idle_after = fetched.after_window().as_secs_f64() * 1e3;
     let looks = looks_comment(&fetched);
     eprintln!(
         "W idle: profiler threads {:.1} ms over {idle_window} s ({idle_share:.3} % of a core); \
@@ -55,6 +56,13 @@ pub fn wall(options: &Options) -> Vec<Row> {
             cpu.as_secs_f64() * 1e3
         ),
         verdict: Verdict::at_most(idle_share, 0.05),
+    });
+    rows.push(Row {
+        id: "W",
+        figure: format!("{idle_window} s /wall profile, idle service: window end → last byte"),
+        target: "≤ 25 ms",
+        measured: format!("{idle_after:.1} ms"),
+        verdict: Verdict::at_most(idle_after, 25.0),
     });
     rows.push(Row {
         id: "W",

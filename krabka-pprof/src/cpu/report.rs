@@ -23,7 +23,7 @@ fn labels_of(
     tid: Option<u32>,
     labels: &SampleLabels,
 ) -> Vec<(Cow<'static, str>, LabelValue)> {
-    labels.for_sample(name, tid)
+    crate::profile::thread_labels(name, tid, labels.pairs())
 }
 
 /// Puts what the sampler noticed into the request's span, and says what a reader of

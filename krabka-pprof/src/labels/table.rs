@@ -266,25 +266,6 @@ pub(crate) struct SampleLabels {
 }
 
 impl SampleLabels {
-    /// A profile sample's labels: `thread` (the thread's name), `thread_id` if given (a
-    /// string: `-tagfocus` matches string labels only), then these.
-    pub(crate) fn for_sample(
-        &self,
-        name: &str,
-        tid: Option<u32>,
-    ) -> Vec<(std::borrow::Cow<'static, str>, crate::profile::LabelValue)> {
-        use crate::profile::LabelValue;
-        let mut out = vec![("thread".into(), LabelValue::Str(name.to_owned()))];
-        if let Some(tid) = tid {
-            out.push(("thread_id".into(), LabelValue::Str(tid.to_string())));
-        }
-        out.extend(
-            self.pairs()
-                .map(|(key, value)| (key.to_owned().into(), LabelValue::Str(value.to_owned()))),
-        );
-        out
-    }
-
     /// The labels, the span's first; a key both sets have is the user's.
     pub(crate) fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
         let user = self.user.iter().flat_map(|set| set.0.pairs().iter());

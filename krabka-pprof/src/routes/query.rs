@@ -409,17 +409,8 @@ impl RecentQuery {
 struct Params(Vec<(&'static str, String)>);
 
 impl Params {
-    /// The parameters of the profile routes.
-    const PROFILES: &'static [&'static str] = &[
-        "seconds",
-        "format",
-        "frequency",
-        "force",
-        "symbolize",
-        "lines",
-        "thread_ids",
-        "group",
-    ];
+    /// The parameters of the profile routes: `/wall`'s but its last.
+    const PROFILES: &'static [&'static str] = Params::WALL.split_at(Params::WALL.len() - 1).0;
     /// The parameters of `/wall`: the profile routes' and `threads`.
     const WALL: &'static [&'static str] = &[
         "seconds",

@@ -242,7 +242,7 @@ pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
             .as_ref()
             .and_then(|swept| swept.names.get(&key.tid))
             .unwrap_or(&unnamed);
-        let mut labels = key.labels.for_sample(name, tid_of(key.tid));
+        let mut labels = crate::profile::thread_labels(name, tid_of(key.tid), key.labels.pairs());
         let (state, syscall) = match &key.state {
             State::Asleep { syscall, .. } | State::AsleepUnread { syscall } => {
                 ("sleeping", Some(*syscall))
@@ -277,7 +277,7 @@ pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
         sum.periods += tally.periods;
     }
     for ((name, tid, flags, frames, labels), tally) in merged {
-        let mut sample_labels = labels.for_sample(&name, tid);
+        let mut sample_labels = crate::profile::thread_labels(&name, tid, labels.pairs());
         sample_labels.push(running());
         builder.add(
             stack_frames(frames, flags, objects),

@@ -6,8 +6,8 @@
 //! look, with the thread seen asleep then, it slept there all along: that place is
 //! counted again for the time between, and nothing else is read. So a thread that sleeps
 //! long costs one clock read a look, and its looks thin out (every 2, 4, ... ticks, at
-//! most a second apart: the time between is still exact), so that idle threads cost next
-//! to nothing. A thread whose clock moved ran meanwhile: its time on the CPU is the CPU
+//! most two seconds apart, on ticks shared with the other quiet threads: the time
+//! between is still exact), and the sweep sleeps through ticks no thread is due at. A thread whose clock moved ran meanwhile: its time on the CPU is the CPU
 //! sampler's (the running part), its time ready to run comes from its `schedstat`, and
 //! the rest it slept. Where it sleeps now is read as a thread dump reads a sleeper
 //! (`crate::sampler::SleeperReader`); the time it slept is split between there (half of
@@ -106,16 +106,22 @@ impl Sweeper {
         Sweeper { stop, thread }
     }
 
-    /// Stops the sweep and takes what it gathered; blocks for at most a period.
+    /// Stops the sweep and takes what it gathered: at once (a look under way finishes
+    /// first), however long the sweep meant to sleep.
     pub(crate) fn finish(mut self) -> Option<Swept> {
+        let thread = self.thread.take()?;
         self.stop.store(true, Ordering::Release);
-        self.thread.take()?.join().ok()
+        thread.thread().unpark();
+        thread.join().ok()
     }
 }
 
 impl Drop for Sweeper {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        if let Some(thread) = &self.thread {
+            thread.thread().unpark();
+        }
     }
 }
 
@@ -270,7 +276,9 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         let due = started + period * u32::try_from(tick).unwrap_or(u32::MAX);
         let now = Instant::now();
         if due > now {
-            std::thread::sleep(due - now);
+            // Woken early by `finish` (or spuriously: the loop looks at the flag first,
+            // and a tick taken early only looks sooner).
+            std::thread::park_timeout(due - now);
         }
     }
     let Sweep {
