@@ -373,6 +373,7 @@ async fn wall_profile(config: &ProfilingConfig, parts: &Parts, blocking: bool) -
         let rendered = cpu::window(
             request,
             move || Sweeper::start(frequency, blocklist),
+            Sweeper::stop,
             move |closed: cpu::Closed, sweeper: Sweeper| {
                 let parts = WallParts {
                     collected: closed.collected,

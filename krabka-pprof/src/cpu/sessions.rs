@@ -502,6 +502,7 @@ where
     window(
         request,
         || (),
+        |()| {},
         move |closed: Closed, ()| {
             let (profile, capped) = report_profile(
                 closed.collected,
@@ -527,17 +528,19 @@ pub(crate) struct Closed {
 }
 
 /// One window of the shared session for `request`: `opened` runs (on the blocking pool)
-/// as the window opens, and what it gives goes to `finish` with what the window
-/// collected, off the async workers; `finish` says whether the rate was capped, for the
-/// request's log line. A request refused (409) or dropped runs neither, or drops what
-/// `opened` gave.
-pub(crate) async fn window<T, O, R, F>(
+/// as the window opens, `closing` on what it gave just before the window closes, and
+/// `finish` with it and what the window collected, off the async workers; `finish` says
+/// whether the rate was capped, for the request's log line. A request refused (409) or
+/// dropped runs none of them, or drops what `opened` gave.
+pub(crate) async fn window<T, O, C, R, F>(
     request: CpuRequest,
     opened: O,
+    closing: C,
     finish: F,
 ) -> Result<R, CpuError>
 where
     O: FnOnce() -> T + Send + 'static,
+    C: FnOnce(&mut T) + Send + 'static,
     T: Send + 'static,
     F: FnOnce(Closed, T) -> (Result<R, CpuError>, bool) + Send + 'static,
     R: Send + 'static,
@@ -702,6 +705,8 @@ where
     let shared = window.shared.take().expect("set above");
     let (rendered, report) = crate::offload::on_profiler_thread(
         move || {
+            let mut opened = opened;
+            closing(&mut opened);
             let collected = shared.sampler.close_window(start);
             let (shared_with, last) = shared.leave(id);
             if last {

@@ -13,7 +13,8 @@
 //! (`crate::wall`), without a signal: a thread's first write registers its word's address
 //! under its id ([`word_of`]), and a second thread-local's destructor removes it when the
 //! thread exits, under the same lock the reader holds while it loads, so that no word is
-//! read after its thread is gone.
+//! read after its thread is gone. Fork handlers keep that lock across a `fork` and give
+//! the child an empty registry (it has one thread, which registers again).
 
 use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
 
@@ -36,50 +37,40 @@ pub(crate) use registry::word_of;
 
 #[cfg(sampler)]
 mod registry {
-    use std::cell::Cell;
+    use std::cell::{Cell, RefCell};
     use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Mutex, PoisonError};
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
     use super::WORD;
 
     thread_local! {
-        static REGISTERED: Registered = const { Registered(Cell::new(0)) };
+        static REGISTERED: Registered = const { Registered(Cell::new((0, 0))) };
+        /// The registry's lock, held across a `fork` by the thread that forks.
+        static HELD: RefCell<Option<MutexGuard<'static, Option<HashMap<u32, usize>>>>> =
+            const { RefCell::new(None) };
     }
 
     /// The words of threads that ever set labels, by thread id: each word's address.
-    static WORDS: Mutex<Option<Words>> = Mutex::new(None);
+    static WORDS: Mutex<Option<HashMap<u32, usize>>> = Mutex::new(None);
 
-    /// [`WORDS`], with the process they were registered in: a child forked from this
-    /// process has one thread, and none of the others' entries apply to it (their ids may
-    /// come back).
-    struct Words {
-        pid: u32,
-        by_tid: HashMap<u32, usize>,
-    }
+    /// Children forked so far on the way to this process: a child starts with one thread
+    /// and an empty registry, and a registration made before its fork (the forking
+    /// thread's own, under its parent's id) no longer counts.
+    static FORKS: AtomicU32 = AtomicU32::new(0);
 
-    /// The registry of this process, emptied if it was inherited from a parent.
-    fn words_here(words: &mut Option<Words>) -> &mut HashMap<u32, usize> {
-        let pid = std::process::id();
-        if words.as_ref().is_none_or(|words| words.pid != pid) {
-            *words = Some(Words {
-                pid,
-                by_tid: HashMap::new(),
-            });
-        }
-        &mut words.as_mut().expect("set above").by_tid
-    }
-
-    /// This thread's entry in [`WORDS`]: its id once registered (0: not yet), removed
-    /// when the thread exits.
-    struct Registered(Cell<u32>);
+    /// This thread's entry in [`WORDS`]: [`FORKS`] and its id once registered (id 0:
+    /// not yet), removed when the thread exits.
+    struct Registered(Cell<(u32, u32)>);
 
     impl Drop for Registered {
         fn drop(&mut self) {
-            let tid = self.0.get();
-            if tid != 0 {
+            let (forks, tid) = self.0.get();
+            if tid != 0 && forks == FORKS.load(Ordering::Relaxed) {
                 let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
-                words_here(&mut words).remove(&tid);
+                if let Some(words) = words.as_mut() {
+                    words.remove(&tid);
+                }
             }
         }
     }
@@ -88,7 +79,8 @@ mod registry {
     #[inline]
     pub(super) fn register() {
         let _ = REGISTERED.try_with(|registered| {
-            if registered.0.get() == 0 {
+            let (forks, tid) = registered.0.get();
+            if tid == 0 || forks != FORKS.load(Ordering::Relaxed) {
                 register_slow(registered);
             }
         });
@@ -96,21 +88,53 @@ mod registry {
 
     #[cold]
     fn register_slow(registered: &Registered) {
+        static AT_FORK: Once = Once::new();
+        AT_FORK.call_once(|| {
+            // SAFETY: the three handlers are plain functions that live for the process.
+            unsafe {
+                libc::pthread_atfork(
+                    Some(before_fork),
+                    Some(after_fork_in_parent),
+                    Some(after_fork_in_child),
+                );
+            }
+        });
         let tid = crate::process::current_tid();
         let Ok(address) = WORD.try_with(|word| word as *const AtomicU64 as usize) else {
             return;
         };
         let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
-        words_here(&mut words).insert(tid, address);
-        registered.0.set(tid);
+        words.get_or_insert_with(HashMap::new).insert(tid, address);
+        registered.0.set((FORKS.load(Ordering::Relaxed), tid));
+    }
+
+    /// Takes the registry's lock across a `fork`, so that the child never inherits it
+    /// held by a thread it does not have.
+    extern "C" fn before_fork() {
+        let guard = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = HELD.try_with(|held| *held.borrow_mut() = Some(guard));
+    }
+
+    extern "C" fn after_fork_in_parent() {
+        let _ = HELD.try_with(|held| held.borrow_mut().take());
+    }
+
+    /// The child has one thread: every other entry is of a thread it does not have.
+    extern "C" fn after_fork_in_child() {
+        let _ = HELD.try_with(|held| {
+            if let Some(mut words) = held.borrow_mut().take() {
+                *words = None;
+            }
+        });
+        FORKS.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The label word of thread `tid` of this process now, if it ever set labels and
     /// lives: 0 where none are active. Another thread's word is read with one relaxed
     /// load, under the lock its exit takes to remove it.
     pub(crate) fn word_of(tid: u32) -> Option<u64> {
-        let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
-        let address = *words_here(&mut words).get(&tid)?;
+        let words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
+        let address = *words.as_ref()?.get(&tid)?;
         // SAFETY: the address is of thread `tid`'s `WORD`, registered by that thread; its
         // entry is removed (under this lock, held here) by a destructor of a thread-local
         // that runs before the thread's thread-locals are freed, so the atomic lives while

@@ -78,18 +78,25 @@ const PRIMITIVES: &[&str] = &[
 /// this profiler's own).
 const IDLE: &[&str] = &["tokio::runtime::", "rayon_core::", "krabka_pprof::"];
 
-/// Functions that poll an async task: a stack with one of them sleeps inside a poll.
+/// Functions of a runtime that poll async tasks: a stack with one of them sleeps inside a
+/// poll, unless one of [`MAY_BLOCK`] is nearer its leaf. Not generic, so that a build
+/// without line tables (symbols only, where generic code is inlined) names them too.
 const TASK_POLLS: &[&str] = &[
-    "tokio::runtime::task::",
+    "tokio::runtime::scheduler::",
     "tokio::runtime::park::CachedParkThread::block_on",
-    "tokio::runtime::scheduler::current_thread::CoreGuard::block_on",
     "futures_executor::",
 ];
 
-/// A task of tokio's blocking pool (`spawn_blocking`), which may block: its poll, nearer
-/// the leaf than any other, is not a runtime's. (tokio's workers run inside one, further
-/// out than the tasks they poll.)
-const BLOCKING_TASK: &[&str] = &["tokio::runtime::blocking::task::BlockingTask"];
+/// Code where blocking is allowed: tokio's blocking pool (`spawn_blocking`; tokio's
+/// workers themselves run inside it, further out than the tasks they poll) and
+/// `block_in_place`. Looked for before [`TASK_POLLS`] in each frame, since
+/// `block_in_place` is a scheduler's function.
+const MAY_BLOCK: &[&str] = &[
+    "tokio::runtime::blocking::",
+    "tokio::runtime::scheduler::block_in_place",
+    "tokio::runtime::scheduler::multi_thread::worker::block_in_place",
+    "tokio::task::blocking::block_in_place",
+];
 
 /// What a sleeping stack shows of the program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,24 +123,30 @@ fn starts_with_any(name: &str, prefixes: &[&str]) -> bool {
 /// of the program, which counts as idle unless the thread is inside labels, as a stack
 /// that cannot be read does).
 fn seen(frames: &[Frame], resolved: &Resolved) -> Seen {
-    let names = || {
-        frames.iter().flat_map(|frame| match frame {
+    let names: Vec<&str> = frames
+        .iter()
+        .flat_map(|frame| match frame {
             Frame::Code(address) => resolved.functions(*address).unwrap_or_default(),
             _ => &[],
         })
-    };
-    let Some(first) = names().find(|function| !starts_with_any(&function.name, PRIMITIVES)) else {
+        .map(|function| function.name.as_str())
+        .collect();
+    seen_in(&names)
+}
+
+/// [`seen`] of a stack's function names, leaf first (inlined ones innermost first).
+fn seen_in(names: &[&str]) -> Seen {
+    let Some(first) = names.iter().find(|name| !starts_with_any(name, PRIMITIVES)) else {
         return Seen::Nothing;
     };
-    if starts_with_any(&first.name, IDLE) {
+    if starts_with_any(first, IDLE) {
         return Seen::Idle;
     }
-    // The innermost poll of a task decides: a runtime's, or the blocking pool's.
-    let innermost = names().find(|function| {
-        starts_with_any(&function.name, TASK_POLLS)
-            || starts_with_any(&function.name, BLOCKING_TASK)
-    });
-    let in_poll = innermost.is_some_and(|function| !starts_with_any(&function.name, BLOCKING_TASK));
+    // The innermost of a runtime's polls and the places blocking is allowed decides.
+    let innermost = names
+        .iter()
+        .find(|name| starts_with_any(name, MAY_BLOCK) || starts_with_any(name, TASK_POLLS));
+    let in_poll = innermost.is_some_and(|name| !starts_with_any(name, MAY_BLOCK));
     Seen::Program { in_poll }
 }
 
@@ -380,8 +393,8 @@ fn comments(
         }
         WallView::Wall => comments.push(format!(
             "threads doing work only ({threads_shown} off the CPU shown): left out, \
-             {left_places} places of idle waits in a runtime or pool, {} ms (?threads=all \
-             shows them)",
+             {left_places} places without labels in a runtime's or pool's idle wait, or whose \
+             stack shows nothing of the program, {} ms (?threads=all shows them)",
             left_nanos / 1_000_000
         )),
     }
@@ -403,7 +416,54 @@ fn comments(
 
 #[cfg(test)]
 mod tests {
-    use super::{IDLE, PRIMITIVES, starts_with_any};
+    use super::{IDLE, PRIMITIVES, Seen, seen_in, starts_with_any};
+
+    #[test]
+    fn a_sleep_is_inside_a_poll_where_a_runtime_polls_it_and_not_where_blocking_is_allowed() {
+        let worker = "tokio::runtime::scheduler::multi_thread::worker::Context::run_task";
+        let pool = "tokio::runtime::blocking::pool::Inner::run";
+        // A task on a worker (tokio's workers run inside the blocking pool, further out).
+        let task = [
+            "clock_nanosleep",
+            "std::thread::sleep",
+            "app::handler",
+            worker,
+            pool,
+        ];
+        assert_eq!(seen_in(&task), Seen::Program { in_poll: true });
+        // A `spawn_blocking` closure.
+        let blocking = ["clock_nanosleep", "std::thread::sleep", "app::job", pool];
+        assert_eq!(seen_in(&blocking), Seen::Program { in_poll: false });
+        // `block_in_place` on a worker.
+        let in_place = [
+            "read",
+            "app::load",
+            "tokio::runtime::scheduler::multi_thread::worker::block_in_place",
+            "app::handler",
+            worker,
+            pool,
+        ];
+        assert_eq!(seen_in(&in_place), Seen::Program { in_poll: false });
+        // `block_on`'s own future, on the thread that called it.
+        let main = [
+            "futex",
+            "app::wait",
+            "tokio::runtime::park::CachedParkThread::block_on",
+        ];
+        assert_eq!(seen_in(&main), Seen::Program { in_poll: true });
+        // A thread of the program's own, no runtime: not inside a poll.
+        let own = ["clock_nanosleep", "std::thread::sleep", "app::ticker"];
+        assert_eq!(seen_in(&own), Seen::Program { in_poll: false });
+        // An idle worker, and a stack cut in the C library.
+        let idle = [
+            "epoll_wait",
+            "mio::poll::Poll::poll",
+            "tokio::runtime::io::driver::Driver::turn",
+            worker,
+        ];
+        assert_eq!(seen_in(&idle), Seen::Idle);
+        assert_eq!(seen_in(&["__syscall_cp_asm"]), Seen::Nothing);
+    }
 
     #[test]
     fn idle_waits_are_told_by_the_first_function_past_the_primitives() {

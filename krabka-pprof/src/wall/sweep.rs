@@ -92,6 +92,8 @@ pub(crate) struct Swept {
 pub(crate) struct Sweeper {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Swept>>,
+    /// What it gathered, once [`stop`](Self::stop)ped.
+    swept: Option<Swept>,
 }
 
 impl Sweeper {
@@ -103,16 +105,28 @@ impl Sweeper {
             .name("krabka-wall".to_owned())
             .spawn(move || sweep(frequency, blocklist, &stopping))
             .ok();
-        Sweeper { stop, thread }
+        Sweeper {
+            stop,
+            thread,
+            swept: None,
+        }
     }
 
-    /// Stops the sweep and takes what it gathered: at once (a look under way finishes
-    /// first), however long the sweep meant to sleep.
-    pub(crate) fn finish(mut self) -> Option<Swept> {
-        let thread = self.thread.take()?;
+    /// Stops the sweep as its window closes: at once (a look under way finishes first,
+    /// then a last look at every thread), however long the sweep meant to sleep.
+    pub(crate) fn stop(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
         self.stop.store(true, Ordering::Release);
         thread.thread().unpark();
-        thread.join().ok()
+        self.swept = thread.join().ok();
+    }
+
+    /// What the sweep gathered (stopping it if it still runs).
+    pub(crate) fn finish(mut self) -> Option<Swept> {
+        self.stop();
+        self.swept.take()
     }
 }
 
@@ -204,19 +218,40 @@ impl Wheel {
         for slot in &mut self.slots {
             slot.retain(|thread| alive.binary_search(&thread.tid).is_ok());
         }
-        let new = alive
+        self.tids.retain(|tid| alive.binary_search(tid).is_ok());
+        alive
             .iter()
             .copied()
             .filter(|tid| self.tids.binary_search(tid).is_err())
-            .collect();
-        self.tids = alive.to_vec();
-        new
+            .collect()
+    }
+
+    /// Watches `thread` from now on.
+    fn watch(&mut self, thread: Watched) {
+        if let Err(at) = self.tids.binary_search(&thread.tid) {
+            self.tids.insert(at, thread.tid);
+        }
+        self.put(thread);
+    }
+
+    /// Thread `tid` is gone: a new thread with its id is watched from the next listing.
+    fn forget(&mut self, tid: u32) {
+        if let Ok(at) = self.tids.binary_search(&tid) {
+            self.tids.remove(at);
+        }
+    }
+
+    /// Every thread watched, taken out.
+    fn drain(&mut self) -> Vec<Watched> {
+        self.slots.iter_mut().flat_map(std::mem::take).collect()
     }
 }
 
 fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) -> Swept {
     let cpu_at_start = own_cpu();
     let mut reader = SleeperReader::new(blocklist);
+    // A request that hung up meanwhile: nothing to look at.
+    let stopped_early = stop.load(Ordering::Acquire);
     let period = Duration::from_secs(1) / frequency.max(1);
     let started = Instant::now();
     let own = crate::process::current_tid();
@@ -235,7 +270,7 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
     let (mut counted_at, mut listed_at): (Option<Instant>, Option<Instant>) = (None, None);
     let mut count = None;
     let mut tick: u64 = 0;
-    while !stop.load(Ordering::Acquire) {
+    while !stopped_early && !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         if counted_at.is_none_or(|at| now.duration_since(at) >= COUNT_EVERY) {
             counted_at = Some(now);
@@ -250,7 +285,7 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
                 for tid in wheel.follow(&alive) {
                     // The first look sets where it is: no time before it is charged.
                     if let Some(first) = sweep.first_look(tid, tick) {
-                        wheel.put(first);
+                        wheel.watch(first);
                     }
                 }
             }
@@ -261,6 +296,8 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
                 wheel.put(thread);
             } else if sweep.look(&mut thread, tick) {
                 wheel.put(thread);
+            } else {
+                wheel.forget(thread.tid);
             }
         }
         tick += 1;
@@ -279,6 +316,13 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
             // Woken early by `finish` (or spuriously: the loop looks at the flag first,
             // and a tick taken early only looks sooner).
             std::thread::park_timeout(due - now);
+        }
+    }
+    // The window ends now: every thread's time since its last look is charged (a quiet
+    // one's last look may be two seconds back).
+    if !stopped_early {
+        for mut thread in wheel.drain() {
+            sweep.look(&mut thread, tick);
         }
     }
     let Sweep {
@@ -336,6 +380,17 @@ impl Sweep<'_> {
         let Ok(clock) = crate::process::thread_cpu_time(tid) else {
             return false;
         };
+        if clock < thread.clock {
+            // Another thread with the same id (the one watched exited between two
+            // looks): looked at afresh, nothing charged for the time before.
+            return match self.first_look(tid, tick) {
+                Some(first) => {
+                    *thread = first;
+                    true
+                }
+                None => false,
+            };
+        }
         let now = Instant::now();
         let elapsed = now.duration_since(thread.looked);
         thread.looked = now;

@@ -587,7 +587,7 @@ async fn idle_runtime_threads_are_left_out_unless_every_thread_is_asked_for() {
         }
     };
     let working = wall("").await;
-    let every = wall("&threads=all").await;
+    let every = wall("&threads=all&thread_ids=true").await;
     assert_eq!(
         sleeping(&working, true),
         0,
@@ -601,6 +601,43 @@ async fn idle_runtime_threads_are_left_out_unless_every_thread_is_asked_for() {
         "threads=all shows {} ms asleep more than the default, not two idle workers' second",
         idle / 1_000_000
     );
+    // Each thread's time adds up to the window: a quiet thread, looked at seldom, has its
+    // time up to the window's end charged by a last look, and none beyond it.
+    let window = every.duration_nanos;
+    let wall_column = column(&every, "wall");
+    let mut by_thread: std::collections::HashMap<(String, String), i64> = Default::default();
+    for (i, sample) in every.sample.iter().enumerate() {
+        let labels = labels(&every, i);
+        let key = (
+            labels.get("thread").cloned().unwrap_or_default(),
+            labels.get("thread_id").cloned().unwrap_or_default(),
+        );
+        *by_thread.entry(key).or_default() += sample.value[wall_column];
+    }
+    let workers: Vec<_> = by_thread
+        .iter()
+        .filter(|((name, _), _)| name.starts_with("tokio-r"))
+        .collect();
+    assert!(
+        workers.len() >= 2,
+        "the server's two workers: {by_thread:?}"
+    );
+    for ((name, id), total) in &by_thread {
+        assert!(
+            *total <= window + window / 10,
+            "thread {name} ({id}) has {} ms in a {} ms window",
+            total / 1_000_000,
+            window / 1_000_000
+        );
+    }
+    for ((name, id), total) in workers {
+        assert!(
+            *total >= window - window / 10,
+            "worker {name} ({id}), there all along, has {} ms of a {} ms window",
+            total / 1_000_000,
+            window / 1_000_000
+        );
+    }
     let bad = client()
         .get(server.url("/debug/pprof/wall?threads=some"))
         .send()
