@@ -47,12 +47,12 @@ mod registry {
     thread_local! {
         static REGISTERED: Registered = const { Registered(Cell::new((0, 0))) };
         /// The registry's lock, held across a `fork` by the thread that forks.
-        static HELD: RefCell<Option<MutexGuard<'static, Option<HashMap<u32, usize>>>>> =
-            const { RefCell::new(None) };
+        static HELD: RefCell<Option<MutexGuard<'static, Words>>> = const { RefCell::new(None) };
     }
 
     /// The words of threads that ever set labels, by thread id: each word's address.
-    static WORDS: Mutex<Option<HashMap<u32, usize>>> = Mutex::new(None);
+    type Words = Option<HashMap<u32, usize>>;
+    static WORDS: Mutex<Words> = Mutex::new(None);
 
     /// Children forked so far on the way to this process: a child starts with one thread
     /// and an empty registry, and a registration made before its fork (the forking
