@@ -605,7 +605,7 @@ async fn idle_runtime_threads_are_left_out_unless_every_thread_is_asked_for() {
     // time up to the window's end charged by a last look, and none beyond it.
     let window = every.duration_nanos;
     let wall_column = column(&every, "wall");
-    let mut by_thread: std::collections::HashMap<(String, String), i64> = Default::default();
+    let mut by_thread: HashMap<(String, String), i64> = HashMap::new();
     for (i, sample) in every.sample.iter().enumerate() {
         let labels = labels(&every, i);
         let key = (
