@@ -51,7 +51,8 @@ pub(crate) struct WallParts {
 }
 
 /// Functions a sleeping thread's stack is read past, from its leaf, to find the code that
-/// waits: the standard library's and the system's waiting primitives.
+/// waits: the standard library's waiting primitives and the crates that only wait (see
+/// [`is_primitive`] for C's).
 const PRIMITIVES: &[&str] = &[
     "std::",
     "core::",
@@ -60,19 +61,15 @@ const PRIMITIVES: &[&str] = &[
     "mio::",
     "crossbeam_channel::",
     "crossbeam_utils::",
-    "__",
-    "syscall",
-    "epoll_",
-    "poll",
-    "ppoll",
-    "select",
-    "pselect",
-    "nanosleep",
-    "clock_nanosleep",
-    "pthread_",
-    "futex",
-    "sem_",
 ];
+
+/// Whether a stack is read past function `name` to find the code that waits: one of
+/// [`PRIMITIVES`], or a C function (a name without a path: the C library's system call
+/// wrappers, `read`, `poll`, `pthread_cond_wait`…, whose list no one can keep, and C code
+/// linked into the program, whose Rust caller says more).
+fn is_primitive(name: &str) -> bool {
+    !name.contains("::") || starts_with_any(name, PRIMITIVES)
+}
 
 /// Code whose wait, found past the primitives, is a runtime's or a pool's idle one (or
 /// this profiler's own).
@@ -136,7 +133,7 @@ fn seen(frames: &[Frame], resolved: &Resolved) -> Seen {
 
 /// [`seen`] of a stack's function names, leaf first (inlined ones innermost first).
 fn seen_in(names: &[&str]) -> Seen {
-    let Some(first) = names.iter().find(|name| !starts_with_any(name, PRIMITIVES)) else {
+    let Some(first) = names.iter().find(|name| !is_primitive(name)) else {
         return Seen::Nothing;
     };
     if starts_with_any(first, IDLE) {
@@ -416,7 +413,7 @@ fn comments(
 
 #[cfg(test)]
 mod tests {
-    use super::{IDLE, PRIMITIVES, Seen, seen_in, starts_with_any};
+    use super::{IDLE, Seen, is_primitive, seen_in, starts_with_any};
 
     #[test]
     fn a_sleep_is_inside_a_poll_where_a_runtime_polls_it_and_not_where_blocking_is_allowed() {
@@ -475,8 +472,11 @@ mod tests {
             "__GI___poll",
             "epoll_wait",
             "clock_nanosleep",
+            "read",
+            "__syscall_cp_asm",
+            "pthread_cond_timedwait",
         ] {
-            assert!(starts_with_any(primitive, PRIMITIVES), "{primitive}");
+            assert!(is_primitive(primitive), "{primitive}");
         }
         for idle in [
             "tokio::runtime::scheduler::multi_thread::park::Parker::park",
@@ -484,7 +484,7 @@ mod tests {
             "rayon_core::sleep::Sleep::sleep",
         ] {
             assert!(starts_with_any(idle, IDLE), "{idle}");
-            assert!(!starts_with_any(idle, PRIMITIVES), "{idle}");
+            assert!(!is_primitive(idle), "{idle}");
         }
         for working in [
             "my_service::handlers::checkout",
@@ -492,7 +492,7 @@ mod tests {
             "hyper::proto::h1::dispatch::Dispatcher::poll_loop",
         ] {
             assert!(!starts_with_any(working, IDLE), "{working}");
-            assert!(!starts_with_any(working, PRIMITIVES), "{working}");
+            assert!(!is_primitive(working), "{working}");
         }
     }
 }

@@ -430,11 +430,14 @@ async fn blocking_calls_and_cpu_land_under_their_functions_labels_system_calls_a
             "the blocking view holds a sleep on the blocking pool: {stack:?}"
         );
     }
-    // ... which the wall profile shows.
+    // ... which the wall profile shows (where the stack can be read past the C library:
+    // on static musl, an unlabelled sleep whose stack stops in musl shows nothing of the
+    // program, and the default profile leaves it out with the idle waits).
     assert!(
-        wall_in(&profile, "wall_pool_sleep", |labels| {
-            labels.get("thread_state").map(String::as_str) == Some("sleeping")
-        }) > 0,
+        cfg!(target_env = "musl")
+            || wall_in(&profile, "wall_pool_sleep", |labels| {
+                labels.get("thread_state").map(String::as_str) == Some("sleeping")
+            }) > 0,
         "the wall profile shows no sleep on the blocking pool"
     );
     let shown: i64 = blocking.sample.iter().map(|s| s.value[wall_column]).sum();
