@@ -59,10 +59,11 @@ pub fn wall(options: &Options) -> Vec<Row> {
     });
     rows.push(Row {
         id: "W",
+        // The target is a 10 s profile's (below); this one's samples are 620 threads'.
         figure: format!("{idle_window} s /wall profile, idle service: window end → last byte"),
-        target: "≤ 25 ms",
+        target: "—",
         measured: format!("{idle_after:.1} ms"),
-        verdict: Verdict::at_most(idle_after, 25.0),
+        verdict: Verdict::NoTarget,
     });
     rows.push(Row {
         id: "W",
