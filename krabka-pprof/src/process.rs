@@ -157,20 +157,9 @@ impl ProcThread {
         allow(dead_code, reason = "sleeping threads are read so on x86_64 alone")
     )]
     pub(crate) fn in_kernel(tid: u32) -> Option<InKernel> {
-        use std::io::Read as _;
         // One line of at most 9 fields: "NR" and eight "0x" + 16 hex digits.
         let mut line = [0u8; 256];
-        let mut file = std::fs::File::open(format!("/proc/self/task/{tid}/syscall")).ok()?;
-        let mut len = 0;
-        while len < line.len() {
-            match file.read(&mut line[len..]) {
-                Ok(0) => break,
-                Ok(n) => len += n,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return None,
-            }
-        }
-        parse_syscall(std::str::from_utf8(&line[..len]).ok()?)
+        parse_syscall(read_short(&format!("/proc/self/task/{tid}/syscall"), &mut line)?)
     }
 
     /// The state as a word.
@@ -398,28 +387,33 @@ pub(crate) fn thread_cpu_time(tid: u32) -> io::Result<Duration> {
 /// How long thread `tid` has waited, ready to run, for a CPU so far: the second field of
 /// its `schedstat` (nanoseconds; kernels without scheduler statistics have no such file).
 pub(crate) fn thread_run_delay(tid: u32) -> Option<Duration> {
-    use std::io::Read as _;
     // Three numbers of at most 20 digits; read into the stack, without the size lookup
     // and allocation of `read_to_string` (a wall window reads it at every move of every
     // thread doing work: a fifth of the sweep's CPU went there).
     let mut line = [0u8; 96];
-    let mut file = std::fs::File::open(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let waited = read_short(&format!("/proc/self/task/{tid}/schedstat"), &mut line)?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(Duration::from_nanos(waited))
+}
+
+#[cfg(procfs)]
+/// The text of a short `/proc` file, read into `buffer` (as much of it as fits).
+fn read_short<'b>(path: &str, buffer: &'b mut [u8]) -> Option<&'b str> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path).ok()?;
     let mut len = 0;
-    while len < line.len() {
-        match file.read(&mut line[len..]) {
+    while len < buffer.len() {
+        match file.read(&mut buffer[len..]) {
             Ok(0) => break,
             Ok(n) => len += n,
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => return None,
         }
     }
-    let waited = std::str::from_utf8(&line[..len])
-        .ok()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(Duration::from_nanos(waited))
+    std::str::from_utf8(&buffer[..len]).ok()
 }
 
 #[cfg(procfs)]
