@@ -87,8 +87,9 @@ pub(crate) struct Swept {
     pub(crate) elapsed: Duration,
 }
 
-/// A sweep running on its own thread: [`finish`](Self::finish) stops it and takes what
-/// it gathered; dropped, it stops by itself within a period.
+/// A sweep running on its own thread: [`stop`](Self::stop) ends it as its window closes,
+/// [`finish`](Self::finish) takes what it gathered; dropped (its request hung up), it is
+/// woken to stop at once, and its thread ends by itself.
 pub(crate) struct Sweeper {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Swept>>,
