@@ -159,7 +159,10 @@ impl ProcThread {
     pub(crate) fn in_kernel(tid: u32) -> Option<InKernel> {
         // One line of at most 9 fields: "NR" and eight "0x" + 16 hex digits.
         let mut line = [0u8; 256];
-        parse_syscall(read_short(&format!("/proc/self/task/{tid}/syscall"), &mut line)?)
+        parse_syscall(read_short(
+            &format!("/proc/self/task/{tid}/syscall"),
+            &mut line,
+        )?)
     }
 
     /// The state as a word.

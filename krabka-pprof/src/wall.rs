@@ -2,8 +2,8 @@
 //! or off it, with the labels of the request, span or scope they served. The time on a
 //! CPU is a window of the CPU sampler's session (the route opens it beside the sweep, so
 //! that the two share its lease and its rules); the time off it comes from
-//! [`sweep`](self::sweep), which looks at sleeping threads without a signal, as a thread
-//! dump reads them: no wait is cut short. [`build`](self::build) makes the profile.
+//! [`sweep`], which looks at sleeping threads without a signal, as a thread
+//! dump reads them: no wait is cut short. [`build`] makes the profile.
 //! Knows no HTTP, and no other profile kind: the route hands it what the CPU window
 //! collected.
 

@@ -1,5 +1,7 @@
 //! The sampler's own tests: sessions, windows, the handler's use of the stack.
 
+use super::drain::{THREAD_WORK_AT_MOST_EVERY, thread_work_every};
+use super::following::has_own_filter;
 use super::*;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;

@@ -256,12 +256,8 @@ impl Threads {
     }
 }
 
-/// A thread's own stack in `maps` (the text of `/proc/self/maps`): for the main thread,
-/// the kernel's `[stack]`; for another, `[start, tcb)` of the writable mapping that holds
-/// its control block `tcb`, if a guard page (no access) lies right below it, so that the
-/// mapping is the one the thread library made for this thread alone. `None` where that
-/// cannot be told (a stack the application supplied, with no guard): the thread's samples
-/// are then copied by system calls.
+/// [`Mappings::own_stack`] of `maps` (the text of `/proc/self/maps`) parsed for one
+/// thread.
 #[cfg(test)]
 pub(crate) fn own_stack(maps: &str, tcb: u64, main: bool) -> Option<(u64, u64)> {
     Mappings::parse(maps).own_stack(tcb, main)
@@ -303,7 +299,12 @@ impl Mappings {
         Mappings { areas, main }
     }
 
-    /// See [`own_stack`].
+    /// A thread's own stack: for the main thread, the kernel's `[stack]`; for another,
+    /// `[start, tcb)` of the writable mapping that holds its control block `tcb`, if a
+    /// guard page (no access) lies right below it, so that the mapping is the one the
+    /// thread library made for this thread alone. `None` where that cannot be told (a
+    /// stack the application supplied, with no guard): the thread's samples are then
+    /// copied by system calls.
     pub(crate) fn own_stack(&self, tcb: u64, main: bool) -> Option<(u64, u64)> {
         if main {
             return self.main;

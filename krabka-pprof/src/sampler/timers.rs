@@ -14,7 +14,7 @@
 //! A thread's timer carries the thread's id in its signal value, so the handler knows whose
 //! sample it is without a system call, for any number of timers ever made. Threads are
 //! found by listing `/proc/self/task` at the start and at the drains' looks at the threads
-//! (`thread_work_every` in `sampler.rs`, when they changed); a thread that lives
+//! (`thread_work_every` in `drain.rs`, when they changed); a thread that lives
 //! and dies between two listings is covered by the backstop, a `CLOCK_PROCESS_CPUTIME_ID`
 //! timer whose signals the handler keeps only on threads that have no timer of their own.
 //! A thread that exited loses its timer at the next listing, so timers (each holds one
