@@ -63,9 +63,8 @@ const TRIES: usize = 3;
 
 /// What reading a thread without a signal gave.
 pub(crate) enum Read {
-    /// Its stack, read while it slept: to its outermost frame, or as far as a signal's
-    /// answer would go too (a blocklisted leaf, a stack that cannot be read here), asleep
-    /// in system call `syscall`.
+    /// Its stack, read while it slept in `syscall`: to its outermost frame, or as far as a
+    /// signal's answer would (a blocklisted leaf, a stack that cannot be read here).
     Whole { stack: Stack, syscall: i64 },
     /// Read while it slept, but not to its outermost frame: the unwind stopped at a frame
     /// that needs the frame pointer. `syscall`: the system call it sleeps in.
