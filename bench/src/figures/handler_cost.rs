@@ -194,35 +194,13 @@ fn crowded_round(server: &Server, window: u64, round: usize) -> (f64, String) {
     // Per thread, the most its clock was seen at, looked at every 200 ms while the profile
     // runs: a session's drain thread exits with its session, and a sum read only at the
     // end would miss it (and could come out below the sum before).
-    let pid = server.pid();
-    let before = profiler_threads_cpu(pid);
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let (line, seen) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| {
-            let mut seen = before.clone();
-            loop {
-                let last = done.load(std::sync::atomic::Ordering::Acquire);
-                for (tid, (name, cpu)) in profiler_threads_cpu(pid) {
-                    let most = seen.entry(tid).or_insert((name, Duration::ZERO));
-                    most.1 = most.1.max(cpu);
-                }
-                if last {
-                    return seen;
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        });
-        let line = handler_line(server, window, 99);
-        done.store(true, std::sync::atomic::Ordering::Release);
-        (line, watcher.join().unwrap())
-    });
-    // By name too: the drain thread's share (which grows with the threads) apart from
-    // the worker's (building the profile, which grows with the samples).
-    let mut by_name: std::collections::BTreeMap<String, f64> = Default::default();
-    for (tid, (name, cpu)) in &seen {
-        let before = before.get(tid).map(|(_, cpu)| *cpu).unwrap_or_default();
-        *by_name.entry(name.clone()).or_default() += cpu.saturating_sub(before).as_secs_f64();
-    }
+    // By name: the drain thread's share (which grows with the threads) apart from the
+    // worker's (building the profile, which grows with the samples).
+    let (line, by_name) = profiler_cpu_during(server.pid(), || handler_line(server, window, 99));
+    let by_name: std::collections::BTreeMap<String, f64> = by_name
+        .into_iter()
+        .map(|(name, cpu)| (name, cpu.as_secs_f64()))
+        .collect();
     let threads: f64 = by_name.values().sum();
     // The profile's building (symbolizing, encoding, gzip: the request's, on the worker
     // when it is idle, else on the blocking pool, which is not counted) apart: it grows
@@ -257,10 +235,48 @@ fn crowded_round(server: &Server, window: u64, round: usize) -> (f64, String) {
     )
 }
 
+/// Runs `f` while watching the CPU of process `pid`'s threads named `krabka-*` every 200 ms:
+/// what `f` returned, and the CPU they used meanwhile, by thread name. Each thread counts
+/// at the most its clock was seen at: a session's drain thread (or a wall window's sweep)
+/// exits with it, and a sum read only at the end would miss it (and could come out below
+/// the sum before).
+pub(crate) fn profiler_cpu_during<T: Send>(
+    pid: u32,
+    f: impl FnOnce() -> T + Send,
+) -> (T, std::collections::HashMap<String, Duration>) {
+    let before = profiler_threads_cpu(pid);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (out, seen) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut seen = before.clone();
+            loop {
+                let last = done.load(std::sync::atomic::Ordering::Acquire);
+                for (tid, (name, cpu)) in profiler_threads_cpu(pid) {
+                    let most = seen.entry(tid).or_insert((name, Duration::ZERO));
+                    most.1 = most.1.max(cpu);
+                }
+                if last {
+                    return seen;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let out = f();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        (out, watcher.join().unwrap())
+    });
+    let mut by_name = std::collections::HashMap::<String, Duration>::new();
+    for (tid, (name, cpu)) in seen {
+        let then = before.get(&tid).map(|(_, cpu)| *cpu).unwrap_or_default();
+        *by_name.entry(name).or_default() += cpu.saturating_sub(then);
+    }
+    (out, by_name)
+}
+
 /// The CPU so far of each of process `pid`'s threads named `krabka-*`, by the kernel's
 /// clocks, with its name: `/proc/PID/task/TID/schedstat` (nanoseconds), else `stat` (clock
 /// ticks, 10 ms: coarser than the figure, whose threads use tens of milliseconds).
-pub(crate) fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, (String, Duration)> {
+fn profiler_threads_cpu(pid: u32) -> std::collections::HashMap<u32, (String, Duration)> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let mut threads = std::collections::HashMap::new();

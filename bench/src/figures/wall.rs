@@ -3,11 +3,10 @@
 //! worker blocks inside its poll; whether it wakes a sleeping thread; how soon the profile
 //! follows its window; what it adds to resident memory with 2,000 threads.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::Options;
-use crate::figures::handler_cost::profiler_threads_cpu;
+use crate::figures::handler_cost::profiler_cpu_during;
 use crate::figures::thread_dump::{switches, woken};
 use crate::figures::{MB, Row, Verdict};
 use crate::harness::{Fetched, Server, decode, fetch};
@@ -23,7 +22,7 @@ pub fn wall(options: &Options) -> Vec<Row> {
     std::thread::sleep(Duration::from_secs(1));
     let pid = server.pid();
     let switched = switches(pid);
-    let (fetched, cpu) = profiler_cpu_during(pid, || {
+    let (fetched, cpu) = profiler_cpu(pid, || {
         fetch(
             server.addr,
             &format!("/debug/pprof/wall?seconds={idle_window}"),
@@ -80,7 +79,7 @@ pub fn wall(options: &Options) -> Vec<Row> {
     let server = Server::start_wall(16, 0, 0, true);
     std::thread::sleep(Duration::from_secs(1));
     let pid = server.pid();
-    let (fetched, cpu) = profiler_cpu_during(pid, || {
+    let (fetched, cpu) = profiler_cpu(pid, || {
         fetch(server.addr, &format!("/debug/pprof/wall?seconds={window}"))
     });
     assert_eq!(
@@ -162,40 +161,11 @@ pub fn wall(options: &Options) -> Vec<Row> {
     rows
 }
 
-/// Runs `f` while watching the CPU of process `pid`'s threads named `krabka-*` every 200 ms
-/// (a thread that exits meanwhile, as the sweep's does, keeps what it was last seen at):
-/// what `f` returned, and the CPU they used meanwhile.
-fn profiler_cpu_during<T: Send>(pid: u32, f: impl FnOnce() -> T + Send) -> (T, Duration) {
-    let before = profiler_threads_cpu(pid);
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let (out, seen) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| {
-            let mut seen: HashMap<u32, Duration> =
-                before.iter().map(|(tid, (_, cpu))| (*tid, *cpu)).collect();
-            loop {
-                let last = done.load(std::sync::atomic::Ordering::Acquire);
-                for (tid, (_, cpu)) in profiler_threads_cpu(pid) {
-                    let most = seen.entry(tid).or_default();
-                    *most = (*most).max(cpu);
-                }
-                if last {
-                    return seen;
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        });
-        let out = f();
-        done.store(true, std::sync::atomic::Ordering::Release);
-        (out, watcher.join().unwrap())
-    });
-    let used = seen
-        .iter()
-        .map(|(tid, cpu)| {
-            let then = before.get(tid).map(|(_, cpu)| *cpu).unwrap_or_default();
-            cpu.saturating_sub(then)
-        })
-        .sum();
-    (out, used)
+/// Runs `f` while watching the CPU of process `pid`'s profiler threads (see
+/// [`profiler_cpu_during`]): what `f` returned, and the CPU they used meanwhile.
+fn profiler_cpu<T: Send>(pid: u32, f: impl FnOnce() -> T + Send) -> (T, Duration) {
+    let (out, by_name) = profiler_cpu_during(pid, f);
+    (out, by_name.values().sum())
 }
 
 /// The profile's comment on its looks (how many, how many stacks read, their CPU).
