@@ -73,13 +73,23 @@ fn is_primitive(name: &str) -> bool {
 
 /// Code whose wait, found past the primitives, is a runtime's or a pool's idle one (or
 /// this profiler's own).
-const IDLE: &[&str] = &["tokio::runtime::", "rayon_core::", "krabka_pprof::"];
+/// (`tokio::loom` is tokio's own wrapper of std's locks, which its runtime takes while it
+/// parks, contended at times.)
+const IDLE: &[&str] = &[
+    "tokio::runtime::",
+    "tokio::loom::",
+    "rayon_core::",
+    "krabka_pprof::",
+];
 
 /// Functions of a runtime that poll async tasks: a stack with one of them sleeps inside a
 /// poll, unless one of [`MAY_BLOCK`] is nearer its leaf. Not generic, so that a build
-/// without line tables (symbols only, where generic code is inlined) names them too.
+/// without line tables (symbols only, where generic code is inlined) names them too; and
+/// only those that poll (a worker's `run`, say, also parks it).
 const TASK_POLLS: &[&str] = &[
-    "tokio::runtime::scheduler::",
+    "tokio::runtime::scheduler::multi_thread::worker::Context::run_task",
+    "tokio::runtime::scheduler::current_thread::Context::run_task",
+    "tokio::runtime::scheduler::current_thread::CoreGuard::block_on",
     "tokio::runtime::park::CachedParkThread::block_on",
     "futures_executor::",
 ];
@@ -459,6 +469,29 @@ mod tests {
             worker,
         ];
         assert_eq!(seen_in(&idle), Seen::Idle);
+        // A worker parking, its timer's lock contended: idle, not a poll that blocks.
+        let parking = [
+            "syscall",
+            "std::sys::pal::unix::futex::futex_wait",
+            "lock",
+            "std::sync::poison::mutex::Mutex<T>::lock",
+            "tokio::loom::std::mutex::Mutex<T>::lock",
+            "tokio::runtime::time::Inner::lock",
+            "tokio::runtime::scheduler::multi_thread::park::Parker::park",
+            "tokio::runtime::scheduler::multi_thread::worker::Context::park",
+            "tokio::runtime::scheduler::multi_thread::worker::Context::run",
+            pool,
+        ];
+        assert_eq!(seen_in(&parking), Seen::Idle);
+        // User code run from a worker's park (a waker, a drop), not from a task's poll.
+        let from_park = [
+            "futex",
+            "app::on_wake",
+            "tokio::runtime::scheduler::multi_thread::park::Parker::park",
+            "tokio::runtime::scheduler::multi_thread::worker::Context::run",
+            pool,
+        ];
+        assert_eq!(seen_in(&from_park), Seen::Program { in_poll: false });
         assert_eq!(seen_in(&["__syscall_cp_asm"]), Seen::Nothing);
     }
 

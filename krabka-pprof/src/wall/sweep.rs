@@ -363,7 +363,7 @@ impl Sweep<'_> {
         let clock = crate::process::thread_cpu_time(tid).ok()?;
         let waited = crate::process::thread_run_delay(tid).unwrap_or_default();
         let looked = Instant::now();
-        let asleep = self.where_asleep(tid);
+        let asleep = self.asleep_as_labelled(tid, clock);
         Some(Watched {
             tid,
             looked,
@@ -424,7 +424,7 @@ impl Sweep<'_> {
             charge(&mut self.off_cpu, &key, waited, 1);
         }
         let before = thread.asleep.take();
-        let now_asleep = self.where_asleep(tid);
+        let now_asleep = self.asleep_as_labelled(tid, clock);
         match (&before, &now_asleep) {
             // Asleep here now, and elsewhere at the last look: it moved at a moment no look
             // saw. Half of at most a period of the sleep is charged here, the rest where
@@ -462,8 +462,27 @@ impl Sweep<'_> {
         true
     }
 
-    /// Where thread `tid` sleeps now, with the labels active on it, if it sleeps.
-    fn where_asleep(&mut self, tid: u32) -> Option<OffCpu> {
+    /// Where thread `tid` sleeps now, with the labels active on it, if it sleeps: both
+    /// read while it did not run (its CPU clock `clock` before the labels, the same after
+    /// the stack), so that a thread that left a labelled poll and slept elsewhere, or
+    /// entered one and blocked there, between the two reads is not given the other's
+    /// labels. Read again if it ran, a few times, then taken as running.
+    fn asleep_as_labelled(&mut self, tid: u32, mut clock: Duration) -> Option<OffCpu> {
+        for _try in 0..3 {
+            let labels = self.labels_of(tid);
+            // Not asleep (running, or woke during every read): nothing to match.
+            let place = self.where_asleep(tid, labels)?;
+            match crate::process::thread_cpu_time(tid) {
+                Ok(now) if now == clock => return Some(place),
+                Ok(now) => clock = now,
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Where thread `tid` sleeps now, with `labels`, if it sleeps.
+    fn where_asleep(&mut self, tid: u32, labels: SampleLabels) -> Option<OffCpu> {
         let state = match self.reader.look(tid) {
             Slept::Read {
                 stack,
@@ -481,14 +500,7 @@ impl Sweep<'_> {
             Slept::Unread { syscall } => State::AsleepUnread { syscall },
             Slept::NotAsleep => return None,
         };
-        self.names
-            .entry(tid)
-            .or_insert_with(|| crate::process::thread_name(tid).unwrap_or_default().into());
-        Some(OffCpu {
-            tid,
-            state,
-            labels: self.labels_of(tid),
-        })
+        Some(OffCpu { tid, state, labels })
     }
 
     /// The labels active on thread `tid` now.

@@ -384,7 +384,7 @@ async fn blocking_calls_and_cpu_land_under_their_functions_labels_system_calls_a
     // The wall profile and its blocking view side by side, sharing the CPU sampler.
     let sent = SystemTime::now();
     let take = |route: &'static str| {
-        let url = server.url(&format!("/debug/pprof/{route}?seconds=10"));
+        let url = server.url(&format!("/debug/pprof/{route}?seconds=14"));
         tokio::spawn(async move {
             let response = client().get(url).send().await.unwrap();
             assert_eq!(response.status(), StatusCode::OK, "{route}");
