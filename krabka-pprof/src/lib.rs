@@ -81,6 +81,7 @@ mod sampler;
 mod switch;
 #[cfg_attr(not(sampler), allow(dead_code))]
 mod symbolize;
+pub mod task_hooks;
 mod tasks;
 mod threads;
 mod views;

@@ -48,6 +48,10 @@ pub struct Options {
     /// multi-threaded runtime: where a test holds a worker at a chosen task's poll.
     #[cfg(tokio_unstable)]
     pub before_task_poll: Option<TaskHook>,
+    /// krabka-pprof's task hooks installed (`krabka_pprof::task_hooks`), before
+    /// `before_task_poll`'s hook where both are asked.
+    #[cfg(tokio_unstable)]
+    pub task_hooks: bool,
 }
 
 /// A hook tokio calls with a task's id and the place it was spawned.
@@ -227,6 +231,8 @@ impl TestServer {
             log,
             #[cfg(tokio_unstable)]
             before_task_poll,
+            #[cfg(tokio_unstable)]
+            task_hooks,
         } = options;
         let thread = std::thread::Builder::new()
             .name(format!("test-server-{flavor:?}"))
@@ -246,8 +252,17 @@ impl TestServer {
                     builder.max_blocking_threads(threads);
                 }
                 #[cfg(tokio_unstable)]
+                if task_hooks {
+                    krabka_pprof::task_hooks::install(&mut builder);
+                }
+                #[cfg(tokio_unstable)]
                 if let Some(TaskHook(hook)) = before_task_poll {
-                    builder.on_before_task_poll(move |meta| hook(meta));
+                    builder.on_before_task_poll(move |meta| {
+                        if task_hooks {
+                            krabka_pprof::task_hooks::before_poll();
+                        }
+                        hook(meta)
+                    });
                 }
                 if let Some(dispatch) = dispatch {
                     builder.on_thread_start(move || {

@@ -1,7 +1,8 @@
 //! W: wall-clock profiles (`/wall`). What the sweep that looks at sleeping threads costs
 //! where nothing happens (16 idle workers, 500 idle blocking-pool threads) and where every
 //! worker blocks inside its poll; whether it wakes a sleeping thread; how soon the profile
-//! follows its window; what it adds to resident memory with 2,000 threads.
+//! follows its window; what it adds to resident memory with 2,000 threads; what tokio's
+//! task hooks (`krabka_pprof::task_hooks`) cost a poll.
 
 use std::time::Duration;
 
@@ -14,6 +15,21 @@ use crate::system::{peak_rss, reset_peak, rss};
 
 pub fn wall(options: &Options) -> Vec<Row> {
     let mut rows = Vec::new();
+
+    // The task hooks (`krabka_pprof::task_hooks`): what tokio calls around each poll where
+    // the app installs them, called as tokio calls them (through a `dyn Fn`), on a thread
+    // already registered by its first poll.
+    let per_poll = hooks_per_poll(options.rounds(5) as u32);
+    eprintln!("W hooks: {per_poll:.2} ns a poll (before + after)");
+    rows.push(Row {
+        id: "W",
+        figure: "tokio's task hooks (krabka_pprof::task_hooks), before and after a poll, \
+                 called through a dyn Fn as tokio calls them: cost per poll"
+            .to_owned(),
+        target: "≤ 10 ns",
+        measured: format!("{per_poll:.2} ns (median of runs of 10 M polls)"),
+        verdict: Verdict::at_most(per_poll, 10.0),
+    });
 
     // Idle: nothing but the profile runs. Its window is also the one in which the parked
     // threads must not be woken.
@@ -159,6 +175,30 @@ pub fn wall(options: &Options) -> Vec<Row> {
         verdict: Verdict::at_most(wall_grown, 2.0),
     });
     rows
+}
+
+/// Nanoseconds a poll's two hooks take, the median of `runs` runs of 10 M polls.
+fn hooks_per_poll(runs: u32) -> f64 {
+    type Hook = Box<dyn Fn(&u64) + Send + Sync>;
+    let before: Hook = Box::new(|_| krabka_pprof::task_hooks::before_poll());
+    let after: Hook = Box::new(|_| krabka_pprof::task_hooks::after_poll());
+    // The thread's first poll registers it.
+    before(&0);
+    after(&0);
+    const POLLS: u64 = 10_000_000;
+    let mut runs: Vec<f64> = (0..runs.max(1))
+        .map(|_| {
+            let started = std::time::Instant::now();
+            for task in 0..POLLS {
+                let meta = std::hint::black_box(task);
+                std::hint::black_box(&before)(&meta);
+                std::hint::black_box(&after)(&meta);
+            }
+            started.elapsed().as_secs_f64() * 1e9 / POLLS as f64
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[runs.len() / 2]
 }
 
 /// Runs `f` while watching the CPU of process `pid`'s profiler threads (see

@@ -11,10 +11,14 @@
 //!
 //! A wall-clock profile reads the words of *sleeping* threads too, from another thread
 //! (`crate::wall`), without a signal: a thread's first write registers its word's address
-//! under its id ([`word_of`]), and a second thread-local's destructor removes it when the
+//! under its id ([`words_of`]), and a second thread-local's destructor removes it when the
 //! thread exits, under the same lock the reader holds while it loads, so that no word is
 //! read after its thread is gone. Fork handlers keep that lock across a `fork` and give
 //! the child an empty registry (it has one thread, which registers again).
+//!
+//! Beside it, where the app installs tokio's task hooks ([`crate::task_hooks`]), a second
+//! word says whether the thread is inside a task's poll now: registered the same way,
+//! read with the label word ([`words_of`]).
 
 use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
 
@@ -24,7 +28,7 @@ thread_local! {
     static WORD: AtomicU64 = const { AtomicU64::new(0) };
 }
 
-/// Registers this thread's word for [`word_of`], once per thread (a thread-local read
+/// Registers this thread's word for [`words_of`], once per thread (a thread-local read
 /// after that). Only where wall-clock profiles read it (this crate's own sampler).
 #[inline]
 fn register() {
@@ -33,25 +37,42 @@ fn register() {
 }
 
 #[cfg(sampler)]
-pub(crate) use registry::word_of;
+pub(crate) use registry::words_of;
+
+/// Says that this thread is inside an async task's poll (`true`) or left it, for
+/// [`words_of`]: what the task hooks call around each poll. A thread-local store, and on
+/// a thread's first call its registration.
+#[inline]
+pub(crate) fn set_polling(polling: bool) {
+    #[cfg(sampler)]
+    {
+        registry::register();
+        let _ = registry::POLLING.try_with(|word| word.store(polling, Ordering::Relaxed));
+    }
+    #[cfg(not(sampler))]
+    let _ = polling;
+}
 
 #[cfg(sampler)]
 mod registry {
     use std::cell::{Cell, RefCell};
     use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
     use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
     use super::WORD;
 
     thread_local! {
+        /// Whether the thread is inside an async task's poll, where the task hooks say so.
+        pub(super) static POLLING: AtomicBool = const { AtomicBool::new(false) };
         static REGISTERED: Registered = const { Registered(Cell::new((0, 0))) };
         /// The registry's lock, held across a `fork` by the thread that forks.
         static HELD: RefCell<Option<MutexGuard<'static, Words>>> = const { RefCell::new(None) };
     }
 
-    /// The words of threads that ever set labels, by thread id: each word's address.
-    type Words = Option<HashMap<u32, usize>>;
+    /// The words of threads that ever set labels or were polled under the task hooks, by
+    /// thread id: the addresses of its label word and of its poll word.
+    type Words = Option<HashMap<u32, (usize, usize)>>;
     static WORDS: Mutex<Words> = Mutex::new(None);
 
     /// Children forked so far on the way to this process: a child starts with one thread
@@ -100,11 +121,16 @@ mod registry {
             }
         });
         let tid = crate::process::current_tid();
-        let Ok(address) = WORD.try_with(|word| word as *const AtomicU64 as usize) else {
+        let Ok(label_word) = WORD.try_with(|word| word as *const AtomicU64 as usize) else {
+            return;
+        };
+        let Ok(poll_word) = POLLING.try_with(|word| word as *const AtomicBool as usize) else {
             return;
         };
         let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
-        words.get_or_insert_with(HashMap::new).insert(tid, address);
+        words
+            .get_or_insert_with(HashMap::new)
+            .insert(tid, (label_word, poll_word));
         registered.0.set((FORKS.load(Ordering::Relaxed), tid));
     }
 
@@ -129,22 +155,41 @@ mod registry {
         FORKS.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The label word of thread `tid` of this process now, if it ever set labels and
-    /// lives: 0 where none are active. Another thread's word is read with one relaxed
-    /// load, under the lock its exit takes to remove it.
-    pub(crate) fn word_of(tid: u32) -> Option<u64> {
+    /// A thread's two words, as [`words_of`] read them.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub(crate) struct ThreadWords {
+        /// Its label word: 0 where no labels are active.
+        pub(crate) labels: u64,
+        /// Whether it is inside a task's poll, by the task hooks (false without them).
+        pub(crate) polling: bool,
+    }
+
+    /// The words of thread `tid` of this process now, if it ever set labels (or was
+    /// polled under the task hooks) and lives. Another thread's words are read with a
+    /// relaxed load each, under the lock its exit takes to remove them.
+    pub(crate) fn words_of(tid: u32) -> Option<ThreadWords> {
         let words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
-        let address = *words.as_ref()?.get(&tid)?;
-        // SAFETY: the address is of thread `tid`'s `WORD`, registered by that thread; its
-        // entry is removed (under this lock, held here) by a destructor of a thread-local
-        // that runs before the thread's thread-locals are freed, so the atomic lives while
-        // it is loaded.
-        Some(unsafe { &*(address as *const AtomicU64) }.load(Ordering::Relaxed))
+        let (label_word, poll_word) = *words.as_ref()?.get(&tid)?;
+        // SAFETY: the addresses are of thread `tid`'s `WORD` and `POLLING`, registered by
+        // that thread; its entry is removed (under this lock, held here) by a destructor
+        // of a thread-local that runs before the thread's thread-locals are freed, so the
+        // atomics live while they are loaded.
+        let (labels, polling) = unsafe {
+            (
+                (*(label_word as *const AtomicU64)).load(Ordering::Relaxed),
+                (*(poll_word as *const AtomicBool)).load(Ordering::Relaxed),
+            )
+        };
+        Some(ThreadWords { labels, polling })
     }
 
     #[cfg(test)]
     mod tests {
-        use super::word_of;
+        use super::words_of;
+
+        fn word_of(tid: u32) -> Option<u64> {
+            words_of(tid).map(|words| words.labels)
+        }
 
         #[test]
         fn another_threads_word_is_read_while_it_lives_and_forgotten_when_it_exits() {

@@ -6,8 +6,9 @@
 //!
 //! The blocking view keeps, of the same window, the time threads slept *inside an async
 //! task's poll*: what blocked the runtime. Told by the stack where it can be read (a
-//! task's poll, or `block_on`'s, on it; not the blocking pool's), else by the labels
-//! (a labelled future or a span is polled while its labels are on the thread).
+//! task's poll, or `block_on`'s, on it; not the blocking pool's, nor `block_in_place`),
+//! else by tokio's task hooks where the app installed them (`crate::task_hooks`), else by
+//! the labels (a labelled future or a span is polled while its labels are on the thread).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -112,9 +113,54 @@ enum Seen {
     Nothing,
     /// A runtime's or a pool's idle wait.
     Idle,
-    /// The program's own wait: whether inside an async task's poll (on a runtime's
-    /// worker, not its blocking pool).
-    Program { in_poll: bool },
+    /// The program's own wait, and the innermost of a runtime's polls and the places
+    /// blocking is allowed on its stack.
+    Program { poll: PollFrame },
+}
+
+/// The innermost frame of a sleeping stack that says whether it sleeps inside an async
+/// task's poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PollFrame {
+    /// A runtime's poll of a task ([`TASK_POLLS`]): inside it.
+    Task,
+    /// A place where blocking is allowed ([`MAY_BLOCK`]): not inside one.
+    MayBlock,
+    /// Neither on the stack (as far as it was read).
+    Neither,
+}
+
+/// How a place of the blocking view was told to be inside a task's poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ToldBy {
+    /// A task's poll on its stack.
+    Stack,
+    /// tokio's task hooks (`crate::task_hooks`).
+    Hooks,
+    /// The labels of a labelled future or span, where the stack could not be read that
+    /// far.
+    Labels,
+}
+
+/// Whether a place off the CPU, whose stack shows `seen`, is inside an async task's poll,
+/// and how that was told: the stack's own frames where they say (a place blocking is
+/// allowed is never inside one, whatever else says so), then the task hooks, then the
+/// labels where the stack shows nothing of the program.
+fn told_in_poll(seen: Seen, key: &OffCpu) -> Option<ToldBy> {
+    if !matches!(key.state, State::Asleep { .. } | State::AsleepUnread { .. }) {
+        return None;
+    }
+    match seen {
+        Seen::Program {
+            poll: PollFrame::MayBlock,
+        } => None,
+        Seen::Program {
+            poll: PollFrame::Task,
+        } => Some(ToldBy::Stack),
+        _ if key.polling => Some(ToldBy::Hooks),
+        Seen::Nothing if key.labels != SampleLabels::default() => Some(ToldBy::Labels),
+        _ => None,
+    }
 }
 
 /// Whether `name` starts with one of `prefixes`, also as a trait method's `<Type as
@@ -150,11 +196,15 @@ fn seen_in(names: &[&str]) -> Seen {
         return Seen::Idle;
     }
     // The innermost of a runtime's polls and the places blocking is allowed decides.
-    let innermost = names
+    let poll = match names
         .iter()
-        .find(|name| starts_with_any(name, MAY_BLOCK) || starts_with_any(name, TASK_POLLS));
-    let in_poll = innermost.is_some_and(|name| !starts_with_any(name, MAY_BLOCK));
-    Seen::Program { in_poll }
+        .find(|name| starts_with_any(name, MAY_BLOCK) || starts_with_any(name, TASK_POLLS))
+    {
+        Some(name) if starts_with_any(name, MAY_BLOCK) => PollFrame::MayBlock,
+        Some(_) => PollFrame::Task,
+        None => PollFrame::Neither,
+    };
+    Seen::Program { poll }
 }
 
 /// The marker that ends a stack read asleep in part.
@@ -218,39 +268,43 @@ pub(crate) fn wall_profile(parts: WallParts, options: WallOptions) -> Profile {
 
     let mut builder = ProfileBuilder::new(objects).symbolize(symbolize);
     let mut left_out = (0u64, 0u64);
-    // Of the blocking view's samples, those told by the stack, and by the labels.
-    let mut decided = (0u64, 0u64);
+    // Of the blocking view's places, those told by the stack, by the hooks, by the labels.
+    let mut decided = (0u64, 0u64, 0u64);
     let mut threads_shown = std::collections::HashSet::new();
     for (frames, key, looks, nanos) in off {
-        let labelled = key.labels != SampleLabels::default();
         let seen = match &key.state {
             State::Asleep { whole, .. } => match seen(&frames, &resolved) {
                 // A part read up to a frame that needs the frame pointer may have its
                 // task's poll further out: not known.
-                Seen::Program { in_poll: false } if !whole => Seen::Nothing,
+                Seen::Program {
+                    poll: PollFrame::Neither,
+                } if !whole => Seen::Nothing,
                 seen => seen,
             },
             State::AsleepUnread { .. } => Seen::Nothing,
-            State::Runnable | State::AsleepUnseen => Seen::Program { in_poll: false },
+            State::Runnable | State::AsleepUnseen => Seen::Program {
+                poll: PollFrame::Neither,
+            },
         };
         let keep = match options.view {
             WallView::Wall => {
-                options.every_thread || labelled || matches!(seen, Seen::Program { .. })
+                options.every_thread || key.working() || matches!(seen, Seen::Program { .. })
             }
-            WallView::Blocking => {
-                let asleep = matches!(key.state, State::Asleep { .. } | State::AsleepUnread { .. });
-                match seen {
-                    Seen::Program { in_poll: true } if asleep => {
-                        decided.0 += 1;
-                        true
-                    }
-                    Seen::Nothing if asleep && labelled => {
-                        decided.1 += 1;
-                        true
-                    }
-                    _ => false,
+            WallView::Blocking => match told_in_poll(seen, key) {
+                Some(ToldBy::Stack) => {
+                    decided.0 += 1;
+                    true
                 }
-            }
+                Some(ToldBy::Hooks) => {
+                    decided.1 += 1;
+                    true
+                }
+                Some(ToldBy::Labels) => {
+                    decided.2 += 1;
+                    true
+                }
+                None => false,
+            },
         };
         if !keep {
             left_out.0 += 1;
@@ -362,7 +416,7 @@ fn comments(
     swept: Option<&Swept>,
     shared_with: usize,
     options: WallOptions,
-    ((left_places, left_nanos), (by_stack, by_labels)): ((u64, u64), (u64, u64)),
+    ((left_places, left_nanos), (by_stack, by_hooks, by_labels)): ((u64, u64), (u64, u64, u64)),
     threads_shown: usize,
 ) -> Vec<String> {
     let mut comments = vec![format!(
@@ -388,13 +442,21 @@ fn comments(
         ),
     }
     match options.view {
-        WallView::Blocking => comments.push(format!(
-            "blocking view: time threads slept inside an async task's poll ({threads_shown} \
-             threads); {by_stack} places told by a task's poll on the stack, {by_labels} by \
-             the labels of a labelled future or span where the stack could not be read that \
-             far; {left_places} other places, {} ms, left out",
-            left_nanos / 1_000_000
-        )),
+        WallView::Blocking => {
+            let hooks = if crate::task_hooks::installed() {
+                "tokio's task hooks installed"
+            } else {
+                "tokio's task hooks not installed (krabka_pprof::task_hooks)"
+            };
+            comments.push(format!(
+                "blocking view: time threads slept inside an async task's poll \
+                 ({threads_shown} threads); {by_stack} places told by a task's poll on the \
+                 stack, {by_hooks} by tokio's task hooks ({hooks}), {by_labels} by the \
+                 labels of a labelled future or span where the stack could not be read that \
+                 far; {left_places} other places, {} ms, left out",
+                left_nanos / 1_000_000
+            ));
+        }
         WallView::Wall if options.every_thread => {
             comments.push("every thread, idle ones too (?threads=all)".to_owned());
         }
@@ -423,7 +485,49 @@ fn comments(
 
 #[cfg(test)]
 mod tests {
-    use super::{IDLE, Seen, is_primitive, seen_in, starts_with_any};
+    use super::{
+        IDLE, PollFrame, Seen, State, ToldBy, is_primitive, seen_in, starts_with_any, told_in_poll,
+    };
+    use crate::labels::table::SampleLabels;
+    use crate::wall::sweep::OffCpu;
+
+    #[test]
+    fn a_place_is_inside_a_poll_by_its_stack_then_the_hooks_then_the_labels() {
+        let asleep = |polling| OffCpu {
+            tid: 1,
+            state: State::AsleepUnread { syscall: 7 },
+            labels: SampleLabels::default(),
+            polling,
+        };
+        let task = Seen::Program {
+            poll: PollFrame::Task,
+        };
+        let may_block = Seen::Program {
+            poll: PollFrame::MayBlock,
+        };
+        let neither = Seen::Program {
+            poll: PollFrame::Neither,
+        };
+        assert_eq!(told_in_poll(task, &asleep(false)), Some(ToldBy::Stack));
+        assert_eq!(told_in_poll(task, &asleep(true)), Some(ToldBy::Stack));
+        // `block_in_place` inside a poll: allowed, whatever the hooks say.
+        assert_eq!(told_in_poll(may_block, &asleep(true)), None);
+        // A stack cut short, or one whose poll frame no build names: the hooks tell.
+        assert_eq!(
+            told_in_poll(Seen::Nothing, &asleep(true)),
+            Some(ToldBy::Hooks)
+        );
+        assert_eq!(told_in_poll(neither, &asleep(true)), Some(ToldBy::Hooks));
+        assert_eq!(told_in_poll(Seen::Idle, &asleep(true)), Some(ToldBy::Hooks));
+        assert_eq!(told_in_poll(neither, &asleep(false)), None);
+        assert_eq!(told_in_poll(Seen::Nothing, &asleep(false)), None);
+        // Ready to run is not asleep in a poll, hooks or not.
+        let runnable = OffCpu {
+            state: State::Runnable,
+            ..asleep(true)
+        };
+        assert_eq!(told_in_poll(task, &runnable), None);
+    }
 
     #[test]
     fn a_sleep_is_inside_a_poll_where_a_runtime_polls_it_and_not_where_blocking_is_allowed() {
@@ -437,10 +541,20 @@ mod tests {
             worker,
             pool,
         ];
-        assert_eq!(seen_in(&task), Seen::Program { in_poll: true });
+        assert_eq!(
+            seen_in(&task),
+            Seen::Program {
+                poll: PollFrame::Task
+            }
+        );
         // A `spawn_blocking` closure.
         let blocking = ["clock_nanosleep", "std::thread::sleep", "app::job", pool];
-        assert_eq!(seen_in(&blocking), Seen::Program { in_poll: false });
+        assert_eq!(
+            seen_in(&blocking),
+            Seen::Program {
+                poll: PollFrame::MayBlock
+            }
+        );
         // `block_in_place` on a worker.
         let in_place = [
             "read",
@@ -450,17 +564,32 @@ mod tests {
             worker,
             pool,
         ];
-        assert_eq!(seen_in(&in_place), Seen::Program { in_poll: false });
+        assert_eq!(
+            seen_in(&in_place),
+            Seen::Program {
+                poll: PollFrame::MayBlock
+            }
+        );
         // `block_on`'s own future, on the thread that called it.
         let main = [
             "futex",
             "app::wait",
             "tokio::runtime::park::CachedParkThread::block_on",
         ];
-        assert_eq!(seen_in(&main), Seen::Program { in_poll: true });
+        assert_eq!(
+            seen_in(&main),
+            Seen::Program {
+                poll: PollFrame::Task
+            }
+        );
         // A thread of the program's own, no runtime: not inside a poll.
         let own = ["clock_nanosleep", "std::thread::sleep", "app::ticker"];
-        assert_eq!(seen_in(&own), Seen::Program { in_poll: false });
+        assert_eq!(
+            seen_in(&own),
+            Seen::Program {
+                poll: PollFrame::Neither
+            }
+        );
         // An idle worker, and a stack cut in the C library.
         let idle = [
             "epoll_wait",
@@ -483,7 +612,8 @@ mod tests {
             pool,
         ];
         assert_eq!(seen_in(&parking), Seen::Idle);
-        // User code run from a worker's park (a waker, a drop), not from a task's poll.
+        // User code run from a worker's park (a waker, a drop), not from a task's poll:
+        // the pool a worker runs in is the innermost of the places that say.
         let from_park = [
             "futex",
             "app::on_wake",
@@ -491,7 +621,12 @@ mod tests {
             "tokio::runtime::scheduler::multi_thread::worker::Context::run",
             pool,
         ];
-        assert_eq!(seen_in(&from_park), Seen::Program { in_poll: false });
+        assert_eq!(
+            seen_in(&from_park),
+            Seen::Program {
+                poll: PollFrame::MayBlock
+            }
+        );
         assert_eq!(seen_in(&["__syscall_cp_asm"]), Seen::Nothing);
     }
 

@@ -13,7 +13,8 @@
 //! (`crate::sampler::SleeperReader`); the time it slept is split between there (half of
 //! at most one period) and where it slept at the previous look (the rest), so that an
 //! idle thread's long wait is not charged to the next place it waits in. A thread inside
-//! labels is doing work, and its looks never thin out. A thread that runs now and was not
+//! labels, or inside a task's poll by tokio's task hooks, is doing work, and its looks
+//! never thin out. A thread that runs now and was not
 //! seen asleep before slept, if at all, between two looks: that time has a marker of its
 //! own. Never a signal: no wait is cut short.
 
@@ -45,6 +46,17 @@ pub(crate) struct OffCpu {
     pub(crate) tid: u32,
     pub(crate) state: State,
     pub(crate) labels: SampleLabels,
+    /// Inside an async task's poll, by tokio's task hooks (`crate::task_hooks`; false
+    /// where the app has not installed them).
+    pub(crate) polling: bool,
+}
+
+impl OffCpu {
+    /// Whether the thread is doing work here: inside labels (a request's poll, a span, a
+    /// scope) or, by the task hooks, a task's poll.
+    pub(crate) fn working(&self) -> bool {
+        self.polling || self.labels != SampleLabels::default()
+    }
 }
 
 /// What a thread off the CPU was doing.
@@ -400,11 +412,12 @@ impl Sweep<'_> {
             && let Some(place) = &thread.asleep
         {
             // It did not run: asleep there since the last look, and now. A thread inside
-            // labels (a request's poll, a span, a scope) is doing work: looked at every
+            // labels (a request's poll, a span, a scope) or, by the task hooks, a task's
+            // poll is doing work: looked at every
             // tick, so that where it sleeps next is charged from when it got there.
             self.counted_again += 1;
             charge(&mut self.off_cpu, place, elapsed, 1);
-            if place.labels == SampleLabels::default() {
+            if !place.working() {
                 thread.quiet += 1;
             }
             thread.next = next_look(tick, ticks_to_next(thread.quiet, self.frequency));
@@ -414,12 +427,13 @@ impl Sweep<'_> {
         let waited_now = crate::process::thread_run_delay(tid).unwrap_or(thread.waited);
         let waited = waited_now.saturating_sub(thread.waited);
         let slept = elapsed.saturating_sub(ran).saturating_sub(waited);
-        let labels = self.labels_of(tid);
+        let (labels, polling) = self.labels_of(tid);
         if !waited.is_zero() {
             let key = OffCpu {
                 tid,
                 state: State::Runnable,
                 labels: labels.clone(),
+                polling,
             };
             charge(&mut self.off_cpu, &key, waited, 1);
         }
@@ -449,6 +463,7 @@ impl Sweep<'_> {
                     tid,
                     state: State::AsleepUnseen,
                     labels,
+                    polling,
                 };
                 charge(&mut self.off_cpu, &key, slept, 1);
             }
@@ -469,9 +484,9 @@ impl Sweep<'_> {
     /// labels. Read again if it ran, a few times, then taken as running.
     fn asleep_as_labelled(&mut self, tid: u32, mut clock: Duration) -> Option<OffCpu> {
         for _try in 0..3 {
-            let labels = self.labels_of(tid);
+            let (labels, polling) = self.labels_of(tid);
             // Not asleep (running, or woke during every read): nothing to match.
-            let place = self.where_asleep(tid, labels)?;
+            let place = self.where_asleep(tid, labels, polling)?;
             match crate::process::thread_cpu_time(tid) {
                 Ok(now) if now == clock => return Some(place),
                 Ok(now) => clock = now,
@@ -481,8 +496,9 @@ impl Sweep<'_> {
         None
     }
 
-    /// Where thread `tid` sleeps now, with `labels`, if it sleeps.
-    fn where_asleep(&mut self, tid: u32, labels: SampleLabels) -> Option<OffCpu> {
+    /// Where thread `tid` sleeps now, with `labels` (and inside a task's poll by the hooks,
+    /// if `polling`), if it sleeps.
+    fn where_asleep(&mut self, tid: u32, labels: SampleLabels, polling: bool) -> Option<OffCpu> {
         let state = match self.reader.look(tid) {
             Slept::Read {
                 stack,
@@ -500,18 +516,26 @@ impl Sweep<'_> {
             Slept::Unread { syscall } => State::AsleepUnread { syscall },
             Slept::NotAsleep => return None,
         };
-        Some(OffCpu { tid, state, labels })
+        Some(OffCpu {
+            tid,
+            state,
+            labels,
+            polling,
+        })
     }
 
-    /// The labels active on thread `tid` now.
-    fn labels_of(&mut self, tid: u32) -> SampleLabels {
+    /// The labels active on thread `tid` now, and whether the task hooks say it is inside
+    /// a task's poll.
+    fn labels_of(&mut self, tid: u32) -> (SampleLabels, bool) {
         self.names
             .entry(tid)
             .or_insert_with(|| crate::process::thread_name(tid).unwrap_or_default().into());
-        match crate::labels::current::word_of(tid) {
-            Some(word) if word != 0 => self.labels.resolve(word),
-            _ => SampleLabels::default(),
-        }
+        let words = crate::labels::current::words_of(tid).unwrap_or_default();
+        let labels = match words.labels {
+            0 => SampleLabels::default(),
+            word => self.labels.resolve(word),
+        };
+        (labels, words.polling)
     }
 }
 

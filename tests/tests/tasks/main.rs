@@ -5,5 +5,7 @@
 
 #[cfg(all(feature = "task-dump", tokio_unstable))]
 mod dumps;
+#[cfg(tokio_unstable)]
+mod hooks;
 #[cfg(not(all(feature = "task-dump", tokio_unstable)))]
 mod unavailable;
