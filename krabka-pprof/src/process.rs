@@ -394,16 +394,65 @@ pub(crate) fn thread_run_delay(tid: u32) -> Option<Duration> {
     // and allocation of `read_to_string` (a wall window reads it at every move of every
     // thread doing work: a fifth of the sweep's CPU went there).
     let mut line = [0u8; 96];
-    let waited = read_short(&format!("/proc/self/task/{tid}/schedstat"), &mut line)?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(Duration::from_nanos(waited))
+    parse_run_delay(read_short(
+        &format!("/proc/self/task/{tid}/schedstat"),
+        &mut line,
+    )?)
 }
 
 #[cfg(procfs)]
-/// The text of a short `/proc` file, read into `buffer` (as much of it as fits).
+/// The run delay of a `schedstat` line.
+fn parse_run_delay(line: &str) -> Option<Duration> {
+    let waited = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(waited))
+}
+
+/// A short file of one thread's, `/proc/self/task/{tid}/{name}`, kept open and read again
+/// from its start at each look: one system call a read instead of an open, a read and a
+/// close (the kernel makes such a file's text anew at each read from offset 0). It stays
+/// the file of the thread it was opened for: once that thread exits, reads fail, even
+/// after a new thread takes its id.
+#[cfg(procfs)]
+pub(crate) struct ThreadFile(std::fs::File);
+
+#[cfg(procfs)]
+impl ThreadFile {
+    pub(crate) fn open(tid: u32, name: &str) -> Option<ThreadFile> {
+        std::fs::File::open(format!("/proc/self/task/{tid}/{name}"))
+            .ok()
+            .map(ThreadFile)
+    }
+
+    /// Its text now, into `buffer` (as much as fits).
+    fn read<'b>(&self, buffer: &'b mut [u8]) -> Option<&'b str> {
+        use std::os::unix::fs::FileExt as _;
+        let len = loop {
+            match self.0.read_at(buffer, 0) {
+                Ok(len) => break len,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        };
+        std::str::from_utf8(&buffer[..len]).ok()
+    }
+
+    /// A `syscall` file's [`ProcThread::in_kernel`].
+    pub(crate) fn in_kernel(&self) -> Option<InKernel> {
+        let mut line = [0u8; 256];
+        parse_syscall(self.read(&mut line)?)
+    }
+
+    /// A `schedstat` file's [`thread_run_delay`].
+    pub(crate) fn run_delay(&self) -> Option<Duration> {
+        let mut line = [0u8; 96];
+        parse_run_delay(self.read(&mut line)?)
+    }
+}
+
+#[cfg(procfs)]
+/// The text of a short `/proc` file, read into `buffer` (as much of it as fits). The
+/// kernel gives such a file's one record whole in the first read that has room for it:
+/// a read that leaves room is the last (no second read to be told the end).
 fn read_short<'b>(path: &str, buffer: &'b mut [u8]) -> Option<&'b str> {
     use std::io::Read as _;
     let mut file = std::fs::File::open(path).ok()?;
@@ -411,7 +460,12 @@ fn read_short<'b>(path: &str, buffer: &'b mut [u8]) -> Option<&'b str> {
     while len < buffer.len() {
         match file.read(&mut buffer[len..]) {
             Ok(0) => break,
-            Ok(n) => len += n,
+            Ok(n) => {
+                len += n;
+                if len < buffer.len() {
+                    break;
+                }
+            }
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => return None,
         }
@@ -632,6 +686,55 @@ pub(crate) mod tests {
         done_tx.send(()).unwrap();
         sleeper.join().unwrap();
         spinner.join().unwrap();
+    }
+
+    #[test]
+    fn a_kept_thread_file_reads_the_thread_as_it_is_now_and_fails_once_it_is_gone() {
+        use std::sync::atomic::AtomicBool;
+        let spin = std::sync::Arc::new(AtomicBool::new(false));
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let thread = {
+            let spin = spin.clone();
+            std::thread::spawn(move || {
+                tid_tx.send(current_tid()).unwrap();
+                // Asleep on the channel, then spinning until told, then asleep again.
+                let _ = go_rx.recv();
+                while spin.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                let _ = go_rx.recv();
+            })
+        };
+        let tid = tid_rx.recv().unwrap();
+        let syscall = ThreadFile::open(tid, "syscall").expect("its syscall file");
+        let schedstat = ThreadFile::open(tid, "schedstat").expect("its schedstat file");
+        let until = |want: &dyn Fn(Option<InKernel>) -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let now = syscall.in_kernel();
+                if want(now) {
+                    return now;
+                }
+                assert!(std::time::Instant::now() < deadline, "never so: {now:?}");
+                std::thread::yield_now();
+            }
+        };
+        let asleep = |now: Option<InKernel>| matches!(now, Some(InKernel::Asleep { .. }));
+        until(&asleep);
+        let waited = schedstat.run_delay().expect("its run delay");
+        // The same descriptor, read again: it runs now.
+        spin.store(true, Ordering::Relaxed);
+        go_tx.send(()).unwrap();
+        until(&|now| now == Some(InKernel::Running));
+        spin.store(false, Ordering::Relaxed);
+        until(&asleep);
+        assert!(schedstat.run_delay().expect("read again") >= waited);
+        drop(go_tx);
+        thread.join().unwrap();
+        // Gone: its files read nothing, whichever thread takes its id next.
+        assert_eq!(syscall.in_kernel(), None);
+        assert_eq!(schedstat.run_delay(), None);
     }
 
     #[test]

@@ -61,6 +61,9 @@ use crate::objects::Objects;
 #[cfg(target_arch = "x86_64")]
 const TRIES: usize = 3;
 
+/// Return addresses an [`Asleep`] remembers checking, at most (some 100 KiB).
+const MAX_RETURNS_KNOWN: usize = 4096;
+
 /// What reading a thread without a signal gave.
 pub(crate) enum Read {
     /// Its stack, read while it slept in `syscall`: to its outermost frame, or as far as a
@@ -80,6 +83,13 @@ pub(crate) struct Asleep {
     scratch: Box<Scratch>,
     /// Threads read whole without a signal so far.
     pub(crate) read: usize,
+    /// Addresses found to be return addresses, or not, so far (at most
+    /// [`MAX_RETURNS_KNOWN`]).
+    returns: std::collections::HashMap<u64, bool>,
+    /// The stack words the last [`Asleep::unwind_asleep`] read (of its one or two
+    /// unwinds), each with its address; whether one could not be read.
+    words: Vec<(u64, u64)>,
+    unreadable: bool,
 }
 
 impl Asleep {
@@ -91,6 +101,9 @@ impl Asleep {
                 frames: [0; MAX_DEPTH],
             }),
             read: 0,
+            returns: std::collections::HashMap::new(),
+            words: Vec::new(),
+            unreadable: false,
         }
     }
 
@@ -111,50 +124,7 @@ impl Asleep {
             let Some(InKernel::Asleep { sp, pc, nr }) = ProcThread::in_kernel(tid) else {
                 return Read::NotAsleep;
             };
-            let mut stack = if let Some(flags) = unwinding.refusal(pc) {
-                // What the thread's own handler would answer too.
-                Stack {
-                    frames: vec![pc],
-                    flags,
-                    complete: true,
-                }
-            } else {
-                let mut stack = self.unwind(unwinding, pc, sp, 1);
-                // Stopped at the leaf's caller, which needs the frame pointer: computed
-                // exactly from its prologue where it can be (`prologue.rs`), and read on.
-                if stack.frames.len() == 2
-                    && stack.flags & FLAG_STACK_UNREAD != 0
-                    && let Some(rbp) = super::prologue::frame_pointer_at_call(
-                        unwinding,
-                        objects,
-                        pc,
-                        sp,
-                        stack.frames[1],
-                    )
-                {
-                    // Taken only if it reads on to the outermost frame: a frame pointer
-                    // the prologue did not give exactly (a function that moved its stack
-                    // pointer in its body) would not lead there through return addresses.
-                    let further = self.unwind(unwinding, pc, sp, rbp);
-                    if further.complete
-                        && further.frames.len() > 2
-                        && further.frames[..2] == stack.frames[..]
-                    {
-                        stack = further;
-                    }
-                }
-                // A leaf in code without unwind tables can be unwound by the rule of the
-                // function before it: such a stack goes on from an address no call
-                // returns to. It ends there, and is not whole.
-                if let Some(bad) = (1..stack.frames.len())
-                    .find(|&i| !is_return_address(unwinding, objects, stack.frames[i]))
-                {
-                    stack.frames.truncate(bad);
-                    stack.complete = false;
-                }
-                super::frames::drop_guessed_callers(&mut stack, unwinding, objects);
-                stack
-            };
+            let stack = self.unwind_asleep(unwinding, objects, pc, sp);
             // A thread that did not run in the meantime did not change its registers or
             // its stack: its CPU clock would have moved (to the nanosecond; the kernel adds
             // a running thread's current stretch when asked). This also catches a thread
@@ -163,17 +133,107 @@ impl Asleep {
             if thread_cpu_time(tid).ok() != Some(clock) {
                 continue;
             }
-            // An unwind that stopped (here, where the frame pointer was needed: the
-            // `syscall` file gives none) is a part, which the answer marks itself.
-            return if stack.complete || stack.flags & !FLAG_STACK_UNREAD != 0 {
-                self.read += 1;
-                Read::Whole { stack, syscall: nr }
-            } else {
-                stack.flags = 0;
-                Read::Part { stack, syscall: nr }
-            };
+            return self.answer(stack, nr);
         }
         Read::NotAsleep
+    }
+
+    /// Unwinds a sleeping thread from the `pc` and `sp` its `syscall` file gave, as far as
+    /// that can be done exactly (see the module's docs); the stack bytes the unwind copied
+    /// are [`last_copy`](Self::last_copy) until the next. The caller checks that the
+    /// thread did not run meanwhile (its CPU clock).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn unwind_asleep(
+        &mut self,
+        unwinding: &Unwinding,
+        objects: &Objects,
+        pc: u64,
+        sp: u64,
+    ) -> Stack {
+        self.words.clear();
+        self.unreadable = false;
+        if let Some(flags) = unwinding.refusal(pc) {
+            // What the thread's own handler would answer too.
+            return Stack {
+                frames: vec![pc],
+                flags,
+                complete: true,
+            };
+        }
+        let mut stack = self.unwind(unwinding, pc, sp, 1);
+        // Stopped at the leaf's caller, which needs the frame pointer: computed exactly
+        // from its prologue where it can be (`prologue.rs`), and read on.
+        if stack.frames.len() == 2
+            && stack.flags & FLAG_STACK_UNREAD != 0
+            && let Some(rbp) =
+                super::prologue::frame_pointer_at_call(unwinding, objects, pc, sp, stack.frames[1])
+        {
+            // Taken only if it reads on to the outermost frame: a frame pointer the
+            // prologue did not give exactly (a function that moved its stack pointer in
+            // its body) would not lead there through return addresses.
+            let further = self.unwind(unwinding, pc, sp, rbp);
+            if further.complete
+                && further.frames.len() > 2
+                && further.frames[..2] == stack.frames[..]
+            {
+                stack = further;
+            }
+        }
+        // A leaf in code without unwind tables can be unwound by the rule of the function
+        // before it: such a stack goes on from an address no call returns to. It ends
+        // there, and is not whole.
+        if let Some(bad) = (1..stack.frames.len())
+            .find(|&i| !self.is_return_address(unwinding, objects, stack.frames[i]))
+        {
+            stack.frames.truncate(bad);
+            stack.complete = false;
+        }
+        super::frames::drop_guessed_callers(&mut stack, unwinding, objects);
+        stack
+    }
+
+    /// What a stack [`unwind_asleep`](Self::unwind_asleep) read of a thread that slept in
+    /// `syscall` all along is: an unwind that stopped (where the frame pointer was needed:
+    /// the `syscall` file gives none) is a part, which the answer marks itself.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn answer(&mut self, mut stack: Stack, syscall: i64) -> Read {
+        if stack.complete || stack.flags & !FLAG_STACK_UNREAD != 0 {
+            self.read += 1;
+            Read::Whole { stack, syscall }
+        } else {
+            stack.flags = 0;
+            Read::Part { stack, syscall }
+        }
+    }
+
+    /// [`is_return_address`], remembered: the objects' code does not change while they
+    /// are loaded, and threads asleep in the same places share most return addresses (a
+    /// pool's threads, all of them).
+    #[cfg(target_arch = "x86_64")]
+    fn is_return_address(
+        &mut self,
+        unwinding: &Unwinding,
+        objects: &Objects,
+        address: u64,
+    ) -> bool {
+        if let Some(&known) = self.returns.get(&address) {
+            return known;
+        }
+        if self.returns.len() >= MAX_RETURNS_KNOWN {
+            self.returns.clear();
+        }
+        let known = is_return_address(unwinding, objects, address);
+        self.returns.insert(address, known);
+        known
+    }
+
+    /// The stack words the last [`unwind_asleep`](Self::unwind_asleep) read, each with
+    /// its address, if each could be read: with the same program counter and stack
+    /// pointer, the same words unwind to the same stack (the rest it reads is code, which
+    /// does not change while its object is loaded). `None` where a word could not be read
+    /// (whether it can next time depends on more than these).
+    pub(crate) fn last_words(&self) -> Option<&[(u64, u64)]> {
+        (!self.unreadable).then_some(&self.words[..])
     }
 
     /// Unwinds from `pc` and `sp` with frame pointer `bp`.
@@ -186,7 +246,22 @@ impl Asleep {
         } = &mut *self.scratch;
         frames[0] = pc;
         let regs = framehop::UnwindRegsNative::new(pc, sp, bp);
-        let unwound = unwinding.unwind((pc, regs), 0, None, cache, stack, frames);
+        let (words, unreadable) = (&mut self.words, &mut self.unreadable);
+        let unwound = unwinding.unwind_reading(
+            (pc, regs),
+            0,
+            None,
+            cache,
+            stack,
+            frames,
+            |address, word| match word {
+                Some(word) => words.push((address, word)),
+                // Refused as below the stack pointer, or beyond what a copy may hold,
+                // whatever the memory holds: the same again from the same stack pointer.
+                None if address < sp || address >= sp + MAX_STACK_COPY as u64 => {}
+                None => *unreadable = true,
+            },
+        );
         Stack {
             frames: frames[..unwound.depth.max(1)].to_vec(),
             flags: unwound.flags,

@@ -1,16 +1,42 @@
 //! Sleeping threads read for wall-clock profiles (`crate::wall`): the thread dump's reader
 //! (`asleep.rs`), which sends no signal, with an unwinder of its own, for one window. A
-//! thread that runs, or wakes during every try, is not read: its time on the CPU is the
-//! CPU sampler's to show. Where a sleeping thread's stack cannot be read without a signal
+//! thread that runs, or ran during the read, is not read: its time on the CPU is the CPU
+//! sampler's to show. Where a sleeping thread's stack cannot be read without a signal
 //! (aarch64), its system call is still known, and it is never signalled for the rest.
+//!
+//! A thread doing work moves between a few places again and again (a worker blocked in
+//! the same call at every request). For such a thread ([`SleeperReader::keep`]) the
+//! reader keeps its `syscall` and `schedstat` files open (a read each, no open and close)
+//! and remembers its last stack with the stack words the unwind read to find it (return
+//! addresses, saved frame pointers): found asleep again with the same system call,
+//! program counter and stack pointer, and the same words at the same addresses (the
+//! stack copied again, and compared), it is in the same place, which an unwind would
+//! give again (the rest it reads is code, which does not change): the unwind is skipped,
+//! never the reading.
+
+use std::collections::HashMap;
+use std::time::Duration;
 
 use super::asleep::{Asleep, Read};
 use super::dump::Stack;
 use super::memory::Memory;
 use super::unwind::Unwinding;
 use crate::objects::Objects;
+use crate::process::{InKernel, ThreadFile};
+
+/// Threads whose files are kept open and whose last stack is remembered, at most: two
+/// descriptors each, well inside the usual limit of 1,024 a process.
+const MAX_KEPT: usize = 64;
+
+/// The most stack words a remembered stack keeps beside it (a deeper stack is unwound at
+/// each read), and the most bytes above the stack pointer they may span (copied again to
+/// compare them): with [`MAX_KEPT`], a memory bound of 256 KiB, and a copy of at most
+/// 16 pages.
+const MAX_REMEMBERED_WORDS: usize = 256;
+const MAX_REMEMBERED_SPAN: u64 = 64 * 1024;
 
 /// What one look at a thread found.
+#[derive(Clone)]
 pub(crate) enum Slept {
     /// Asleep in system call `syscall` (-1: in the kernel without one, a page fault), with
     /// its stack: `whole` when read to the outermost frame or as far as a signal would
@@ -20,11 +46,34 @@ pub(crate) enum Slept {
         syscall: i64,
         whole: bool,
     },
-    /// Asleep in `syscall`, where its stack cannot be read without a signal (aarch64, or a
-    /// process that is not dumpable): the stack is not read.
+    /// Asleep in `syscall`, where its stack cannot be read without a signal (aarch64):
+    /// the stack is not read.
+    #[cfg_attr(
+        target_arch = "x86_64",
+        allow(dead_code, reason = "x86_64 reads every sleeping thread's stack")
+    )]
     Unread { syscall: i64 },
-    /// Running, ready to run, woke during the read, or gone.
+    /// Running, ready to run, or gone.
     NotAsleep,
+    /// It ran since the caller read its CPU clock (now `clock`): what was read may be of
+    /// another place, or mix two.
+    Ran { clock: Duration },
+}
+
+/// A thread doing work: its files, and where it was last read.
+struct Kept {
+    syscall: Option<ThreadFile>,
+    schedstat: Option<ThreadFile>,
+    last: Option<Remembered>,
+}
+
+/// A stack read, with what it was read from: the words at their addresses.
+struct Remembered {
+    syscall: i64,
+    sp: u64,
+    pc: u64,
+    words: Vec<(u64, u64)>,
+    slept: Slept,
 }
 
 /// The reader of one wall window: the objects loaded when it began, their unwind tables.
@@ -32,11 +81,18 @@ pub(crate) struct SleeperReader {
     objects: Objects,
     unwinding: Unwinding,
     asleep: Asleep,
+    kept: HashMap<u32, Kept>,
+    /// The stack a remembered stack's words are compared with, copied again.
+    again: Vec<u8>,
+    /// Reads that found a thread where it was last read, and skipped the unwind.
+    pub(crate) same_again: u64,
+    /// The thread that reads (whose own `syscall` file shows it in that read).
+    own: u32,
 }
 
 impl SleeperReader {
     /// For the objects loaded now, with the app's blocklist (a blocklisted library is not
-    /// unwound here either).
+    /// unwound here either); used by the thread that makes it.
     pub(crate) fn new(blocklist: &[&str]) -> SleeperReader {
         let objects = Objects::current();
         let unwinding = Unwinding::new(&objects, blocklist, Memory::choose().memory);
@@ -44,12 +100,81 @@ impl SleeperReader {
             objects,
             unwinding,
             asleep: Asleep::new(),
+            kept: HashMap::new(),
+            again: Vec::new(),
+            same_again: 0,
+            own: crate::process::current_tid(),
         }
     }
 
-    /// Looks at thread `tid` once, without a signal.
-    pub(crate) fn look(&mut self, tid: u32) -> Slept {
-        match self.asleep.read(&self.unwinding, &self.objects, tid) {
+    /// Thread `tid` is doing work: its files are kept open and its last stack remembered
+    /// from now on (up to [`MAX_KEPT`] threads).
+    pub(crate) fn keep(&mut self, tid: u32) {
+        if self.kept.len() < MAX_KEPT && !self.kept.contains_key(&tid) {
+            self.kept.insert(
+                tid,
+                Kept {
+                    syscall: ThreadFile::open(tid, "syscall"),
+                    schedstat: ThreadFile::open(tid, "schedstat"),
+                    last: None,
+                },
+            );
+        }
+    }
+
+    /// Thread `tid` is quiet, or gone (or its id is another thread's now): its files are
+    /// closed and its stack forgotten.
+    pub(crate) fn forget(&mut self, tid: u32) {
+        self.kept.remove(&tid);
+    }
+
+    /// How long thread `tid` has waited for a CPU so far (its `schedstat`).
+    pub(crate) fn run_delay(&self, tid: u32) -> Option<Duration> {
+        match self.kept.get(&tid).and_then(|kept| kept.schedstat.as_ref()) {
+            Some(file) => file.run_delay(),
+            None => crate::process::thread_run_delay(tid),
+        }
+    }
+
+    /// Where thread `tid` is, as its `syscall` file says.
+    fn in_kernel(&self, tid: u32) -> Option<InKernel> {
+        match self.kept.get(&tid).and_then(|kept| kept.syscall.as_ref()) {
+            Some(file) => file.in_kernel(),
+            None => crate::process::ProcThread::in_kernel(tid),
+        }
+    }
+
+    /// Looks at thread `tid` once, without a signal; `clock` is its CPU clock, read by
+    /// the caller before anything else it reads of the thread with this look (its
+    /// labels): unchanged at the end, none of it was read across a run of the thread.
+    pub(crate) fn look(&mut self, tid: u32, clock: Duration) -> Slept {
+        if tid == self.own {
+            return Slept::NotAsleep;
+        }
+        let slept = match self.in_kernel(tid) {
+            Some(InKernel::Asleep { nr, sp, pc }) => self.where_asleep(tid, nr, sp, pc),
+            _ => return Slept::NotAsleep,
+        };
+        // A thread that did not run in the meantime did not change its registers or its
+        // stack: its CPU clock would have moved (to the nanosecond).
+        match crate::process::thread_cpu_time(tid) {
+            Ok(now) if now == clock => slept,
+            Ok(now) => Slept::Ran { clock: now },
+            Err(_) => Slept::NotAsleep,
+        }
+    }
+
+    /// The stack of a thread asleep in `syscall` at `pc`, `sp` (its clock checked after).
+    #[cfg(target_arch = "x86_64")]
+    fn where_asleep(&mut self, tid: u32, syscall: i64, sp: u64, pc: u64) -> Slept {
+        if let Some(same) = self.same_as_last(tid, syscall, sp, pc) {
+            self.same_again += 1;
+            return same;
+        }
+        let stack = self
+            .asleep
+            .unwind_asleep(&self.unwinding, &self.objects, pc, sp);
+        let slept = match self.asleep.answer(stack, syscall) {
             Read::Whole { stack, syscall } => Slept::Read {
                 stack,
                 syscall,
@@ -60,11 +185,68 @@ impl SleeperReader {
                 syscall,
                 whole: false,
             },
-            Read::NotAsleep if cfg!(target_arch = "x86_64") => Slept::NotAsleep,
-            Read::NotAsleep => match crate::process::ProcThread::in_kernel(tid) {
-                Some(crate::process::InKernel::Asleep { nr, .. }) => Slept::Unread { syscall: nr },
-                _ => Slept::NotAsleep,
-            },
+            Read::NotAsleep => Slept::NotAsleep,
+        };
+        if let Some(kept) = self.kept.get_mut(&tid) {
+            kept.last = self
+                .asleep
+                .last_words()
+                .filter(|words| {
+                    words.len() <= MAX_REMEMBERED_WORDS
+                        && words
+                            .iter()
+                            .all(|&(address, _)| address - sp < MAX_REMEMBERED_SPAN)
+                })
+                .map(|words| Remembered {
+                    syscall,
+                    sp,
+                    pc,
+                    words: words.to_vec(),
+                    slept: slept.clone(),
+                });
         }
+        slept
+    }
+
+    /// On aarch64 the `syscall` file's two registers do not unwind a leaf: the stack is not
+    /// read, and the thread is never signalled for it.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn where_asleep(&mut self, _tid: u32, syscall: i64, _sp: u64, _pc: u64) -> Slept {
+        Slept::Unread { syscall }
+    }
+
+    /// The stack last read of thread `tid`, if it is asleep at the same place with the
+    /// same stack words as then.
+    #[cfg(target_arch = "x86_64")]
+    fn same_as_last(&mut self, tid: u32, syscall: i64, sp: u64, pc: u64) -> Option<Slept> {
+        let last = self.kept.get(&tid)?.last.as_ref()?;
+        if (last.syscall, last.sp, last.pc) != (syscall, sp, pc) {
+            return None;
+        }
+        // Every address is at least `sp` and within the span (see `where_asleep`).
+        let span = last
+            .words
+            .iter()
+            .map(|&(address, _)| address - sp + 8)
+            .max()
+            .unwrap_or(0);
+        self.again.resize(span as usize, 0);
+        let mut copied = 0;
+        while copied < self.again.len() {
+            let got = self
+                .unwinding
+                .memory
+                .read(sp + copied as u64, &mut self.again[copied..]);
+            if got == 0 {
+                return None;
+            }
+            copied += got;
+        }
+        let again = &self.again;
+        let same = last.words.iter().all(|&(address, word)| {
+            let at = (address - sp) as usize;
+            again[at..at + 8] == word.to_ne_bytes()
+        });
+        same.then(|| last.slept.clone())
     }
 }

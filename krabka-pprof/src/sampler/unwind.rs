@@ -433,6 +433,33 @@ impl Unwinding {
         stack: &mut [u8],
         frames: &mut [u64; MAX_DEPTH],
     ) -> Unwound {
+        self.unwind_reading(
+            (pc, regs),
+            direct_high,
+            pipe,
+            cache,
+            stack,
+            frames,
+            |_, _| {},
+        )
+    }
+
+    /// [`unwind`](Self::unwind), telling `read` each stack word it read: its address and
+    /// the word, or `None` where it could not be read.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one scratch slot's parts, borrowed apart"
+    )]
+    pub(crate) fn unwind_reading(
+        &self,
+        (pc, regs): (u64, UnwindRegsNative),
+        direct_high: u64,
+        pipe: Option<&Pipe>,
+        cache: &mut Cache,
+        stack: &mut [u8],
+        frames: &mut [u64; MAX_DEPTH],
+        mut read: impl FnMut(u64, Option<u64>),
+    ) -> Unwound {
         let mut reader = StackReader {
             copies: pipe.map_or(Copies::Memory(&self.memory), Copies::Pipe),
             sp: regs.sp(),
@@ -441,7 +468,11 @@ impl Unwinding {
             copied: 0,
             refused: false,
         };
-        let mut read = |address: u64| reader.read(address);
+        let mut read = |address: u64| {
+            let word = reader.read(address);
+            read(address, word.ok());
+            word
+        };
         let mut unwinding = self.unwinder.iter_frames(pc, regs, cache, &mut read);
         let mut depth = 0usize;
         let mut flags = 0;

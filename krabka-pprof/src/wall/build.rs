@@ -427,11 +427,13 @@ fn comments(
     )];
     match swept {
         Some(swept) => comments.push(format!(
-            "{} looks over {} ms: {} stacks read asleep, {} places counted again unread (the \
-             thread had not run); the looks took {} ms of CPU",
+            "{} looks over {} ms: {} stacks read asleep ({} found where the thread was last \
+             read, with the same stack bytes, and not unwound again), {} places counted again \
+             unread (the thread had not run); the looks took {} ms of CPU",
             swept.looks,
             swept.elapsed.as_millis(),
             swept.stacks_read,
+            swept.same_again,
             swept.counted_again,
             swept.cpu.as_millis()
         )),

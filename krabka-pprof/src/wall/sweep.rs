@@ -40,6 +40,10 @@ const LIST_AT_LEAST_EVERY: Duration = Duration::from_secs(10);
 /// stays where it slept).
 const QUIET_SECONDS: u64 = 2;
 
+/// Looks in a row that found a thread unchanged after which the reader closes its files
+/// and forgets its last stack (`SleeperReader::keep`): it no longer moves.
+const QUIET_FORGOTTEN: u32 = 4;
+
 /// Where a thread's time off the CPU went, as a sample's key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct OffCpu {
@@ -60,7 +64,7 @@ impl OffCpu {
 }
 
 /// What a thread off the CPU was doing.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum State {
     /// Asleep in system call `syscall` at `frames` (the sampler's stack: return
     /// addresses, leaf first), read whole or up to a frame that needs the frame pointer.
@@ -76,6 +80,30 @@ pub(crate) enum State {
     Runnable,
     /// Asleep between two looks that both found it running: where, no look saw.
     AsleepUnseen,
+}
+
+/// A state's hash: a stack's length and its innermost and outermost frames, not every
+/// frame (each look charges a key, and hashing thirty frames with the standard hasher
+/// was a tenth of the sweep's CPU); stacks that differ only between them are told apart
+/// by `Eq`.
+impl std::hash::Hash for State {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            State::Asleep {
+                syscall,
+                frames,
+                flags,
+                whole,
+            } => {
+                (syscall, flags, whole, frames.len()).hash(state);
+                frames.iter().take(4).for_each(|frame| frame.hash(state));
+                frames.iter().rev().take(2).for_each(|frame| frame.hash(state));
+            }
+            State::AsleepUnread { syscall } => syscall.hash(state),
+            State::Runnable | State::AsleepUnseen => {}
+        }
+    }
 }
 
 /// Time charged to one key, and the looks that found it.
@@ -94,6 +122,8 @@ pub(crate) struct Swept {
     pub(crate) looks: u64,
     pub(crate) stacks_read: u64,
     pub(crate) counted_again: u64,
+    /// Of the stacks read, those found where the thread was last read, not unwound again.
+    pub(crate) same_again: u64,
     /// The sweeping thread's own CPU time.
     pub(crate) cpu: Duration,
     pub(crate) elapsed: Duration,
@@ -352,6 +382,7 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         looks,
         stacks_read,
         counted_again,
+        same_again: reader.same_again,
         cpu: own_cpu().saturating_sub(cpu_at_start),
         elapsed: started.elapsed(),
     }
@@ -373,7 +404,7 @@ struct Sweep<'r> {
 impl Sweep<'_> {
     fn first_look(&mut self, tid: u32, tick: u64) -> Option<Watched> {
         let clock = crate::process::thread_cpu_time(tid).ok()?;
-        let waited = crate::process::thread_run_delay(tid).unwrap_or_default();
+        let waited = self.reader.run_delay(tid).unwrap_or_default();
         let looked = Instant::now();
         let asleep = self.asleep_as_labelled(tid, clock);
         Some(Watched {
@@ -391,11 +422,13 @@ impl Sweep<'_> {
     fn look(&mut self, thread: &mut Watched, tick: u64) -> bool {
         let tid = thread.tid;
         let Ok(clock) = crate::process::thread_cpu_time(tid) else {
+            self.reader.forget(tid);
             return false;
         };
         if clock < thread.clock {
             // Another thread with the same id (the one watched exited between two
             // looks): looked at afresh, nothing charged for the time before.
+            self.reader.forget(tid);
             return match self.first_look(tid, tick) {
                 Some(first) => {
                     *thread = first;
@@ -419,12 +452,17 @@ impl Sweep<'_> {
             charge(&mut self.off_cpu, place, elapsed, 1);
             if !place.working() {
                 thread.quiet += 1;
+                if thread.quiet == QUIET_FORGOTTEN {
+                    self.reader.forget(tid);
+                }
             }
             thread.next = next_look(tick, ticks_to_next(thread.quiet, self.frequency));
             return true;
         }
+        // It ran: doing work, read at each move from now on.
+        self.reader.keep(tid);
         let ran = clock.saturating_sub(thread.clock);
-        let waited_now = crate::process::thread_run_delay(tid).unwrap_or(thread.waited);
+        let waited_now = self.reader.run_delay(tid).unwrap_or(thread.waited);
         let waited = waited_now.saturating_sub(thread.waited);
         let slept = elapsed.saturating_sub(ran).saturating_sub(waited);
         let (labels, polling) = self.labels_of(tid);
@@ -485,43 +523,36 @@ impl Sweep<'_> {
     fn asleep_as_labelled(&mut self, tid: u32, mut clock: Duration) -> Option<OffCpu> {
         for _try in 0..3 {
             let (labels, polling) = self.labels_of(tid);
-            // Not asleep (running, or woke during every read): nothing to match.
-            let place = self.where_asleep(tid, labels, polling)?;
-            match crate::process::thread_cpu_time(tid) {
-                Ok(now) if now == clock => return Some(place),
-                Ok(now) => clock = now,
-                Err(_) => return None,
-            }
+            let state = match self.reader.look(tid, clock) {
+                Slept::Read {
+                    stack,
+                    syscall,
+                    whole,
+                } => {
+                    self.stacks_read += 1;
+                    State::Asleep {
+                        syscall,
+                        frames: stack.frames,
+                        flags: stack.flags,
+                        whole,
+                    }
+                }
+                Slept::Unread { syscall } => State::AsleepUnread { syscall },
+                // Running, or gone: nothing to match.
+                Slept::NotAsleep => return None,
+                Slept::Ran { clock: now } => {
+                    clock = now;
+                    continue;
+                }
+            };
+            return Some(OffCpu {
+                tid,
+                state,
+                labels,
+                polling,
+            });
         }
         None
-    }
-
-    /// Where thread `tid` sleeps now, with `labels` (and inside a task's poll by the hooks,
-    /// if `polling`), if it sleeps.
-    fn where_asleep(&mut self, tid: u32, labels: SampleLabels, polling: bool) -> Option<OffCpu> {
-        let state = match self.reader.look(tid) {
-            Slept::Read {
-                stack,
-                syscall,
-                whole,
-            } => {
-                self.stacks_read += 1;
-                State::Asleep {
-                    syscall,
-                    frames: stack.frames,
-                    flags: stack.flags,
-                    whole,
-                }
-            }
-            Slept::Unread { syscall } => State::AsleepUnread { syscall },
-            Slept::NotAsleep => return None,
-        };
-        Some(OffCpu {
-            tid,
-            state,
-            labels,
-            polling,
-        })
     }
 
     /// The labels active on thread `tid` now, and whether the task hooks say it is inside
