@@ -250,3 +250,106 @@ impl SleeperReader {
         same.then(|| last.slept.clone())
     }
 }
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use std::sync::mpsc::{Receiver, RecvError, channel};
+    use std::time::{Duration, Instant};
+
+    use super::{SleeperReader, Slept};
+    use crate::process::{InKernel, ProcThread, current_tid, thread_cpu_time};
+
+    #[inline(never)]
+    fn krabka_test_wait_in(commands: &Receiver<u8>) -> Result<u8, RecvError> {
+        std::hint::black_box(commands.recv())
+    }
+
+    /// The same code twice (one function each `WHICH`): the wait below it has the same
+    /// stack pointer and program counter from either, and differs only in the return
+    /// address into it.
+    #[inline(never)]
+    fn krabka_test_caller<const WHICH: u8>(commands: &Receiver<u8>) -> Result<u8, RecvError> {
+        std::hint::black_box(krabka_test_wait_in(commands))
+    }
+
+    /// Where thread `tid` sleeps in the kernel, once it sleeps on its channel.
+    fn asleep_at(tid: u32) -> (i64, u64, u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(InKernel::Asleep { nr, sp, pc }) = ProcThread::in_kernel(tid)
+                && nr == libc::SYS_futex
+            {
+                return (nr, sp, pc);
+            }
+            assert!(Instant::now() < deadline, "{tid} never slept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn look(reader: &mut SleeperReader, tid: u32) -> Vec<u64> {
+        let clock = thread_cpu_time(tid).unwrap();
+        match reader.look(tid, clock) {
+            Slept::Read { stack, .. } => stack.frames,
+            _ => panic!("{tid} read asleep"),
+        }
+    }
+
+    /// The dangerous case for a remembered stack: asleep at the same place (system call,
+    /// program counter, stack pointer), called from elsewhere. It is unwound again, and
+    /// only a sleep with the same words is taken as the same stack.
+    #[test]
+    fn a_remembered_stack_is_taken_again_only_with_the_same_stack_words() {
+        let _one = crate::sampler::tests::ONE_SAMPLER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (tid_tx, tid_rx) = channel();
+        let (commands_tx, commands) = channel::<u8>();
+        let thread = std::thread::spawn(move || {
+            tid_tx.send(current_tid()).unwrap();
+            let mut next = krabka_test_caller::<0>(&commands);
+            loop {
+                next = match next {
+                    Ok(0) => krabka_test_caller::<0>(&commands),
+                    Ok(_) => krabka_test_caller::<1>(&commands),
+                    Err(_) => break,
+                };
+            }
+        });
+        let tid = tid_rx.recv().unwrap();
+        let mut reader = SleeperReader::new(&[]);
+        reader.keep(tid);
+
+        let first_place = asleep_at(tid);
+        let first = look(&mut reader, tid);
+        // It wakes and sleeps again: wait for its clock to move, then for the sleep.
+        let clock = thread_cpu_time(tid).unwrap();
+        commands_tx.send(1).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while thread_cpu_time(tid).unwrap() == clock {
+            assert!(Instant::now() < deadline, "{tid} never woke");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let second_place = asleep_at(tid);
+        assert_eq!(
+            first_place, second_place,
+            "the two callers' waits share system call, stack pointer and program counter"
+        );
+        let second = look(&mut reader, tid);
+        assert_ne!(first, second, "the other caller's stack, unwound again");
+        assert_eq!(reader.same_again, 0);
+
+        let clock = thread_cpu_time(tid).unwrap();
+        commands_tx.send(1).unwrap();
+        while thread_cpu_time(tid).unwrap() == clock {
+            assert!(Instant::now() < deadline, "{tid} never woke");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        asleep_at(tid);
+        let third = look(&mut reader, tid);
+        assert_eq!(third, second, "the same caller: the same stack");
+        assert_eq!(reader.same_again, 1, "taken again, not unwound");
+
+        drop(commands_tx);
+        thread.join().unwrap();
+    }
+}
