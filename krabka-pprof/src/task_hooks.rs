@@ -20,9 +20,9 @@
 //! # fn main() {}
 //! ```
 //!
-//! [`install`] sets the builder's `on_before_task_poll` and `on_after_task_poll`,
-//! replacing hooks set before it. An app with hooks of its own calls [`before_poll`] and
-//! [`after_poll`] from them instead:
+//! `install` (which exists in builds with that flag) sets the builder's
+//! `on_before_task_poll` and `on_after_task_poll`, replacing hooks set before it. An app
+//! with hooks of its own calls [`before_poll`] and [`after_poll`] from them instead:
 //!
 //! ```
 //! # #[cfg(tokio_unstable)]
@@ -45,19 +45,10 @@
 //! aarch64) the hooks do nothing. Each `/blocking` profile's comments say how many of its
 //! places the hooks told. See [wall-clock profiles](crate::guide::wall).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Whether [`before_poll`] ever ran in this process: the profile says whether the hooks
-/// are there.
-static INSTALLED: AtomicBool = AtomicBool::new(false);
-
 /// Call first thing in `on_before_task_poll`: this thread is inside a task's poll from
 /// now until [`after_poll`].
 #[inline]
 pub fn before_poll() {
-    if !INSTALLED.load(Ordering::Relaxed) {
-        INSTALLED.store(true, Ordering::Relaxed);
-    }
     crate::labels::current::set_polling(true);
 }
 
@@ -75,9 +66,4 @@ pub fn install(builder: &mut tokio::runtime::Builder) -> &mut tokio::runtime::Bu
     builder
         .on_before_task_poll(|_| before_poll())
         .on_after_task_poll(|_| after_poll())
-}
-
-/// Whether the task hooks have run in this process.
-pub(crate) fn installed() -> bool {
-    INSTALLED.load(Ordering::Relaxed)
 }

@@ -20,7 +20,7 @@
 //! word says whether the thread is inside a task's poll now: registered the same way,
 //! read with the label word ([`words_of`]).
 
-use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, compiler_fence};
 
 use super::table::Handle;
 
@@ -39,18 +39,28 @@ fn register() {
 #[cfg(sampler)]
 pub(crate) use registry::words_of;
 
+/// Whether the task hooks (`crate::task_hooks`) ever ran in this process: a wall profile
+/// says whether they are there.
+static HOOKED: AtomicBool = AtomicBool::new(false);
+
 /// Says that this thread is inside an async task's poll (`true`) or left it, for
 /// [`words_of`]: what the task hooks call around each poll. A thread-local store, and on
 /// a thread's first call its registration.
 #[inline]
 pub(crate) fn set_polling(polling: bool) {
+    if polling && !HOOKED.load(Ordering::Relaxed) {
+        HOOKED.store(true, Ordering::Relaxed);
+    }
     #[cfg(sampler)]
     {
         registry::register();
         let _ = registry::POLLING.try_with(|word| word.store(polling, Ordering::Relaxed));
     }
-    #[cfg(not(sampler))]
-    let _ = polling;
+}
+
+/// Whether the task hooks have run in this process.
+pub(crate) fn hooked() -> bool {
+    HOOKED.load(Ordering::Relaxed)
 }
 
 #[cfg(sampler)]

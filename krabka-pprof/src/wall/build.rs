@@ -428,7 +428,7 @@ fn comments(
     match swept {
         Some(swept) => comments.push(format!(
             "{} looks over {} ms: {} stacks read asleep ({} found where the thread was last \
-             read, with the same stack bytes, and not unwound again), {} places counted again \
+             read, with the same stack words, and not unwound again), {} places counted again \
              unread (the thread had not run); the looks took {} ms of CPU",
             swept.looks,
             swept.elapsed.as_millis(),
@@ -445,7 +445,7 @@ fn comments(
     }
     match options.view {
         WallView::Blocking => {
-            let hooks = if crate::task_hooks::installed() {
+            let hooks = if crate::labels::current::hooked() {
                 "tokio's task hooks installed"
             } else {
                 "tokio's task hooks not installed (krabka_pprof::task_hooks)"

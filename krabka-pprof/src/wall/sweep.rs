@@ -98,7 +98,11 @@ impl std::hash::Hash for State {
             } => {
                 (syscall, flags, whole, frames.len()).hash(state);
                 frames.iter().take(4).for_each(|frame| frame.hash(state));
-                frames.iter().rev().take(2).for_each(|frame| frame.hash(state));
+                frames
+                    .iter()
+                    .rev()
+                    .take(2)
+                    .for_each(|frame| frame.hash(state));
             }
             State::AsleepUnread { syscall } => syscall.hash(state),
             State::Runnable | State::AsleepUnseen => {}
