@@ -40,6 +40,12 @@ const LIST_AT_LEAST_EVERY: Duration = Duration::from_secs(10);
 /// stays where it slept).
 const QUIET_SECONDS: u64 = 2;
 
+/// The names of this profiler's own threads (`krabka-drain`, `krabka-wall`,
+/// `krabka-worker`, `krabka-recorder`): not looked at. Their waits are the profiler's, not
+/// the service's (the drain's stack words change at every wake, so each of its ten wakes
+/// a second was a full read); their time on a CPU is in the running part.
+const OWN_THREADS: &str = "krabka-";
+
 /// Looks in a row that found a thread unchanged after which the reader closes its files
 /// and forgets its last stack (`SleeperReader::keep`): it no longer moves.
 const QUIET_FORGOTTEN: u32 = 4;
@@ -406,7 +412,14 @@ struct Sweep<'r> {
 }
 
 impl Sweep<'_> {
+    /// Watches thread `tid` from now on, unless it is gone or one of this profiler's own.
     fn first_look(&mut self, tid: u32, tick: u64) -> Option<Watched> {
+        // Its name now (an id may have been another thread's at an earlier listing).
+        let name: Arc<str> = crate::process::thread_name(tid)?.into();
+        if name.starts_with(OWN_THREADS) {
+            return None;
+        }
+        self.names.insert(tid, name);
         let clock = crate::process::thread_cpu_time(tid).ok()?;
         let waited = self.reader.run_delay(tid).unwrap_or_default();
         let looked = Instant::now();
