@@ -650,3 +650,129 @@ async fn idle_runtime_threads_are_left_out_unless_every_thread_is_asked_for() {
     let text = bad.text().await.unwrap();
     assert!(text.starts_with("`threads` must be working"), "{text}");
 }
+
+/// The looks' counts, from the profile's comment: looks, stacks read asleep, places
+/// counted again unread.
+fn look_counts(profile: &Profile) -> (u64, u64, u64) {
+    let comment = krabka_pprof_tests::comments(profile)
+        .into_iter()
+        .find(|c| c.contains(" looks over "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no looks comment: {:?}",
+                krabka_pprof_tests::comments(profile)
+            )
+        })
+        .to_owned();
+    let number_before = |text: &str| -> u64 {
+        let at = comment
+            .find(text)
+            .unwrap_or_else(|| panic!("{text:?} in {comment:?}"));
+        comment[..at]
+            .rsplit(|c: char| !c.is_ascii_digit())
+            .find(|n| !n.is_empty())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("a number before {text:?} in {comment:?}"))
+    };
+    (
+        number_before(" looks over"),
+        number_before(" stacks read asleep"),
+        number_before(" places counted again"),
+    )
+}
+
+/// 2,000 threads parked all along cost a wall window one stack read each and then a clock
+/// read every few ticks, thinning out: not a read a tick. (What that costs in CPU is the
+/// benchmark's figure W; here, the kernel's count of the threads that ran says how many
+/// reads the sweep may take beyond the first look at each.)
+#[tokio::test]
+async fn parked_threads_are_read_once_and_then_looked_at_seldom() {
+    let _serial = serial().await;
+    if krabka_sampler_only(
+        "parked_threads_are_read_once_and_then_looked_at_seldom",
+        "has no wall-clock profiles (they answer 503)",
+    ) {
+        return;
+    }
+    const PARKED: usize = 2_000;
+    let release = Arc::new(AtomicBool::new(false));
+    let (parked_tx, parked_rx) = std::sync::mpsc::channel::<()>();
+    let parked: Vec<_> = (0..PARKED)
+        .map(|_| {
+            let release = release.clone();
+            let parked_tx = parked_tx.clone();
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    parked_tx.send(()).unwrap();
+                    while !release.load(Ordering::Acquire) {
+                        std::thread::park();
+                    }
+                })
+                .unwrap()
+        })
+        .collect();
+    for _ in 0..PARKED {
+        parked_rx.recv().unwrap();
+    }
+    let server = TestServer::start(app);
+    // Every thread's voluntary switches before and after: the threads that ran meanwhile
+    // (the parked ones, if a spurious wake-up came, and the server's and the test's own).
+    let switches = || -> HashMap<u32, u64> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|entry| {
+                let tid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+                let status =
+                    std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+                let switches = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some((tid, switches))
+            })
+            .collect()
+    };
+    let before = switches();
+    let body = client()
+        .get(server.url("/debug/pprof/wall?seconds=2&threads=all"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let after = switches();
+    release.store(true, Ordering::Release);
+    for thread in &parked {
+        thread.thread().unpark();
+    }
+    for thread in parked {
+        thread.join().unwrap();
+    }
+    let profile = decode(&body);
+    let (looks, read, again) = look_counts(&profile);
+    let threads = before.len() as u64;
+    // Threads that ran during the window, each of which may be read at every tick.
+    let ran = after
+        .iter()
+        .filter(|(tid, n)| before.get(tid).is_none_or(|was| was != *n))
+        .count() as u64;
+    let ticks = 2 * 99 + 2;
+    assert!(
+        read <= threads + ran * ticks,
+        "{read} stacks read of {threads} threads, {ran} of which ran"
+    );
+    assert!(
+        again >= PARKED as u64,
+        "each parked thread counted again unread: {again}"
+    );
+    // Looked at every tick, 2,000 threads would take 400,000 looks in 2 s; thinned out
+    // (1, 2, 4 ... ticks apart), about a tenth of a look a tick each.
+    assert!(
+        looks <= threads * 20 + ran * ticks,
+        "{looks} looks of {threads} threads ({ran} ran) in 2 s"
+    );
+}
