@@ -200,6 +200,8 @@ mod worker {
                 let spawned = std::thread::Builder::new()
                     .name("krabka-worker".into())
                     .spawn(move || {
+                        #[cfg(procfs)]
+                        let _own = crate::process::OwnThread::register();
                         // Each job catches its own panic: the thread outlives them all.
                         for job in receive {
                             job();

@@ -508,6 +508,46 @@ pub(crate) fn current_tid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
+/// This profiler's own threads (`krabka-drain`, `krabka-worker`, `krabka-recorder`,
+/// `krabka-wall`), by id, while they run: what a wall window does not look at.
+#[cfg(procfs)]
+static OWN_THREADS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// The calling thread is one of this profiler's own until this is dropped.
+#[cfg(procfs)]
+pub(crate) struct OwnThread(u32);
+
+#[cfg(procfs)]
+impl OwnThread {
+    pub(crate) fn register() -> OwnThread {
+        let tid = current_tid();
+        OWN_THREADS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(tid);
+        OwnThread(tid)
+    }
+}
+
+#[cfg(procfs)]
+impl Drop for OwnThread {
+    fn drop(&mut self) {
+        let mut own = OWN_THREADS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        own.retain(|&tid| tid != self.0);
+    }
+}
+
+/// Whether thread `tid` is one of this profiler's own, running now.
+#[cfg(procfs)]
+pub(crate) fn is_own_thread(tid: u32) -> bool {
+    OWN_THREADS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .contains(&tid)
+}
+
 #[cfg(procfs)]
 /// Whether thread `tid` currently blocks `signal` (`SigBlk` in its status).
 pub(crate) fn blocks_signal(tid: u32, signal: libc::c_int) -> bool {
@@ -732,9 +772,17 @@ pub(crate) mod tests {
         assert!(schedstat.run_delay().expect("read again") >= waited);
         drop(go_tx);
         thread.join().unwrap();
-        // Gone: its files read nothing, whichever thread takes its id next.
-        assert_eq!(syscall.in_kernel(), None);
-        assert_eq!(schedstat.run_delay(), None);
+        // Gone: its files read nothing, whichever thread takes its id next. (A join
+        // returns once the kernel has cleared the thread's id, early in its exit: its
+        // files still read until the exit ends.)
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while syscall.in_kernel().is_some() || schedstat.run_delay().is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a gone thread's files still read"
+            );
+            std::thread::yield_now();
+        }
     }
 
     #[test]

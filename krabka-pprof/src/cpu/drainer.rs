@@ -46,6 +46,7 @@ impl Drainer {
         let thread = std::thread::Builder::new()
             .name("krabka-drain".into())
             .spawn(move || {
+                let _own = crate::process::OwnThread::register();
                 let Ok(mut drain) = given.recv() else {
                     return;
                 };

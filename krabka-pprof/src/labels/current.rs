@@ -54,7 +54,18 @@ pub(crate) fn set_polling(polling: bool) {
     #[cfg(sampler)]
     {
         registry::register();
-        let _ = registry::POLLING.try_with(|word| word.store(polling, Ordering::Relaxed));
+        // A depth, not a flag: a runtime's poll may run another's (`block_on` inside
+        // `block_in_place`), whose end does not end the outer poll. Only this thread
+        // writes it.
+        let _ = registry::POLLING.try_with(|depth| {
+            let now = depth.load(Ordering::Relaxed);
+            let next = if polling {
+                now.saturating_add(1)
+            } else {
+                now.saturating_sub(1)
+            };
+            depth.store(next, Ordering::Relaxed);
+        });
     }
 }
 
@@ -67,14 +78,14 @@ pub(crate) fn hooked() -> bool {
 mod registry {
     use std::cell::{Cell, RefCell};
     use std::collections::HashMap;
-    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
     use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
     use super::WORD;
 
     thread_local! {
-        /// Whether the thread is inside an async task's poll, where the task hooks say so.
-        pub(super) static POLLING: AtomicBool = const { AtomicBool::new(false) };
+        /// How many async tasks' polls the thread is inside, where the task hooks say so.
+        pub(super) static POLLING: AtomicU32 = const { AtomicU32::new(0) };
         static REGISTERED: Registered = const { Registered(Cell::new((0, 0))) };
         /// The registry's lock, held across a `fork` by the thread that forks.
         static HELD: RefCell<Option<MutexGuard<'static, Words>>> = const { RefCell::new(None) };
@@ -134,7 +145,7 @@ mod registry {
         let Ok(label_word) = WORD.try_with(|word| word as *const AtomicU64 as usize) else {
             return;
         };
-        let Ok(poll_word) = POLLING.try_with(|word| word as *const AtomicBool as usize) else {
+        let Ok(poll_word) = POLLING.try_with(|word| word as *const AtomicU32 as usize) else {
             return;
         };
         let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -187,7 +198,7 @@ mod registry {
         let (labels, polling) = unsafe {
             (
                 (*(label_word as *const AtomicU64)).load(Ordering::Relaxed),
-                (*(poll_word as *const AtomicBool)).load(Ordering::Relaxed),
+                (*(poll_word as *const AtomicU32)).load(Ordering::Relaxed) > 0,
             )
         };
         Some(ThreadWords { labels, polling })

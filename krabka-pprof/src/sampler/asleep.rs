@@ -139,8 +139,8 @@ impl Asleep {
     }
 
     /// Unwinds a sleeping thread from the `pc` and `sp` its `syscall` file gave, as far as
-    /// that can be done exactly (see the module's docs); the stack bytes the unwind copied
-    /// are [`last_copy`](Self::last_copy) until the next. The caller checks that the
+    /// that can be done exactly (see the module's docs); the stack words the unwind read
+    /// are [`last_words`](Self::last_words) until the next. The caller checks that the
     /// thread did not run meanwhile (its CPU clock).
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn unwind_asleep(

@@ -14,6 +14,15 @@
 //! give again (the rest it reads is code, which does not change): the unwind is skipped,
 //! never the reading.
 
+#![cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(
+        dead_code,
+        unused_imports,
+        reason = "on aarch64 no sleeping thread's stack is read: nothing is remembered"
+    )
+)]
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -25,7 +34,8 @@ use crate::objects::Objects;
 use crate::process::{InKernel, ThreadFile};
 
 /// Threads whose files are kept open and whose last stack is remembered, at most: two
-/// descriptors each, well inside the usual limit of 1,024 a process.
+/// descriptors each, 128 in all while a window lasts. Fewer where the process is near its
+/// limit of open files (`kept_at_most`).
 const MAX_KEPT: usize = 64;
 
 /// The most stack words a remembered stack keeps beside it (a deeper stack is unwound at
@@ -88,6 +98,9 @@ pub(crate) struct SleeperReader {
     pub(crate) same_again: u64,
     /// The thread that reads (whose own `syscall` file shows it in that read).
     own: u32,
+    /// [`MAX_KEPT`], or fewer: the process's limit of open files, less what it had open
+    /// when the window began, leaves room for four times the descriptors kept.
+    kept_at_most: usize,
 }
 
 impl SleeperReader {
@@ -104,13 +117,14 @@ impl SleeperReader {
             again: Vec::new(),
             same_again: 0,
             own: crate::process::current_tid(),
+            kept_at_most: kept_at_most(),
         }
     }
 
     /// Thread `tid` is doing work: its files are kept open and its last stack remembered
     /// from now on (up to [`MAX_KEPT`] threads).
     pub(crate) fn keep(&mut self, tid: u32) {
-        if self.kept.len() < MAX_KEPT && !self.kept.contains_key(&tid) {
+        if self.kept.len() < self.kept_at_most && !self.kept.contains_key(&tid) {
             self.kept.insert(
                 tid,
                 Kept {
@@ -129,19 +143,27 @@ impl SleeperReader {
     }
 
     /// How long thread `tid` has waited for a CPU so far (its `schedstat`).
-    pub(crate) fn run_delay(&self, tid: u32) -> Option<Duration> {
-        match self.kept.get(&tid).and_then(|kept| kept.schedstat.as_ref()) {
-            Some(file) => file.run_delay(),
-            None => crate::process::thread_run_delay(tid),
+    pub(crate) fn run_delay(&mut self, tid: u32) -> Option<Duration> {
+        if let Some(file) = self.kept.get(&tid).and_then(|kept| kept.schedstat.as_ref()) {
+            match file.run_delay() {
+                Some(delay) => return Some(delay),
+                // The thread it was opened for is gone, and its id may be another's now:
+                // read by the path, and kept afresh if the new thread moves.
+                None => self.forget(tid),
+            }
         }
+        crate::process::thread_run_delay(tid)
     }
 
     /// Where thread `tid` is, as its `syscall` file says.
-    fn in_kernel(&self, tid: u32) -> Option<InKernel> {
-        match self.kept.get(&tid).and_then(|kept| kept.syscall.as_ref()) {
-            Some(file) => file.in_kernel(),
-            None => crate::process::ProcThread::in_kernel(tid),
+    fn in_kernel(&mut self, tid: u32) -> Option<InKernel> {
+        if let Some(file) = self.kept.get(&tid).and_then(|kept| kept.syscall.as_ref()) {
+            match file.in_kernel() {
+                Some(in_kernel) => return Some(in_kernel),
+                None => self.forget(tid),
+            }
         }
+        crate::process::ProcThread::in_kernel(tid)
     }
 
     /// Looks at thread `tid` once, without a signal; `clock` is its CPU clock, read by
@@ -151,25 +173,28 @@ impl SleeperReader {
         if tid == self.own {
             return Slept::NotAsleep;
         }
-        let slept = match self.in_kernel(tid) {
+        let (slept, remembered) = match self.in_kernel(tid) {
             Some(InKernel::Asleep { nr, sp, pc }) => self.where_asleep(tid, nr, sp, pc),
             _ => return Slept::NotAsleep,
         };
         // A thread that did not run in the meantime did not change its registers or its
         // stack: its CPU clock would have moved (to the nanosecond).
         match crate::process::thread_cpu_time(tid) {
-            Ok(now) if now == clock => slept,
+            Ok(now) if now == clock => {
+                self.same_again += u64::from(remembered);
+                slept
+            }
             Ok(now) => Slept::Ran { clock: now },
             Err(_) => Slept::NotAsleep,
         }
     }
 
-    /// The stack of a thread asleep in `syscall` at `pc`, `sp` (its clock checked after).
+    /// The stack of a thread asleep in `syscall` at `pc`, `sp` (its clock checked after),
+    /// and whether it was the one remembered.
     #[cfg(target_arch = "x86_64")]
-    fn where_asleep(&mut self, tid: u32, syscall: i64, sp: u64, pc: u64) -> Slept {
+    fn where_asleep(&mut self, tid: u32, syscall: i64, sp: u64, pc: u64) -> (Slept, bool) {
         if let Some(same) = self.same_as_last(tid, syscall, sp, pc) {
-            self.same_again += 1;
-            return same;
+            return (same, true);
         }
         let stack = self
             .asleep
@@ -205,14 +230,14 @@ impl SleeperReader {
                     slept: slept.clone(),
                 });
         }
-        slept
+        (slept, false)
     }
 
     /// On aarch64 the `syscall` file's two registers do not unwind a leaf: the stack is not
     /// read, and the thread is never signalled for it.
     #[cfg(not(target_arch = "x86_64"))]
-    fn where_asleep(&mut self, _tid: u32, syscall: i64, _sp: u64, _pc: u64) -> Slept {
-        Slept::Unread { syscall }
+    fn where_asleep(&mut self, _tid: u32, syscall: i64, _sp: u64, _pc: u64) -> (Slept, bool) {
+        (Slept::Unread { syscall }, false)
     }
 
     /// The stack last read of thread `tid`, if it is asleep at the same place with the
@@ -249,6 +274,26 @@ impl SleeperReader {
         });
         same.then(|| last.slept.clone())
     }
+}
+
+/// How many threads a reader may keep files of: [`MAX_KEPT`], or fewer where the limit of
+/// open files (`RLIMIT_NOFILE`'s soft limit) leaves less than four times their two
+/// descriptors each above those open now (counted in `/proc/self/fd`), so that a service
+/// near its limit is never pushed to `EMFILE` by a window.
+fn kept_at_most() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 0;
+    }
+    let open = std::fs::read_dir("/proc/self/fd").map_or(usize::MAX, |dir| dir.count());
+    let free = usize::try_from(limit.rlim_cur)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(open);
+    (free / 8).min(MAX_KEPT)
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

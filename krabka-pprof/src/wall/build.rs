@@ -95,6 +95,13 @@ const TASK_POLLS: &[&str] = &[
     "futures_executor::",
 ];
 
+/// Of [`TASK_POLLS`], a runtime's polls of its tasks: what an idle wait's stack is read
+/// for (a `block_on` further out than an idle wait is that `block_on` parking).
+const WORKER_POLLS: &[&str] = &[
+    "tokio::runtime::scheduler::multi_thread::worker::Context::run_task",
+    "tokio::runtime::scheduler::current_thread::Context::run_task",
+];
+
 /// Code where blocking is allowed: tokio's blocking pool (`spawn_blocking`; tokio's
 /// workers themselves run inside it, further out than the tasks they poll) and
 /// `block_in_place`. Looked for before [`TASK_POLLS`] in each frame, since
@@ -111,8 +118,10 @@ const MAY_BLOCK: &[&str] = &[
 enum Seen {
     /// Nothing past the waiting primitives (a stack cut in a C library without tables).
     Nothing,
-    /// A runtime's or a pool's idle wait.
-    Idle,
+    /// A runtime's or a pool's idle wait, and the innermost of a runtime's polls and the
+    /// places blocking is allowed on its stack (`block_in_place` around a wait in the
+    /// runtime's own code: allowed, whatever the task hooks say).
+    Idle { poll: PollFrame },
     /// The program's own wait, and the innermost of a runtime's polls and the places
     /// blocking is allowed on its stack.
     Program { poll: PollFrame },
@@ -153,6 +162,9 @@ fn told_in_poll(seen: Seen, key: &OffCpu) -> Option<ToldBy> {
     match seen {
         Seen::Program {
             poll: PollFrame::MayBlock,
+        }
+        | Seen::Idle {
+            poll: PollFrame::MayBlock,
         } => None,
         Seen::Program {
             poll: PollFrame::Task,
@@ -192,19 +204,24 @@ fn seen_in(names: &[&str]) -> Seen {
     let Some(first) = names.iter().find(|name| !is_primitive(name)) else {
         return Seen::Nothing;
     };
-    if starts_with_any(first, IDLE) {
-        return Seen::Idle;
-    }
-    // The innermost of a runtime's polls and the places blocking is allowed decides.
+    // The innermost of a runtime's polls and the places blocking is allowed decides. Past
+    // an idle wait, a `block_on` is that `block_on`'s own park (`blocking_recv` in
+    // `block_in_place`, say), not a poll: only a runtime's poll of a task counts there.
+    let idle = starts_with_any(first, IDLE);
+    let polls = if idle { WORKER_POLLS } else { TASK_POLLS };
     let poll = match names
         .iter()
-        .find(|name| starts_with_any(name, MAY_BLOCK) || starts_with_any(name, TASK_POLLS))
+        .find(|name| starts_with_any(name, MAY_BLOCK) || starts_with_any(name, polls))
     {
         Some(name) if starts_with_any(name, MAY_BLOCK) => PollFrame::MayBlock,
         Some(_) => PollFrame::Task,
         None => PollFrame::Neither,
     };
-    Seen::Program { poll }
+    if idle {
+        Seen::Idle { poll }
+    } else {
+        Seen::Program { poll }
+    }
 }
 
 /// The marker that ends a stack read asleep in part.
@@ -520,7 +537,14 @@ mod tests {
             Some(ToldBy::Hooks)
         );
         assert_eq!(told_in_poll(neither, &asleep(true)), Some(ToldBy::Hooks));
-        assert_eq!(told_in_poll(Seen::Idle, &asleep(true)), Some(ToldBy::Hooks));
+        let idle = |poll| Seen::Idle { poll };
+        assert_eq!(
+            told_in_poll(idle(PollFrame::Neither), &asleep(true)),
+            Some(ToldBy::Hooks)
+        );
+        // `block_in_place(|| rx.blocking_recv())`: the wait is in the runtime's own code,
+        // inside a place where blocking is allowed, inside a hooked poll.
+        assert_eq!(told_in_poll(idle(PollFrame::MayBlock), &asleep(true)), None);
         assert_eq!(told_in_poll(neither, &asleep(false)), None);
         assert_eq!(told_in_poll(Seen::Nothing, &asleep(false)), None);
         // Ready to run is not asleep in a poll, hooks or not.
@@ -599,7 +623,12 @@ mod tests {
             "tokio::runtime::io::driver::Driver::turn",
             worker,
         ];
-        assert_eq!(seen_in(&idle), Seen::Idle);
+        assert_eq!(
+            seen_in(&idle),
+            Seen::Idle {
+                poll: PollFrame::Task
+            }
+        );
         // A worker parking, its timer's lock contended: idle, not a poll that blocks.
         let parking = [
             "syscall",
@@ -613,7 +642,33 @@ mod tests {
             "tokio::runtime::scheduler::multi_thread::worker::Context::run",
             pool,
         ];
-        assert_eq!(seen_in(&parking), Seen::Idle);
+        assert_eq!(
+            seen_in(&parking),
+            Seen::Idle {
+                poll: PollFrame::MayBlock
+            }
+        );
+        // A blocking receive inside `block_in_place` inside a task's poll: idle code, in
+        // a place where blocking is allowed.
+        let in_place_recv = [
+            "syscall",
+            "std::sys::pal::unix::futex::futex_wait",
+            "tokio::runtime::park::Inner::park",
+            "tokio::runtime::park::CachedParkThread::park",
+            "tokio::runtime::park::CachedParkThread::block_on",
+            "tokio::sync::mpsc::Receiver<T>::blocking_recv",
+            "app::handler::{{closure}}",
+            "tokio::runtime::scheduler::multi_thread::worker::block_in_place",
+            "app::handler",
+            worker,
+            pool,
+        ];
+        assert_eq!(
+            seen_in(&in_place_recv),
+            Seen::Idle {
+                poll: PollFrame::MayBlock
+            }
+        );
         // User code run from a worker's park (a waker, a drop), not from a task's poll:
         // the pool a worker runs in is the innermost of the places that say.
         let from_park = [

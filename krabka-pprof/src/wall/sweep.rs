@@ -40,12 +40,6 @@ const LIST_AT_LEAST_EVERY: Duration = Duration::from_secs(10);
 /// stays where it slept).
 const QUIET_SECONDS: u64 = 2;
 
-/// The names of this profiler's own threads (`krabka-drain`, `krabka-wall`,
-/// `krabka-worker`, `krabka-recorder`): not looked at. Their waits are the profiler's, not
-/// the service's (the drain's stack words change at every wake, so each of its ten wakes
-/// a second was a full read); their time on a CPU is in the running part.
-const OWN_THREADS: &str = "krabka-";
-
 /// Looks in a row that found a thread unchanged after which the reader closes its files
 /// and forgets its last stack (`SleeperReader::keep`): it no longer moves.
 const QUIET_FORGOTTEN: u32 = 4;
@@ -266,17 +260,25 @@ impl Wheel {
         std::mem::take(&mut self.slots[slot])
     }
 
-    /// Forgets the threads not in `alive` (sorted); returns those of `alive` not watched.
-    fn follow(&mut self, alive: &[u32]) -> Vec<u32> {
+    /// Forgets the threads not in `alive` (sorted); returns those forgotten, and those of
+    /// `alive` not watched.
+    fn follow(&mut self, alive: &[u32]) -> (Vec<u32>, Vec<u32>) {
         for slot in &mut self.slots {
             slot.retain(|thread| alive.binary_search(&thread.tid).is_ok());
         }
+        let gone = self
+            .tids
+            .iter()
+            .copied()
+            .filter(|tid| alive.binary_search(tid).is_err())
+            .collect();
         self.tids.retain(|tid| alive.binary_search(tid).is_ok());
-        alive
+        let new = alive
             .iter()
             .copied()
             .filter(|tid| self.tids.binary_search(tid).is_err())
-            .collect()
+            .collect();
+        (gone, new)
     }
 
     /// Watches `thread` from now on.
@@ -300,7 +302,13 @@ impl Wheel {
     }
 }
 
+/// Sweeps until `stop`. This profiler's own threads (`crate::process::OwnThread`: the
+/// drain, the worker, the recorder, this one) are not looked at: their waits are the
+/// profiler's, not the service's (the drain's stack words change at every wake, so each
+/// of its ten wakes a second was a full read); their time on a CPU is in the running
+/// part.
 fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) -> Swept {
+    let _own = crate::process::OwnThread::register();
     let cpu_at_start = own_cpu();
     let mut reader = SleeperReader::new(blocklist);
     // A request that hung up meanwhile: nothing to look at.
@@ -335,7 +343,11 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
                 listed_at = Some(now);
                 let mut alive = crate::process::list_threads();
                 alive.retain(|&tid| tid != own);
-                for tid in wheel.follow(&alive) {
+                let (gone, new) = wheel.follow(&alive);
+                for tid in gone {
+                    sweep.reader.forget(tid);
+                }
+                for tid in new {
                     // The first look sets where it is: no time before it is charged.
                     if let Some(first) = sweep.first_look(tid, tick) {
                         wheel.watch(first);
@@ -414,12 +426,14 @@ struct Sweep<'r> {
 impl Sweep<'_> {
     /// Watches thread `tid` from now on, unless it is gone or one of this profiler's own.
     fn first_look(&mut self, tid: u32, tick: u64) -> Option<Watched> {
-        // Its name now (an id may have been another thread's at an earlier listing).
-        let name: Arc<str> = crate::process::thread_name(tid)?.into();
-        if name.starts_with(OWN_THREADS) {
+        if crate::process::is_own_thread(tid) {
             return None;
         }
-        self.names.insert(tid, name);
+        // Whatever was kept under its id was another thread's (or its own, before it was
+        // watched afresh): its files and stack are read anew.
+        self.reader.forget(tid);
+        self.names
+            .insert(tid, crate::process::thread_name(tid)?.into());
         let clock = crate::process::thread_cpu_time(tid).ok()?;
         let waited = self.reader.run_delay(tid).unwrap_or_default();
         let looked = Instant::now();

@@ -67,7 +67,10 @@ pub(super) fn start(settings: RecorderSettings) -> &'static Recorder {
     if !recorder.running.swap(true, Ordering::SeqCst) {
         let spawned = std::thread::Builder::new()
             .name("krabka-recorder".into())
-            .spawn(move || run(recorder));
+            .spawn(move || {
+                let _own = crate::process::OwnThread::register();
+                run(recorder)
+            });
         if let Err(error) = spawned {
             // Tried again by the next request or router.
             recorder.running.store(false, Ordering::SeqCst);
