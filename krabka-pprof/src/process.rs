@@ -509,33 +509,35 @@ pub(crate) fn current_tid() -> u32 {
 }
 
 /// This profiler's own threads (`krabka-drain`, `krabka-worker`, `krabka-recorder`,
-/// `krabka-wall`), by id, while they run: what a wall window does not look at.
+/// `krabka-wall`), by id, while they run: what a wall window does not look at. Fixed slots,
+/// not a list that allocates: an allocation site more would take a place in heap
+/// profiles' bounded table of allocation stacks. A thread that finds every slot taken is
+/// not told apart (a wall window looks at it like any thread).
 #[cfg(procfs)]
-static OWN_THREADS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+static OWN_THREADS: [std::sync::atomic::AtomicU32; 128] =
+    [const { std::sync::atomic::AtomicU32::new(0) }; 128];
 
 /// The calling thread is one of this profiler's own until this is dropped.
 #[cfg(procfs)]
-pub(crate) struct OwnThread(u32);
+pub(crate) struct OwnThread(Option<&'static std::sync::atomic::AtomicU32>);
 
 #[cfg(procfs)]
 impl OwnThread {
     pub(crate) fn register() -> OwnThread {
         let tid = current_tid();
-        OWN_THREADS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(tid);
-        OwnThread(tid)
+        OwnThread(OWN_THREADS.iter().find(|slot| {
+            slot.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        }))
     }
 }
 
 #[cfg(procfs)]
 impl Drop for OwnThread {
     fn drop(&mut self) {
-        let mut own = OWN_THREADS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        own.retain(|&tid| tid != self.0);
+        if let Some(slot) = self.0 {
+            slot.store(0, Ordering::Release);
+        }
     }
 }
 
@@ -543,9 +545,8 @@ impl Drop for OwnThread {
 #[cfg(procfs)]
 pub(crate) fn is_own_thread(tid: u32) -> bool {
     OWN_THREADS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .contains(&tid)
+        .iter()
+        .any(|slot| slot.load(Ordering::Acquire) == tid)
 }
 
 #[cfg(procfs)]
