@@ -589,9 +589,6 @@ impl Sweep<'_> {
     /// The labels active on thread `tid` now, and whether the task hooks say it is inside
     /// a task's poll.
     fn labels_of(&mut self, tid: u32) -> (SampleLabels, bool) {
-        self.names
-            .entry(tid)
-            .or_insert_with(|| crate::process::thread_name(tid).unwrap_or_default().into());
         let words = crate::labels::current::words_of(tid).unwrap_or_default();
         let labels = match words.labels {
             0 => SampleLabels::default(),
