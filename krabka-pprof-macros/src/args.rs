@@ -33,6 +33,8 @@ pub(crate) struct Args {
     pub(crate) recent: Option<Spanned<Duration>>,
     /// Bytes.
     pub(crate) recent_memory: Option<Spanned<u64>>,
+    pub(crate) push: Option<Spanned<bool>>,
+    pub(crate) push_interval: Option<Spanned<Duration>>,
     pub(crate) prefix: Option<Spanned<String>>,
     pub(crate) guard: Option<Spanned<syn::Path>>,
     pub(crate) token_env: Option<Spanned<String>>,
@@ -157,6 +159,8 @@ impl Args {
             "cmdline" => self.cmdline = Some(values::bool_value(key, &value)?),
             "recent" => self.recent = Some(values::recent_value(&value)?),
             "recent_memory" => self.recent_memory = Some(values::recent_memory_value(&value)?),
+            "push" => self.push = Some(values::bool_value(key, &value)?),
+            "push_interval" => self.push_interval = Some(values::push_interval_value(&value)?),
             "prefix" => self.prefix = Some(values::prefix_value(&value)?),
             "guard" => self.guard = Some(values::guard_value(&value)?),
             "token_env" => self.token_env = Some(values::token_env_value(&value)?),
@@ -167,7 +171,8 @@ impl Args {
     }
 
     /// Rules between keys: defaults within their maximum, heap settings only with `heap`,
-    /// the recorder's memory only with the recorder.
+    /// the recorder's memory only with the recorder, pushing only with the recorder and
+    /// its interval only with pushing.
     fn check_relations(&self, errors: &mut Errors) {
         default_within_max(
             errors,
@@ -218,6 +223,21 @@ impl Args {
                 memory.span,
                 "`recent_memory` bounds the recorder, which only runs with `recent`; add \
                  `recent = \"10m\"` or remove `recent_memory`",
+            );
+        }
+        let push_on = self.push.as_ref().filter(|push| push.value);
+        if let (Some(push), None) = (push_on, &self.recent) {
+            errors.at(
+                push.span,
+                "`push` sends the recorder's history, which only runs with `recent`; add \
+                 `recent = \"10m\"` or remove `push`",
+            );
+        }
+        if let (Some(interval), None) = (&self.push_interval, push_on) {
+            errors.at(
+                interval.span,
+                "`push_interval` only applies with `push = true`; add `push = true` or remove \
+                 `push_interval`",
             );
         }
     }

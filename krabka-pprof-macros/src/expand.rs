@@ -188,6 +188,10 @@ fn generate(args: &Args, function: FnItem) -> TokenStream {
         let on = syn::LitBool::new(true, heap.span);
         quote_spanned!(heap.span=> #krate::__private::require_heap_profiling!(#on);)
     });
+    let push_check = args.push.as_ref().filter(|push| push.value).map(|push| {
+        let on = syn::LitBool::new(true, push.span);
+        quote_spanned!(push.span=> #krate::__private::require_push!(#on);)
+    });
 
     // The expansion's own locals resolve at the call site, whatever context the return
     // type's tokens come from (a `macro_rules!` may have written it); the merge call keeps
@@ -219,6 +223,7 @@ fn generate(args: &Args, function: FnItem) -> TokenStream {
             let #config_ref: &'static #krate::ProfilingConfig = &const { #config };
             let #placed: &::core::cell::Cell<bool> = &::core::cell::Cell::new(false);
             #heap_check
+            #push_check
             #[allow(clippy::redundant_closure_call, unused_mut)]
             let #router: #ret = #produce;
             #merge
@@ -310,6 +315,14 @@ fn config_expr(args: &Args, krate: &TokenStream) -> TokenStream {
         // Checked against 1 GiB already, so it fits a `usize` on every target.
         let bytes = proc_macro2::Literal::u64_unsuffixed(v.value);
         calls.extend(quote_spanned!(v.span=> .with_recent_memory(#bytes)));
+    }
+    if let Some(v) = &args.push {
+        let on = v.value;
+        calls.extend(quote_spanned!(v.span=> .with_push(#on)));
+    }
+    if let Some(v) = &args.push_interval {
+        let d = duration(v.value);
+        calls.extend(quote_spanned!(v.span=> .with_push_interval(#d)));
     }
     if let Some(v) = &args.prefix {
         let prefix = &v.value;

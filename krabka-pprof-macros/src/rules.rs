@@ -55,6 +55,10 @@ pub(crate) const MAX_RECENT: Duration = Duration::from_secs(3600);
 pub(crate) const MIN_RECENT_MEMORY: u64 = 256 * 1024;
 /// `MAX_RECENT_MEMORY` in config.rs, bytes.
 pub(crate) const MAX_RECENT_MEMORY: u64 = 1024 * 1024 * 1024;
+/// `MIN_PUSH_INTERVAL` in config.rs.
+pub(crate) const MIN_PUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// `MAX_PUSH_INTERVAL` in config.rs.
+pub(crate) const MAX_PUSH_INTERVAL: Duration = Duration::from_secs(60);
 /// `cpu_max` in `ProfilingConfig::new()`.
 pub(crate) const DEFAULT_CPU_MAX: Duration = Duration::from_secs(60);
 /// `heap_max` in `ProfilingConfig::new()`.
@@ -105,6 +109,27 @@ pub(crate) fn check_recent(value: Duration) -> Result<(), String> {
             "`recent` must be between {} and {}, found {}",
             duration::format(MIN_RECENT),
             duration::format(MAX_RECENT),
+            duration::format(value),
+        ));
+    }
+    Ok(())
+}
+
+/// `push_interval` is whole seconds within `MIN_PUSH_INTERVAL ..= MAX_PUSH_INTERVAL`
+/// that divide a minute (the `PushIntervalOutOfRange` check in
+/// `ProfilingConfig::validate`). The error is the whole message.
+pub(crate) fn check_push_interval(value: Duration) -> Result<(), String> {
+    let seconds = value.as_secs();
+    if value.subsec_nanos() != 0
+        || value < MIN_PUSH_INTERVAL
+        || value > MAX_PUSH_INTERVAL
+        || 60 % seconds != 0
+    {
+        return Err(format!(
+            "`push_interval` must be whole seconds from {} to {} that divide a minute (1s, \
+             2s, 3s, 4s, 5s, 6s, 10s, 12s, 15s, 20s, 30s, 60s), found {}",
+            duration::format(MIN_PUSH_INTERVAL),
+            duration::format(MAX_PUSH_INTERVAL),
             duration::format(value),
         ));
     }
@@ -281,6 +306,22 @@ mod tests {
         for bad in ["1", "63", "65537", "-1", "99999999999999999999"] {
             let message = check_alloc_stacks(bad).unwrap_err();
             assert!(message.ends_with(&format!("found {bad}")), "{message}");
+        }
+    }
+
+    #[test]
+    fn push_interval_rules() {
+        for seconds in [1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60] {
+            assert_eq!(check_push_interval(Duration::from_secs(seconds)), Ok(()));
+        }
+        assert_eq!(
+            check_push_interval(Duration::from_secs(7)),
+            Err("`push_interval` must be whole seconds from 1s to 1m that divide a minute \
+                 (1s, 2s, 3s, 4s, 5s, 6s, 10s, 12s, 15s, 20s, 30s, 60s), found 7s"
+                .to_owned())
+        );
+        for bad in [0, 500, 1_500, 120_000] {
+            assert!(check_push_interval(Duration::from_millis(bad)).is_err(), "{bad} ms");
         }
     }
 

@@ -76,6 +76,11 @@ pub(crate) fn recent_value(expr: &Expr) -> syn::Result<Spanned<Duration>> {
     checked_duration("recent", expr, rules::check_recent)
 }
 
+/// `push_interval`: whole seconds that divide a minute, within the pusher's bounds.
+pub(crate) fn push_interval_value(expr: &Expr) -> syn::Result<Spanned<Duration>> {
+    checked_duration("push_interval", expr, rules::check_push_interval)
+}
+
 /// A duration string, parsed, then judged by `check`; every message on the literal.
 fn checked_duration(
     key: &str,

@@ -18,9 +18,10 @@ mod rules;
 mod tests;
 
 pub use bounds::{
-    DEFAULT_FREQUENCY_MAX, DEFAULT_RECENT_MEMORY, MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY,
-    MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY,
-    MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
+    DEFAULT_FREQUENCY_MAX, DEFAULT_PUSH_INTERVAL, DEFAULT_RECENT_MEMORY, MAX_ALLOC_STACKS,
+    MAX_DURATION, MAX_FREQUENCY, MAX_PUSH_INTERVAL, MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS,
+    MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_PUSH_INTERVAL, MIN_RECENT,
+    MIN_RECENT_MEMORY, MIN_WINDOWS,
 };
 pub(crate) use error::Bytes;
 pub use error::{ConfigError, DurationField};
@@ -67,6 +68,9 @@ pub struct ProfilingConfig {
     /// `None`: no recorder.
     recent: Option<Duration>,
     recent_memory: usize,
+    /// Push the recorder's windows (needs `recent`).
+    push: bool,
+    push_interval: Duration,
     prefix: &'static str,
     guard: Option<Guard>,
     token_env: Option<&'static str>,
@@ -100,6 +104,8 @@ impl ProfilingConfig {
             cmdline: false,
             recent: None,
             recent_memory: DEFAULT_RECENT_MEMORY,
+            push: false,
+            push_interval: DEFAULT_PUSH_INTERVAL,
             prefix: "/debug/pprof",
             guard: None,
             token_env: None,
@@ -220,6 +226,28 @@ impl ProfilingConfig {
         self
     }
 
+    /// Push the recorder's history, a window every
+    /// [`push_interval`](Self::with_push_interval), to the profile stores the process's
+    /// environment names: an OpenTelemetry Collector (`OTEL_EXPORTER_OTLP_ENDPOINT` or
+    /// `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`) and Grafana Pyroscope
+    /// (`PYROSCOPE_SERVER_ADDRESS`). Needs [`with_recent`](Self::with_recent) (and feature
+    /// `push`): the recorder's slices are what is pushed, so nothing is sampled twice and
+    /// a service that is also scraped is never counted twice. With neither variable set,
+    /// one warning at start and nothing is pushed. Off unless set; see the guide's push
+    /// page.
+    pub const fn with_push(mut self, on: bool) -> Self {
+        self.push = on;
+        self
+    }
+
+    /// The length of each pushed window (15 s unless set): whole seconds from 1 s to
+    /// 60 s that divide a minute, so that windows start on the same seconds of every
+    /// minute in every process.
+    pub const fn with_push_interval(mut self, interval: Duration) -> Self {
+        self.push_interval = interval;
+        self
+    }
+
     /// Path under which the routes are mounted, such as `/debug/pprof`.
     pub const fn with_prefix(mut self, prefix: &'static str) -> Self {
         self.prefix = prefix;
@@ -305,6 +333,14 @@ impl ProfilingConfig {
     /// See [`with_recent_memory`](Self::with_recent_memory).
     pub const fn recent_memory(&self) -> usize {
         self.recent_memory
+    }
+    /// See [`with_push`](Self::with_push).
+    pub const fn push(&self) -> bool {
+        self.push
+    }
+    /// See [`with_push_interval`](Self::with_push_interval).
+    pub const fn push_interval(&self) -> Duration {
+        self.push_interval
     }
     /// See [`with_prefix`](Self::with_prefix).
     pub const fn prefix(&self) -> &'static str {

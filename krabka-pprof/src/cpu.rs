@@ -34,8 +34,8 @@ mod sessions;
 use std::time::Instant;
 
 pub(crate) use request::{
-    CpuError, CpuRequest, RecentError, RecentRequest, RecorderSettings, RecorderStatus, Split,
-    Status, UNAVAILABLE,
+    CpuError, CpuRequest, RecentError, RecentRequest, Recorded, RecorderSettings, RecorderStatus,
+    Split, Status, UNAVAILABLE,
 };
 
 // The `pprof` crate's profile() names it itself where it is the only sampler.
@@ -134,6 +134,24 @@ pub(crate) fn start_recorder(settings: RecorderSettings) {
     }
     #[cfg(not(sampler))]
     let _ = settings;
+}
+
+/// The window `from .. to` of the recorder's history as the pusher takes it, built on
+/// the calling thread (the pusher's own); `None` while it is not complete, or where no
+/// recorder runs. See `recent::window`.
+#[cfg_attr(not(feature = "push"), allow(dead_code))]
+pub(crate) fn recorded_window(
+    after: Option<std::time::SystemTime>,
+    from: std::time::SystemTime,
+    to: std::time::SystemTime,
+) -> Option<Recorded> {
+    #[cfg(sampler)]
+    return recent::window(after, from, to);
+    #[cfg(not(sampler))]
+    {
+        let _ = (after, from, to);
+        None
+    }
 }
 
 /// Profiling was switched off: the recorder, if one runs, stops sampling; returns once it

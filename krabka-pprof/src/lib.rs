@@ -39,6 +39,7 @@
 //! | `flamegraph` | on | `?format=svg`: flamegraphs drawn by inferno |
 //! | `heap-profiling` | off | `/heap` and `/allocs` through jemalloc's sampling, and `Jemalloc`, the global allocator that turns it on; heap profiles are served on Linux with glibc, and answer 503 elsewhere ([heap profiling](guide::heap)) |
 //! | `opentelemetry` | off | [`labels::layer`] labels samples with the OpenTelemetry span and trace ids of the local root span |
+//! | `push` | off | `push = true`: the recorder's history pushed to an OpenTelemetry Collector (OTLP profiles) and Grafana Pyroscope, over plain HTTP ([pushing profiles](guide::push)) |
 //! | `task-dump` | off | `/tasks`, tokio's task dump, when the app is also built with `RUSTFLAGS="--cfg tokio_unstable"` on Linux ([thread and task dumps](guide::threads)) |
 //!
 //! The HTTP contract follows; the [`guide`] has a page for each of the rest:
@@ -75,6 +76,8 @@ mod offload;
 mod process;
 #[cfg_attr(not(sampler), allow(dead_code))]
 mod profile;
+#[cfg(feature = "push")]
+mod push;
 mod routes;
 #[cfg(sampler)]
 mod sampler;
@@ -88,9 +91,10 @@ mod views;
 mod wall;
 
 pub use config::{
-    ConfigError, DEFAULT_RECENT_MEMORY, DurationField, Guard, MAX_ALLOC_STACKS, MAX_DURATION,
-    MAX_FREQUENCY, MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION,
-    MIN_FREQUENCY, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS, ProfilingConfig,
+    ConfigError, DEFAULT_PUSH_INTERVAL, DEFAULT_RECENT_MEMORY, DurationField, Guard,
+    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_PUSH_INTERVAL, MAX_RECENT,
+    MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY,
+    MIN_PUSH_INTERVAL, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS, ProfilingConfig,
 };
 #[cfg(jemalloc)]
 pub use heap::Jemalloc;
@@ -224,6 +228,21 @@ pub mod __private {
     }
 
     pub use crate::__krabka_pprof_require_heap_profiling as require_heap_profiling;
+    pub use crate::__krabka_pprof_require_push as require_push;
+
+    /// Implemented only when the `push` feature is on.
+    #[diagnostic::on_unimplemented(
+        message = "`push = true` needs krabka-pprof's `push` feature",
+        label = "pushing is compiled out",
+        note = "in Cargo.toml write `krabka-pprof = {{ version = \"…\", features = [\"push\"] }}`, or remove `push = true`"
+    )]
+    pub trait PushFeature {}
+
+    #[cfg(feature = "push")]
+    impl PushFeature for bool {}
+
+    /// Fails to type-check on the user's `true` when the feature is off.
+    pub fn push_feature<T: PushFeature>(_on: T) {}
 
     /// Implemented only when the `heap-profiling` feature is on.
     #[diagnostic::on_unimplemented(
@@ -259,5 +278,24 @@ macro_rules! __krabka_pprof_require_heap_profiling {
 macro_rules! __krabka_pprof_require_heap_profiling {
     ($on:expr) => {
         $crate::__private::heap_profiling_feature($on)
+    };
+}
+
+/// `push = true` compiles only with the `push` feature, as `heap = true` with
+/// `heap-profiling` (above).
+#[cfg(feature = "push")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __krabka_pprof_require_push {
+    ($on:expr) => {};
+}
+
+/// See the `push` variant above.
+#[cfg(not(feature = "push"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __krabka_pprof_require_push {
+    ($on:expr) => {
+        $crate::__private::push_feature($on)
     };
 }

@@ -79,6 +79,9 @@ where
     // to exist yet).
     if let Some(settings) = recorder_settings(&config) {
         cpu::start_recorder(settings);
+        if config.push() {
+            start_pusher(&config, settings.keep);
+        }
     }
     let prefix = config.prefix();
     let handler = |route: Route| {
@@ -413,6 +416,34 @@ fn recorder_settings(config: &ProfilingConfig) -> Option<RecorderSettings> {
         frequency: config.frequency(),
         blocklist: config.blocklist(),
     })
+}
+
+/// Starts this process's pusher over the recorder (`push = true`), where both can run.
+fn start_pusher(config: &ProfilingConfig, keep: std::time::Duration) {
+    if let Some(why) = cpu::recorder_unavailable() {
+        tracing::warn!(reason = why, "krabka-pprof: `push` is on but nothing is pushed");
+        return;
+    }
+    #[cfg(feature = "push")]
+    crate::push::start(
+        crate::push::Settings {
+            interval: config.push_interval(),
+            keep,
+        },
+        |after, from, to| {
+            cpu::recorded_window(after, from, to).map(|recorded| crate::push::Window {
+                profile: recorded.profile,
+                last: recorded.last,
+            })
+        },
+    );
+    #[cfg(not(feature = "push"))]
+    {
+        let _ = (config, keep);
+        tracing::warn!(
+            "krabka-pprof: `push` is on but this build has no `push` feature: nothing is pushed"
+        );
+    }
 }
 
 /// `/recent`: the CPU profile of a window of the past, at once, from the recorder.

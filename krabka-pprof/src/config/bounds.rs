@@ -38,3 +38,11 @@ pub const DEFAULT_RECENT_MEMORY: usize = 8 * 1024 * 1024;
 /// The highest frequency a request may ask for when `frequency_max` is unset (and
 /// `frequency` is not higher), in Hz.
 pub const DEFAULT_FREQUENCY_MAX: u32 = 250;
+/// The shortest window a pusher sends (`push_interval`).
+pub const MIN_PUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest window a pusher sends (`push_interval`): Pyroscope and the Collector
+/// expect profiles every few seconds, and a longer window delays what the store shows.
+pub const MAX_PUSH_INTERVAL: Duration = Duration::from_secs(60);
+/// The pusher's window unless `push_interval` sets one, as pyroscope-go and Grafana
+/// Alloy scrape by default.
+pub const DEFAULT_PUSH_INTERVAL: Duration = Duration::from_secs(15);

@@ -6,8 +6,9 @@ use std::fmt;
 use std::time::Duration;
 
 use super::bounds::{
-    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS,
-    MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
+    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_PUSH_INTERVAL, MAX_RECENT,
+    MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY,
+    MIN_PUSH_INTERVAL, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
 };
 
 /// A `ProfilingConfig` duration setting, as it is spelled in `#[pprof_routes(...)]`.
@@ -96,6 +97,13 @@ pub enum ConfigError {
         /// The value, in bytes.
         found: usize,
     },
+    /// A `push_interval` that is not whole seconds from 1 s to 60 s dividing a minute.
+    PushIntervalOutOfRange {
+        /// The value.
+        found: Duration,
+    },
+    /// `push` without `recent`: the recorder's history is what is pushed.
+    PushWithoutRecent,
     /// An empty or blank library name in the blocklist.
     BlankBlocklistEntry {
         /// Its position.
@@ -157,6 +165,12 @@ impl ConfigError {
             }
             ConfigError::RecentMemoryOutOfRange { .. } => {
                 "krabka-pprof: `recent_memory` must be between 256KiB and 1GiB"
+            }
+            ConfigError::PushIntervalOutOfRange { .. } => {
+                "krabka-pprof: `push_interval` must be whole seconds from 1s to 60s that divide a minute"
+            }
+            ConfigError::PushWithoutRecent => {
+                "krabka-pprof: `push` needs `recent`: the recorder's history is what is pushed"
             }
             ConfigError::BlankBlocklistEntry { .. } => {
                 "krabka-pprof: `blocklist` entries must be non-empty library names"
@@ -230,6 +244,19 @@ impl fmt::Display for ConfigError {
                 Bytes(MIN_RECENT_MEMORY),
                 Bytes(MAX_RECENT_MEMORY),
                 Bytes(*found)
+            ),
+            ConfigError::PushIntervalOutOfRange { found } => write!(
+                f,
+                "`push_interval` must be whole seconds from {} to {} that divide a minute \
+                 (1s, 2s, 3s, 4s, 5s, 6s, 10s, 12s, 15s, 20s, 30s, 60s), found {}",
+                d(&MIN_PUSH_INTERVAL),
+                d(&MAX_PUSH_INTERVAL),
+                d(found)
+            ),
+            ConfigError::PushWithoutRecent => write!(
+                f,
+                "`push` needs `recent`: the recorder's history is what is pushed; add \
+                 `recent = \"10m\"` (with_recent) or remove `push`"
             ),
             ConfigError::BlankBlocklistEntry { index } => write!(
                 f,

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use super::ProfilingConfig;
 use super::bounds::{
-    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_RECENT, MAX_RECENT_MEMORY, MAX_WINDOWS,
-    MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
+    MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_PUSH_INTERVAL, MAX_RECENT,
+    MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY,
+    MIN_PUSH_INTERVAL, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
 };
 use super::chars::{char_at, is_control, is_whitespace};
 use super::error::{ConfigError, DurationField};
@@ -88,6 +89,14 @@ impl ProfilingConfig {
                 found: self.recent_memory,
             });
         }
+        if !push_interval_fits(self.push_interval) {
+            return Err(ConfigError::PushIntervalOutOfRange {
+                found: self.push_interval,
+            });
+        }
+        if self.push && self.recent.is_none() {
+            return Err(ConfigError::PushWithoutRecent);
+        }
         if let Some(reason) = prefix_problem(self.prefix) {
             return Err(ConfigError::InvalidPrefix {
                 prefix: self.prefix,
@@ -112,6 +121,14 @@ const fn check_duration(field: DurationField, value: Duration) -> Result<(), Con
     } else {
         Ok(())
     }
+}
+
+/// A push interval is whole seconds within its bounds that divide a minute.
+pub(crate) const fn push_interval_fits(interval: Duration) -> bool {
+    interval.subsec_nanos() == 0
+        && interval.as_secs() >= MIN_PUSH_INTERVAL.as_secs()
+        && interval.as_secs() <= MAX_PUSH_INTERVAL.as_secs()
+        && 60 % interval.as_secs() == 0
 }
 
 const fn is_blank(text: &str) -> bool {

@@ -225,6 +225,46 @@ fn recent_bounds() {
 }
 
 #[test]
+fn push_needs_the_recorder_and_an_interval_that_divides_a_minute() {
+    let c = ProfilingConfig::new().with_recent(S(600));
+    assert_eq!(c.push_interval(), S(15), "the default interval");
+    assert!(!c.push(), "off unless set");
+    assert_eq!(c.with_push(true).validate(), Ok(()));
+    for seconds in [1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60] {
+        assert_eq!(
+            c.with_push(true).with_push_interval(S(seconds)).validate(),
+            Ok(()),
+            "{seconds} s divides a minute"
+        );
+    }
+    for bad in [
+        Duration::ZERO,
+        S(7),
+        S(45),
+        S(120),
+        Duration::from_millis(1_500),
+    ] {
+        assert_eq!(
+            c.with_push(true).with_push_interval(bad).validate(),
+            Err(ConfigError::PushIntervalOutOfRange { found: bad }),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        c.with_push_interval(S(7)).validate().unwrap_err().to_string(),
+        "`push_interval` must be whole seconds from 1s to 1m that divide a minute (1s, 2s, \
+         3s, 4s, 5s, 6s, 10s, 12s, 15s, 20s, 30s, 60s), found 7s"
+    );
+    let alone = ProfilingConfig::new().with_push(true).validate().unwrap_err();
+    assert_eq!(alone, ConfigError::PushWithoutRecent);
+    assert!(alone.to_string().contains("add `recent = \"10m\"`"), "{alone}");
+    assert_eq!(
+        alone.rule(),
+        "krabka-pprof: `push` needs `recent`: the recorder's history is what is pushed"
+    );
+}
+
+#[test]
 fn recent_memory_bounds() {
     let c = ProfilingConfig::new().with_recent(S(600));
     assert_eq!(c.with_recent_memory(256 * 1024).validate(), Ok(()));

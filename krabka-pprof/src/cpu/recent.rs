@@ -18,7 +18,7 @@ mod stacks;
 use std::time::{Duration, SystemTime};
 
 use super::report::{log_report, report_profile};
-use super::request::{RecentError, RecentRequest, RecorderSettings, RecorderStatus};
+use super::request::{Recorded, RecentError, RecentRequest, RecorderSettings, RecorderStatus};
 use crate::profile::Profile;
 
 /// How long a request waits for the recorder to cut its newest slice: it takes a drain,
@@ -100,6 +100,37 @@ where
     .await?;
     log_report(&report, capped, 1);
     rendered
+}
+
+/// The window `from .. to` of this process's recorder, for the pusher: `None` while it
+/// is not complete (or no recorder runs). Each slice goes to exactly one window: the
+/// first after `after`, the `last` of the window before. Symbolized as `/recent` is.
+#[cfg_attr(not(feature = "push"), allow(dead_code))]
+pub(super) fn window(
+    after: Option<SystemTime>,
+    from: SystemTime,
+    to: SystemTime,
+) -> Option<Recorded> {
+    let recorder = recorder::get()?;
+    let taken = recorder.ring().take(after, from, to, SystemTime::now())?;
+    let profile = taken.selection.collected.map(|collected| {
+        let (mut profile, _capped) = report_profile(
+            collected,
+            1,
+            crate::symbolize::Symbolize::Full,
+            crate::symbolize::Resolved::default(),
+            super::request::Split::default(),
+        );
+        profile.time_nanos = from
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| i64::try_from(since.as_nanos()).unwrap_or(i64::MAX));
+        comment_first(&mut profile, taken.selection.notes);
+        profile
+    });
+    Some(Recorded {
+        profile,
+        last: taken.last,
+    })
 }
 
 /// What a profile says when the recorder did not cut its newest slice within

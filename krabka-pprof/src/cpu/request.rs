@@ -121,3 +121,13 @@ pub(crate) struct RecorderStatus {
     /// Why it does not sample now, if it does not.
     pub(crate) paused: Option<String>,
 }
+
+/// A window of the recorder's history as the pusher takes it (`crate::push`).
+#[cfg_attr(not(feature = "push"), allow(dead_code))]
+pub(crate) struct Recorded {
+    /// The window's CPU profile, starting at the window's start; `None` when no slice
+    /// fell in it (the recorder did not sample then).
+    pub(crate) profile: Option<crate::profile::Profile>,
+    /// What the next window is taken after (see `Ring::take`).
+    pub(crate) last: Option<std::time::SystemTime>,
+}

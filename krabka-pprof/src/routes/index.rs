@@ -230,6 +230,7 @@ pre {{ padding: .6rem; overflow-x: auto; }}
 <tr><th scope=\"row\">CPU profiles at once</th><td>{at_once_setting}</td></tr>
 <tr><th scope=\"row\">Heap profiling</th><td>{heap}</td></tr>
 <tr><th scope=\"row\">Recorder</th><td>{recorder_setting}</td></tr>
+<tr><th scope=\"row\">Push</th><td>{push}</td></tr>
 <tr><th scope=\"row\">Access</th><td>{access}</td></tr>
 <tr><th scope=\"row\">Running now</th><td>{now}</td></tr>
 </tbody>
@@ -242,6 +243,7 @@ curl -o cpu.pb.gz 'http://{host}{prefix}/profile?seconds=10'</pre>
 </html>
 ",
         version = env!("CARGO_PKG_VERSION"),
+        push = push_setting(config),
         cpu_default = secs(config.cpu_default()),
         cpu_max = secs(config.cpu_max()),
         frequency = config.frequency(),
@@ -255,6 +257,57 @@ curl -o cpu.pb.gz 'http://{host}{prefix}/profile?seconds=10'</pre>
                 .to_owned()
         },
     )
+}
+
+/// The pusher's row: off, or where it pushes and how that goes (last success, windows
+/// pending, last error), per destination.
+fn push_setting(config: &crate::config::ProfilingConfig) -> String {
+    if !config.push() {
+        return "off (enable with <code>push = true</code> beside <code>recent</code>)".to_owned();
+    }
+    #[cfg(feature = "push")]
+    if let Some((interval, idle, targets)) = crate::push::status() {
+        let secs = |d: std::time::Duration| humantime::format_duration(d).to_string();
+        let ago = |at: std::time::SystemTime| {
+            let past = std::time::SystemTime::now()
+                .duration_since(at)
+                .unwrap_or_default();
+            format!("{} ago", secs(std::time::Duration::from_secs(past.as_secs())))
+        };
+        let mut text = format!("on: a window every {}", secs(interval));
+        if let Some(why) = idle {
+            text.push_str(&format!("; nothing is pushed: {}", escape(&why)));
+        }
+        for target in targets {
+            text.push_str(&format!(
+                "<br>{} to <code>{}</code>: {} window{} sent, {} pending, {} retr{}, {}                  dropped (refused), {} lost (too old), {} empty; last success: {}",
+                target.protocol,
+                escape(&target.url),
+                target.windows_sent,
+                if target.windows_sent == 1 { "" } else { "s" },
+                target.pending,
+                target.retries,
+                if target.retries == 1 { "y" } else { "ies" },
+                target.windows_dropped,
+                target.windows_lost,
+                target.windows_empty,
+                target.last_success.map_or("none yet".to_owned(), ago),
+            ));
+            if let Some(delay) = target.last_delay {
+                text.push_str(&format!(
+                    " ({} ms after its window's end)",
+                    delay.as_millis()
+                ));
+            }
+            if let Some((at, why)) = target.last_error {
+                text.push_str(&format!("; last error {}: {}", ago(at), escape(&why)));
+            }
+        }
+        return text;
+    }
+    "on, but not running: this build has no <code>push</code> feature, or no recorder runs \
+     here"
+        .to_owned()
 }
 
 /// The `/recent` row: what the recorder keeps now, and the last 1, 5 and 10 minutes (as

@@ -164,6 +164,8 @@ struct Recording {
     sitting: Sitting,
     start: WindowStart,
     opened: Instant,
+    /// The wall clock then: slices end on whole seconds of it.
+    opened_wall: SystemTime,
 }
 
 /// An id for each of the recorder's windows, apart from the requests' (which count up
@@ -183,7 +185,7 @@ fn record(recorder: &'static Recorder) {
     loop {
         // A slice ends on time, not at the tick after.
         let deadline = match &recording {
-            Some(current) => slice_end(current.opened),
+            Some(current) => slice_end(current.opened, current.opened_wall),
             None => retry.at,
         };
         let (leave, cuts) = recorder.wait(deadline);
@@ -219,6 +221,7 @@ fn record(recorder: &'static Recorder) {
                         sitting,
                         start,
                         opened: Instant::now(),
+                        opened_wall: SystemTime::now(),
                     });
                     retry.seated();
                 }
@@ -284,13 +287,22 @@ fn record(recorder: &'static Recorder) {
         }
         current.start = next;
         current.opened = now;
+        current.opened_wall = SystemTime::now();
         recording = Some(current);
     }
 }
 
-/// When the slice opened at `opened` ends.
-fn slice_end(opened: Instant) -> Instant {
-    opened + SLICE
+/// When the slice opened at `opened` (`opened_wall` by the wall clock) ends: at the
+/// first whole second of the wall clock at least half a slice later, so that slices
+/// end on whole seconds and a pushed window of whole seconds (`crate::push`) is made of
+/// whole slices; from half a slice to a slice and a half long (a request's cut makes one
+/// shorter).
+fn slice_end(opened: Instant, opened_wall: SystemTime) -> Instant {
+    let into_second = opened_wall
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    let to_next = SLICE - Duration::from_nanos(u64::from(into_second));
+    opened + if to_next < SLICE / 2 { to_next + SLICE } else { to_next }
 }
 
 /// When the recorder, not sampling, next tries to sit on the sampler: the pace of its
@@ -396,12 +408,19 @@ mod tests {
         assert_eq!(backoff(u32::MAX), Duration::from_secs(30));
     }
 
-    /// A slice ends one `SLICE` after it opened, not before.
+    /// A slice ends on the first whole second of the wall clock at least half a slice
+    /// after it opened.
     #[test]
-    fn a_slice_ends_a_slice_after_it_opened() {
+    fn a_slice_ends_on_a_whole_second_at_least_half_a_slice_after_it_opened() {
         let opened = Instant::now();
-        assert_eq!(slice_end(opened), opened + SLICE);
+        let second = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let ms = Duration::from_millis;
         assert_eq!(SLICE, Duration::from_secs(1));
+        assert_eq!(slice_end(opened, second), opened + SLICE, "on a whole second");
+        assert_eq!(slice_end(opened, second + ms(300)), opened + ms(700));
+        assert_eq!(slice_end(opened, second + ms(500)), opened + ms(500));
+        assert_eq!(slice_end(opened, second + ms(501)), opened + ms(1_499));
+        assert_eq!(slice_end(opened, second + ms(999)), opened + ms(1_001));
     }
 
     /// The recorder tries to sit when its retry time has come, not a moment before.

@@ -58,6 +58,12 @@ impl Slice {
         self.started + self.duration
     }
 
+    /// Which pushed window the slice belongs to (see [`Ring::take`]).
+    #[cfg_attr(not(feature = "push"), allow(dead_code))]
+    fn middle(&self) -> SystemTime {
+        self.started + self.duration / 2
+    }
+
     fn weight(&self) -> usize {
         size_of::<Slice>()
             + self.counts.len() * size_of::<Count>()
@@ -106,6 +112,15 @@ pub(crate) struct Kept {
     pub(crate) bytes: usize,
     pub(crate) slices: usize,
     pub(crate) stacks: usize,
+}
+
+/// What a pushed window took from the ring.
+#[cfg_attr(not(feature = "push"), allow(dead_code))]
+pub(super) struct Taken {
+    pub(super) selection: Selection,
+    /// The middle of the newest slice it took, the next window's `after`; `None` if it
+    /// took none.
+    pub(super) last: Option<SystemTime>,
 }
 
 /// The slices of a time range, merged.
@@ -373,6 +388,46 @@ impl Ring {
         {
             chosen.push(best);
         }
+        self.selection(&chosen, from, to)
+    }
+
+    /// The slices a pushed window `[from, to)` takes (`crate::push`): those whose middle
+    /// lies before `to` and after `after`, the middle of the last slice an earlier window
+    /// took. Each slice is so taken by exactly one window, whatever their lengths: windows
+    /// are contiguous, never overlap, and a slice that arrives late goes to the next
+    /// window rather than nowhere. `None` while the window is not complete: the newest
+    /// slice does not reach `to` and the recorder samples (a slice is under way), or
+    /// while it was never pushed a slice at all.
+    #[cfg_attr(not(feature = "push"), allow(dead_code))]
+    pub(super) fn take(
+        &self,
+        after: Option<SystemTime>,
+        from: SystemTime,
+        to: SystemTime,
+        now: SystemTime,
+    ) -> Option<Taken> {
+        let newest_end = self.slices.back().map(Slice::end);
+        let complete = newest_end.is_some_and(|end| end >= to)
+            || (self.paused.is_some() && now >= to);
+        if !complete {
+            return None;
+        }
+        let chosen: Vec<usize> = (0..self.slices.len())
+            .filter(|&i| {
+                let middle = self.slices[i].middle();
+                middle < to && after.is_none_or(|after| middle > after)
+            })
+            .collect();
+        let last = chosen.last().map(|&i| self.slices[i].middle());
+        Some(Taken {
+            selection: self.selection(&chosen, from, to),
+            last,
+        })
+    }
+
+    /// What `chosen` (indices, oldest first) hold for the window `from ..= to`, merged, and
+    /// what the profile must say.
+    fn selection(&self, chosen: &[usize], from: SystemTime, to: SystemTime) -> Selection {
         let mut notes = Vec::new();
         let asked = to.duration_since(from).unwrap_or_default();
         let ago = |at: SystemTime| secs(to.duration_since(at).unwrap_or_default());

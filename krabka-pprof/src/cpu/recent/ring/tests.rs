@@ -716,3 +716,48 @@ fn a_selection_holds_the_objects_of_every_slice_it_merges() {
         assert_eq!(names(&merged.objects), names(&current));
     }
 }
+
+/// Pushed windows take each slice once, by its middle, whatever the slices' lengths (a
+/// request's cut makes one short): consecutive windows hold every sample between them,
+/// none twice, and a window is not taken before the recorder reached its end.
+#[test]
+fn pushed_windows_take_each_slice_once_by_its_middle() {
+    let mut ring = Ring::new(S(600), 8 << 20);
+    // Slices cut on whole seconds, one cut short by a request (2.0 .. 2.3 .. 3.0), and
+    // one that straddles the windows' boundary at 4 s with its middle after it.
+    for (start, length, leaf) in [
+        (0.0, 1.0, 0xa),
+        (1.0, 1.0, 0xb),
+        (2.0, 0.3, 0xc),
+        (2.3, 0.7, 0xd),
+        (3.0, 0.9, 0xe),
+        (3.9, 1.1, 0xf),
+    ] {
+        ring.push(slice(start, length, &[leaf], 10), None);
+    }
+    let now = at(5.0);
+    assert!(
+        ring.take(None, at(4.0), at(6.0), now).is_none(),
+        "the recorder has not reached 6 s: the window is not complete"
+    );
+    let first = ring.take(None, at(0.0), at(4.0), now).expect("complete");
+    let leaves = by_leaf(first.selection.collected.as_ref().unwrap());
+    assert_eq!(
+        leaves,
+        HashMap::from([(0xa, 10), (0xb, 10), (0xc, 10), (0xd, 10), (0xe, 10)])
+    );
+    assert_eq!(first.last, Some(at(3.45)));
+    ring.push(slice(5.0, 1.0, &[0x10], 10), None);
+    let second = ring.take(first.last, at(4.0), at(6.0), now).expect("complete");
+    let leaves = by_leaf(second.selection.collected.as_ref().unwrap());
+    assert_eq!(leaves, HashMap::from([(0xf, 10), (0x10, 10)]), "0xe is not taken again");
+    // Nothing recorded in a later window while the recorder is paused: complete once the
+    // wall clock passed its end, and empty.
+    ring.pause(at(6.0), "yielded".into());
+    assert!(ring.take(second.last, at(6.0), at(8.0), at(7.0)).is_none());
+    let empty = ring
+        .take(second.last, at(6.0), at(8.0), at(8.5))
+        .expect("paused and past its end");
+    assert!(empty.selection.collected.is_none());
+    assert_eq!(empty.last, None);
+}
