@@ -316,12 +316,17 @@ mod tests {
         }
         assert_eq!(
             check_push_interval(Duration::from_secs(7)),
-            Err("`push_interval` must be whole seconds from 1s to 1m that divide a minute \
+            Err(
+                "`push_interval` must be whole seconds from 1s to 1m that divide a minute \
                  (1s, 2s, 3s, 4s, 5s, 6s, 10s, 12s, 15s, 20s, 30s, 60s), found 7s"
-                .to_owned())
+                    .to_owned()
+            )
         );
         for bad in [0, 500, 1_500, 120_000] {
-            assert!(check_push_interval(Duration::from_millis(bad)).is_err(), "{bad} ms");
+            assert!(
+                check_push_interval(Duration::from_millis(bad)).is_err(),
+                "{bad} ms"
+            );
         }
     }
 

@@ -169,7 +169,12 @@ pub(crate) fn status() -> Option<(Duration, Option<String>, Vec<TargetStatus>)> 
     let targets = pusher
         .targets
         .iter()
-        .map(|status| status.lock().unwrap_or_else(PoisonError::into_inner).clone())
+        .map(|status| {
+            status
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        })
         .collect();
     Some((pusher.settings.interval, pusher.idle.clone(), targets))
 }
@@ -214,7 +219,10 @@ fn run(
             .into_iter()
             .map(|(destination, status)| {
                 let mut resource = resource.clone();
-                resource.insert(0, ("service.name".to_owned(), destination.service_name.clone()));
+                resource.insert(
+                    0,
+                    ("service.name".to_owned(), destination.service_name.clone()),
+                );
                 resource.extend(destination.resource.iter().cloned());
                 let target = Target {
                     destination,
@@ -254,7 +262,10 @@ impl Target {
         let mut refusals_said: Vec<String> = Vec::new();
         let mut failing = false;
         loop {
-            let (from, to) = (window_start(next, interval), window_start(next + 1, interval));
+            let (from, to) = (
+                window_start(next, interval),
+                window_start(next + 1, interval),
+            );
             sleep_until(to + spread).await;
             let now = SystemTime::now();
             self.status().pending = window_of(now, interval).saturating_sub(next + 1);
@@ -528,7 +539,10 @@ mod tests {
             window_start(index + 1, interval),
             SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_015)
         );
-        assert_eq!(window_of(window_start(index + 1, interval), interval), index + 1);
+        assert_eq!(
+            window_of(window_start(index + 1, interval), interval),
+            index + 1
+        );
     }
 
     #[test]

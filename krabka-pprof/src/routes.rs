@@ -421,7 +421,10 @@ fn recorder_settings(config: &ProfilingConfig) -> Option<RecorderSettings> {
 /// Starts this process's pusher over the recorder (`push = true`), where both can run.
 fn start_pusher(config: &ProfilingConfig, keep: std::time::Duration) {
     if let Some(why) = cpu::recorder_unavailable() {
-        tracing::warn!(reason = why, "krabka-pprof: `push` is on but nothing is pushed");
+        tracing::warn!(
+            reason = why,
+            "krabka-pprof: `push` is on but nothing is pushed"
+        );
         return;
     }
     #[cfg(feature = "push")]

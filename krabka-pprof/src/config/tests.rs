@@ -251,13 +251,22 @@ fn push_needs_the_recorder_and_an_interval_that_divides_a_minute() {
         );
     }
     assert_eq!(
-        c.with_push_interval(S(7)).validate().unwrap_err().to_string(),
+        c.with_push_interval(S(7))
+            .validate()
+            .unwrap_err()
+            .to_string(),
         "`push_interval` must be whole seconds from 1s to 1m that divide a minute (1s, 2s, \
          3s, 4s, 5s, 6s, 10s, 12s, 15s, 20s, 30s, 60s), found 7s"
     );
-    let alone = ProfilingConfig::new().with_push(true).validate().unwrap_err();
+    let alone = ProfilingConfig::new()
+        .with_push(true)
+        .validate()
+        .unwrap_err();
     assert_eq!(alone, ConfigError::PushWithoutRecent);
-    assert!(alone.to_string().contains("add `recent = \"10m\"`"), "{alone}");
+    assert!(
+        alone.to_string().contains("add `recent = \"10m\"`"),
+        "{alone}"
+    );
     assert_eq!(
         alone.rule(),
         "krabka-pprof: `push` needs `recent`: the recorder's history is what is pushed"

@@ -18,7 +18,7 @@ mod stacks;
 use std::time::{Duration, SystemTime};
 
 use super::report::{log_report, report_profile};
-use super::request::{Recorded, RecentError, RecentRequest, RecorderSettings, RecorderStatus};
+use super::request::{RecentError, RecentRequest, Recorded, RecorderSettings, RecorderStatus};
 use crate::profile::Profile;
 
 /// How long a request waits for the recorder to cut its newest slice: it takes a drain,
@@ -123,7 +123,9 @@ pub(super) fn window(
         );
         profile.time_nanos = from
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |since| i64::try_from(since.as_nanos()).unwrap_or(i64::MAX));
+            .map_or(0, |since| {
+                i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)
+            });
         comment_first(&mut profile, taken.selection.notes);
         profile
     });

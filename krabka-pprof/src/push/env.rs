@@ -58,10 +58,7 @@ pub(crate) struct Destinations {
 
 /// The destinations `var` (an environment lookup) names; `executable` names the service
 /// when no variable does.
-pub(crate) fn destinations(
-    var: &dyn Fn(&str) -> Option<String>,
-    executable: &str,
-) -> Destinations {
+pub(crate) fn destinations(var: &dyn Fn(&str) -> Option<String>, executable: &str) -> Destinations {
     let set = |name: &str| var(name).filter(|value| !value.trim().is_empty());
     let mut found = Destinations::default();
     let resource_all = set("OTEL_RESOURCE_ATTRIBUTES")
@@ -118,7 +115,10 @@ pub(crate) fn destinations(
                     url,
                     headers,
                     basic_auth: set("PYROSCOPE_BASIC_AUTH_USER").map(|user| {
-                        (user, var("PYROSCOPE_BASIC_AUTH_PASSWORD").unwrap_or_default())
+                        (
+                            user,
+                            var("PYROSCOPE_BASIC_AUTH_PASSWORD").unwrap_or_default(),
+                        )
                     }),
                     labels: set("PYROSCOPE_LABELS")
                         .map(|text| pairs(&text, false))
@@ -127,7 +127,9 @@ pub(crate) fn destinations(
                     resource: Vec::new(),
                 });
             }
-            Err(why) => found.refused.push(format!("PYROSCOPE_SERVER_ADDRESS: {why}")),
+            Err(why) => found
+                .refused
+                .push(format!("PYROSCOPE_SERVER_ADDRESS: {why}")),
         }
     }
     found
@@ -163,7 +165,9 @@ fn check_url(url: &str) -> Result<String, String> {
     }
     let authority = rest.split('/').next().unwrap_or_default();
     if authority.is_empty() || authority.contains(char::is_whitespace) {
-        return Err(format!("{url:?} names no host: write it as http://host:port"));
+        return Err(format!(
+            "{url:?} names no host: write it as http://host:port"
+        ));
     }
     if authority.contains('@') {
         return Err(format!(
@@ -214,17 +218,26 @@ mod tests {
     #[test]
     fn nothing_set_names_no_destination() {
         assert_eq!(with(&[]), Destinations::default());
-        assert_eq!(with(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]), Destinations::default());
+        assert_eq!(
+            with(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]),
+            Destinations::default()
+        );
     }
 
     #[test]
     fn the_otlp_endpoint_gets_the_profiles_path_and_the_signals_own_is_used_as_it_is() {
         let base = with(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]);
-        assert_eq!(base.ready[0].url, "http://collector:4318/v1development/profiles");
+        assert_eq!(
+            base.ready[0].url,
+            "http://collector:4318/v1development/profiles"
+        );
         assert_eq!(base.ready[0].protocol, Protocol::Otlp);
         let own = with(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://ignored:4318"),
-            ("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", "http://c:4318/custom"),
+            (
+                "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+                "http://c:4318/custom",
+            ),
         ]);
         assert_eq!(own.ready[0].url, "http://c:4318/custom");
     }
@@ -233,18 +246,27 @@ mod tests {
     fn service_name_resource_attributes_and_headers_come_from_the_otel_variables() {
         let found = with(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-            ("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attrs,env=prod%2Ceu, region = eu-1"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "service.name=from-attrs,env=prod%2Ceu, region = eu-1",
+            ),
             ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=s%3Dcret,x=1"),
         ]);
         let otlp = &found.ready[0];
         assert_eq!(otlp.service_name, "from-attrs");
         assert_eq!(
             otlp.resource,
-            [("env".into(), "prod,eu".into()), ("region".into(), "eu-1".into())]
+            [
+                ("env".into(), "prod,eu".into()),
+                ("region".into(), "eu-1".into())
+            ]
         );
         assert_eq!(
             otlp.headers,
-            [("api-key".into(), "s=cret".into()), ("x".into(), "1".into())]
+            [
+                ("api-key".into(), "s=cret".into()),
+                ("x".into(), "1".into())
+            ]
         );
         let named = with(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
@@ -272,7 +294,10 @@ mod tests {
             pyroscope.url,
             "http://pyroscope:4040/prefix/push.v1.PusherService/Push"
         );
-        assert_eq!(pyroscope.headers, [("x-scope-orgid".into(), "team-a".into())]);
+        assert_eq!(
+            pyroscope.headers,
+            [("x-scope-orgid".into(), "team-a".into())]
+        );
         assert_eq!(pyroscope.basic_auth, Some(("user".into(), "pass".into())));
         assert_eq!(
             pyroscope.labels,
@@ -309,7 +334,11 @@ mod tests {
         ] {
             let found = with(&[("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", url)]);
             assert!(found.ready.is_empty(), "{url}");
-            assert!(found.refused[0].contains(says), "{url}: {:?}", found.refused);
+            assert!(
+                found.refused[0].contains(says),
+                "{url}: {:?}",
+                found.refused
+            );
         }
     }
 }

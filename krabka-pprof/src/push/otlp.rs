@@ -13,9 +13,9 @@
 use std::collections::HashMap;
 
 use super::proto::{
-    AnyValue, ArrayValue, ExportProfilesServiceRequest, Function, InstrumentationScope,
-    KeyValue, KeyValueAndUnit, Line, Link, Location, Mapping, Profile, ProfilesDictionary,
-    Resource, ResourceProfiles, Sample, ScopeProfiles, Stack, ValueType, any_value,
+    AnyValue, ArrayValue, ExportProfilesServiceRequest, Function, InstrumentationScope, KeyValue,
+    KeyValueAndUnit, Line, Link, Location, Mapping, Profile, ProfilesDictionary, Resource,
+    ResourceProfiles, Sample, ScopeProfiles, Stack, ValueType, any_value,
 };
 use crate::profile::proto as pprof;
 
@@ -170,13 +170,11 @@ pub(crate) fn export(profile: &pprof::Profile, origin: &Origin) -> ExportProfile
     let mut samples: Vec<(i32, Vec<i32>, i32, Vec<i64>)> = Vec::new();
     let mut sample_at: HashMap<(i32, Vec<i32>, i32), usize> = HashMap::new();
     for sample in &profile.sample {
-        let stack = stacks.of(
-            sample
-                .location_id
-                .iter()
-                .map(|id| location_at.get(id).copied().unwrap_or(0))
-                .collect(),
-        );
+        let stack = stacks.of(sample
+            .location_id
+            .iter()
+            .map(|id| location_at.get(id).copied().unwrap_or(0))
+            .collect());
         let (mut span_id, mut trace_id) = (None, None);
         let mut indices = Vec::new();
         for label in &sample.label {
@@ -550,7 +548,10 @@ mod tests {
         let mapping = &d.mapping_table[1];
         assert_eq!(name(mapping.filename_strindex), "/bin/app");
         let build_id = &d.attribute_table[mapping.attribute_indices[0] as usize];
-        assert_eq!(name(build_id.key_strindex), "process.executable.build_id.gnu");
+        assert_eq!(
+            name(build_id.key_strindex),
+            "process.executable.build_id.gnu"
+        );
         assert_eq!(build_id.value, Some(string_value("abcdef")));
     }
 
@@ -631,19 +632,33 @@ mod tests {
             .iter()
             .flat_map(|p| p.samples.iter().flat_map(|s| s.attribute_indices.clone()))
             .chain(profiles.iter().flat_map(|p| p.attribute_indices.clone()))
-            .chain(d.mapping_table.iter().flat_map(|m| m.attribute_indices.clone()))
-            .chain(d.location_table.iter().flat_map(|l| l.attribute_indices.clone()))
+            .chain(
+                d.mapping_table
+                    .iter()
+                    .flat_map(|m| m.attribute_indices.clone()),
+            )
+            .chain(
+                d.location_table
+                    .iter()
+                    .flat_map(|l| l.attribute_indices.clone()),
+            )
             .collect();
         attributes_used.sort_unstable();
         attributes_used.dedup();
-        assert_eq!(attributes_used, (1..d.attribute_table.len() as i32).collect::<Vec<_>>());
+        assert_eq!(
+            attributes_used,
+            (1..d.attribute_table.len() as i32).collect::<Vec<_>>()
+        );
         let mut stacks_used: Vec<i32> = profiles
             .iter()
             .flat_map(|p| p.samples.iter().map(|s| s.stack_index))
             .collect();
         stacks_used.sort_unstable();
         stacks_used.dedup();
-        assert_eq!(stacks_used, (1..d.stack_table.len() as i32).collect::<Vec<_>>());
+        assert_eq!(
+            stacks_used,
+            (1..d.stack_table.len() as i32).collect::<Vec<_>>()
+        );
     }
 
     /// The comments travel as one profile attribute holding them all.

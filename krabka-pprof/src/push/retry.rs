@@ -23,7 +23,10 @@ pub(crate) enum Outcome {
     Accepted { rejected: Option<String> },
     /// Not taken for now: the window is sent again after `after` (the server's
     /// `Retry-After`) or a backoff.
-    Retry { after: Option<Duration>, why: String },
+    Retry {
+        after: Option<Duration>,
+        why: String,
+    },
     /// Refused: sending it again would be refused again. The window is dropped.
     Refused { why: String },
 }
@@ -41,7 +44,9 @@ pub(crate) fn judge(
             Protocol::Otlp => ExportProfilesServiceResponse::decode(body)
                 .ok()
                 .and_then(|response| response.partial_success)
-                .filter(|partial| partial.rejected_profiles > 0 || !partial.error_message.is_empty())
+                .filter(|partial| {
+                    partial.rejected_profiles > 0 || !partial.error_message.is_empty()
+                })
                 .map(|partial| {
                     format!(
                         "{} profile(s) rejected: {}",
@@ -139,7 +144,10 @@ mod tests {
         for status in [429, 502, 503, 504] {
             for protocol in [Protocol::Otlp, Protocol::Pyroscope] {
                 assert!(
-                    matches!(judge(protocol, status, None, b""), Outcome::Retry { after: None, .. }),
+                    matches!(
+                        judge(protocol, status, None, b""),
+                        Outcome::Retry { after: None, .. }
+                    ),
                     "{status}"
                 );
             }
@@ -153,10 +161,18 @@ mod tests {
         );
         assert!(matches!(
             judge(Protocol::Otlp, 503, Some("99999"), b""),
-            Outcome::Retry { after: Some(MAX_BACKOFF), .. }
+            Outcome::Retry {
+                after: Some(MAX_BACKOFF),
+                ..
+            }
         ));
         assert!(matches!(
-            judge(Protocol::Otlp, 503, Some("Wed, 21 Oct 2026 07:28:00 GMT"), b""),
+            judge(
+                Protocol::Otlp,
+                503,
+                Some("Wed, 21 Oct 2026 07:28:00 GMT"),
+                b""
+            ),
             Outcome::Retry { after: None, .. }
         ));
         // Connect's `internal` and `unknown` from Pyroscope, not from a Collector.
@@ -174,7 +190,10 @@ mod tests {
     fn other_client_errors_are_refused_with_the_servers_sentence() {
         for status in [400, 401, 403, 404, 413, 415, 422] {
             assert!(
-                matches!(judge(Protocol::Otlp, status, Some("1"), b""), Outcome::Refused { .. }),
+                matches!(
+                    judge(Protocol::Otlp, status, Some("1"), b""),
+                    Outcome::Refused { .. }
+                ),
                 "{status}"
             );
         }

@@ -272,7 +272,10 @@ fn push_setting(config: &crate::config::ProfilingConfig) -> String {
             let past = std::time::SystemTime::now()
                 .duration_since(at)
                 .unwrap_or_default();
-            format!("{} ago", secs(std::time::Duration::from_secs(past.as_secs())))
+            format!(
+                "{} ago",
+                secs(std::time::Duration::from_secs(past.as_secs()))
+            )
         };
         let mut text = format!("on: a window every {}", secs(interval));
         if let Some(why) = idle {

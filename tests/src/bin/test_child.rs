@@ -343,6 +343,13 @@ fn recent_app() -> Router {
     )
 }
 
+/// The pusher: one-second windows, so that a test sees several in seconds.
+#[cfg(feature = "push")]
+#[pprof_routes(recent = "10m", push = true, push_interval = "1s")]
+fn push_app() -> Router {
+    Router::new()
+}
+
 #[pprof_routes(recent = "10s")]
 fn recent_short_app() -> Router {
     Router::new()
@@ -1020,6 +1027,29 @@ fn main() {
         Some("serve-recent-small") => {
             let router = recent_small_app();
             start_varied_stacks();
+            serve(router);
+        }
+        #[cfg(feature = "push")]
+        Some("serve-push") => {
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::INFO)
+                .with_ansi(false)
+                .with_writer(std::io::stderr)
+                .init();
+            // Built before any runtime exists: the pusher runs on a thread of its own.
+            let router = push_app();
+            // One thread burning for two minutes, every sample labelled with its tenant.
+            std::thread::Builder::new()
+                .name("child-burner".into())
+                .spawn(|| {
+                    krabka_pprof::labels::scope(&[("tenant", "acme")], || {
+                        let until = Instant::now() + Duration::from_secs(120);
+                        while Instant::now() < until {
+                            std::hint::black_box(krabka_pprof_tests::hot::krabka_hot_spin(20_000));
+                        }
+                    });
+                })
+                .expect("spawn the burner");
             serve(router);
         }
         Some("serve-token") => serve(token_app()),

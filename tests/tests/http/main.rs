@@ -8,6 +8,8 @@ mod errors;
 mod fidelity;
 mod host;
 mod lines;
+#[cfg(feature = "push")]
+mod push;
 mod recent;
 mod responsiveness;
 mod scrapers;

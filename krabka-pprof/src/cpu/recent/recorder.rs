@@ -302,7 +302,12 @@ fn slice_end(opened: Instant, opened_wall: SystemTime) -> Instant {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |since| since.subsec_nanos());
     let to_next = SLICE - Duration::from_nanos(u64::from(into_second));
-    opened + if to_next < SLICE / 2 { to_next + SLICE } else { to_next }
+    opened
+        + if to_next < SLICE / 2 {
+            to_next + SLICE
+        } else {
+            to_next
+        }
 }
 
 /// When the recorder, not sampling, next tries to sit on the sampler: the pace of its
@@ -416,7 +421,11 @@ mod tests {
         let second = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let ms = Duration::from_millis;
         assert_eq!(SLICE, Duration::from_secs(1));
-        assert_eq!(slice_end(opened, second), opened + SLICE, "on a whole second");
+        assert_eq!(
+            slice_end(opened, second),
+            opened + SLICE,
+            "on a whole second"
+        );
         assert_eq!(slice_end(opened, second + ms(300)), opened + ms(700));
         assert_eq!(slice_end(opened, second + ms(500)), opened + ms(500));
         assert_eq!(slice_end(opened, second + ms(501)), opened + ms(1_499));

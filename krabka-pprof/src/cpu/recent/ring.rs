@@ -407,8 +407,8 @@ impl Ring {
         now: SystemTime,
     ) -> Option<Taken> {
         let newest_end = self.slices.back().map(Slice::end);
-        let complete = newest_end.is_some_and(|end| end >= to)
-            || (self.paused.is_some() && now >= to);
+        let complete =
+            newest_end.is_some_and(|end| end >= to) || (self.paused.is_some() && now >= to);
         if !complete {
             return None;
         }

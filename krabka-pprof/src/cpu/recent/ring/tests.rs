@@ -748,9 +748,15 @@ fn pushed_windows_take_each_slice_once_by_its_middle() {
     );
     assert_eq!(first.last, Some(at(3.45)));
     ring.push(slice(5.0, 1.0, &[0x10], 10), None);
-    let second = ring.take(first.last, at(4.0), at(6.0), now).expect("complete");
+    let second = ring
+        .take(first.last, at(4.0), at(6.0), now)
+        .expect("complete");
     let leaves = by_leaf(second.selection.collected.as_ref().unwrap());
-    assert_eq!(leaves, HashMap::from([(0xf, 10), (0x10, 10)]), "0xe is not taken again");
+    assert_eq!(
+        leaves,
+        HashMap::from([(0xf, 10), (0x10, 10)]),
+        "0xe is not taken again"
+    );
     // Nothing recorded in a later window while the recorder is paused: complete once the
     // wall clock passed its end, and empty.
     ring.pause(at(6.0), "yielded".into());
