@@ -15,6 +15,9 @@ pub mod labels {}
 #[doc = include_str!("../docs/recent.md")]
 pub mod recent {}
 
+#[doc = include_str!("../docs/push.md")]
+pub mod push {}
+
 #[doc = include_str!("../docs/scraping.md")]
 pub mod scraping {}
 

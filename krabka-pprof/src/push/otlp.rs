@@ -197,8 +197,8 @@ pub(crate) fn export(profile: &pprof::Profile, origin: &Origin) -> ExportProfile
             }));
         }
         let link = match (
-            trace_id.and_then(|id| hex_bytes::<16>(id)),
-            span_id.and_then(|id| hex_bytes::<8>(id)),
+            trace_id.and_then(hex_bytes::<16>),
+            span_id.and_then(hex_bytes::<8>),
         ) {
             (Some(trace), Some(span)) => links.of((trace.to_vec(), span.to_vec())),
             _ => {

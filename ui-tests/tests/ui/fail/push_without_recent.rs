@@ -1,0 +1,9 @@
+use axum::Router;
+use krabka_pprof::pprof_routes;
+
+#[pprof_routes(push = true)]
+fn app() -> Router {
+    Router::new()
+}
+
+fn main() {}
