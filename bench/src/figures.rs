@@ -20,6 +20,7 @@
 //! - `labels_cost.rs`: labels, what setting labels and sampling them cost;
 //! - `soak.rs`: K, the soak;
 //! - `long_session.rs`: LS, one session held ten minutes on a churning service;
+//! - `push.rs`: P, what the pusher costs and how soon windows arrive;
 //! - `recorder.rs`: R, what the recorder (`recent`) costs, and RM, its memory over ten
 //!   minutes and `/recent?seconds=600`.
 
@@ -32,6 +33,7 @@ pub mod heap;
 pub mod labels_cost;
 pub mod lines;
 pub mod long_session;
+pub mod push;
 pub mod recorder;
 pub mod soak;
 pub mod thread_dump;

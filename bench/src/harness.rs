@@ -59,6 +59,19 @@ impl Server {
         Server::spawn(command)
     }
 
+    /// The service with the recorder and the pusher on, pushing to the destinations `env`
+    /// names, a thread cycling through `varied` distinct stacks (figure P).
+    pub fn start_pushing(varied: u64, env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg("server")
+            .args(["--cpu", &SERVER_CPU.to_string()])
+            .arg("--push")
+            .args(["--varied", &varied.to_string()])
+            .envs(env.iter().copied());
+        Server::spawn(command)
+    }
+
     /// The jemalloc service of `src/bin/heap_server.rs`, with `_RJEM_MALLOC_CONF`.
     pub fn start_heap(conf: Option<&str>) -> Server {
         Server::start_heap_with(conf, &[])

@@ -35,6 +35,10 @@
 //!   threads, libraries and children come and go: every window's CPU total, queued
 //!   signals, resident memory and the handler's cost from the first minute to the last
 //!   (10 minutes; only with `--soak` or `--only LS`);
+//! - P the pusher (`push = true` beside the recorder, 15 s windows) over a service with
+//!   4,000 distinct stacks, pushing to an OTLP and a Pyroscope receiver the benchmark
+//!   serves: its thread's CPU per window, resident memory against the recorder alone,
+//!   window end to arrival, bytes sent per hour;
 //! - R the recorder (`recent = "10m"`): throughput with it on ÷ off, the signal handler's
 //!   and the recorder thread's share of a core, a service with 2,000 distinct stacks
 //!   against the memory bound; RM resident memory after ten minutes under load and two
@@ -103,6 +107,8 @@ fn main() {
         Some("server") => {
             let mounted = if args.iter().any(|a| a == "--plain") {
                 server::Mounted::Plain
+            } else if args.iter().any(|a| a == "--push") {
+                server::Mounted::Pusher
             } else if args.iter().any(|a| a == "--recent") {
                 server::Mounted::Recorder
             } else {
@@ -143,7 +149,7 @@ fn main() {
         Some("load") => load_command(&args),
         Some("--help" | "-h") => {
             println!(
-                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,F,T,W,L,labels,K,LS,R,RM] [--clean-build] [--soak]"
+                "usage: krabka-pprof-bench [--quick] [--only M1,M2,M3,M4,M5,M6,V,H,S,F,T,W,L,labels,K,LS,R,RM,P] [--clean-build] [--soak]"
             );
         }
         _ => {
@@ -343,6 +349,10 @@ fn run(options: &Options) {
     if options.wants("R") {
         rows.extend(figures::recorder::recorder(options));
         lap("R");
+    }
+    if options.wants("P") {
+        rows.extend(figures::push::push(options));
+        lap("P");
     }
     if options.wants("M6") {
         rows.extend(figures::build_time::build_cost(options));

@@ -293,6 +293,9 @@ impl Target {
             };
             let body = self.encode(&profile);
             drop(profile);
+            // Symbolizing and encoding took a few megabytes for a moment, in this
+            // thread's own allocator arena: given back, not kept for the next window.
+            crate::profile::give_back_freed_memory();
             let mut failures = 0;
             loop {
                 if to + backfill < SystemTime::now() {

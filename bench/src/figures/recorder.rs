@@ -65,7 +65,7 @@ fn comment<'p>(profile: &'p pprof::protos::Profile, starts: &str) -> Option<&'p 
 
 /// CPU time of the process's thread named `name`, from `/proc` (`schedstat`: the
 /// scheduler's own count, in nanoseconds).
-fn thread_cpu(pid: u32, name: &str) -> Option<Duration> {
+pub fn thread_cpu(pid: u32, name: &str) -> Option<Duration> {
     for entry in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let path = entry.ok()?.path();
         let comm = std::fs::read_to_string(path.join("comm")).ok()?;

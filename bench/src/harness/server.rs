@@ -83,6 +83,12 @@ fn plain() -> Router {
     Router::new().route("/hello", get(|| async { "hello\n" }))
 }
 
+/// The same, pushing (figure P): destinations from the environment the benchmark gives.
+#[pprof_routes(cpu_max = "60s", frequency = 99, recent = "10m", push = true)]
+fn with_pusher() -> Router {
+    plain()
+}
+
 /// What the service mounts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mounted {
@@ -92,6 +98,8 @@ pub enum Mounted {
     Attribute,
     /// With the attribute and `recent = "10m"`.
     Recorder,
+    /// With the attribute, `recent = "10m"` and `push = true`.
+    Pusher,
 }
 
 /// What `krabka-pprof-bench server` serves, from its flags.
@@ -264,6 +272,7 @@ pub fn serve(settings: Serve) {
             Mounted::Plain => plain(),
             Mounted::Attribute => with_profiling(),
             Mounted::Recorder => with_recorder(),
+            Mounted::Pusher => with_pusher(),
         };
         axum::serve(listener, app).await.unwrap();
     });
