@@ -283,7 +283,7 @@ fn push_setting(config: &crate::config::ProfilingConfig) -> String {
         }
         for target in targets {
             text.push_str(&format!(
-                "<br>{} to <code>{}</code>: {} window{} sent, {} pending, {} retr{}, {}                  dropped (refused), {} lost (too old), {} empty; last success: {}",
+                "<br>{} to <code>{}</code>: {} window{} sent, {} pending, {} retr{}, {} dropped (refused), {} lost (too old), {} empty; last success: {}",
                 target.protocol,
                 escape(&target.url),
                 target.windows_sent,

@@ -206,7 +206,14 @@ fn assert_conforms(data: &ProfilesData) {
     assert_eq!(d.location_table[0], Default::default());
     assert_eq!(d.function_table[0], Default::default());
     assert_eq!(d.stack_table[0], Default::default());
-    assert_eq!(d.attribute_table[0], Default::default());
+    // Its value absent, or present and empty (as the Collector writes it again).
+    let zero = &d.attribute_table[0];
+    assert_eq!((zero.key_strindex, zero.unit_strindex), (0, 0));
+    assert!(
+        zero.value
+            .as_ref()
+            .is_none_or(|value| value.value.is_none())
+    );
     let in_range = |at: i32, len: usize, what: &str| {
         assert!((0..len as i32).contains(&at), "{what} index {at} of {len}");
     };
@@ -224,8 +231,13 @@ fn assert_conforms(data: &ProfilesData) {
         keys.dedup();
         assert_eq!(keys.len(), before, "{what}: a key twice");
     };
-    for link in &d.link_table {
-        assert_eq!((link.trace_id.len(), link.span_id.len()), (16, 8));
+    for (at, link) in d.link_table.iter().enumerate() {
+        let lengths = (link.trace_id.len(), link.span_id.len());
+        // The zero link may be empty (the Collector writes it so) or zero bytes.
+        assert!(
+            lengths == (16, 8) || (at == 0 && lengths == (0, 0)),
+            "link {at}: {lengths:?}"
+        );
     }
     for mapping in &d.mapping_table {
         in_range(mapping.filename_strindex, strings, "mapping filename");
@@ -696,4 +708,104 @@ async fn unusable_destinations_are_said_and_the_service_keeps_serving() {
         assert_eq!(recent.status(), StatusCode::OK, "the recorder answers");
         assert!(child.is_running());
     }
+}
+
+/// The OpenTelemetry Collector's own OTLP receiver (`tests/collector`, built by
+/// `scripts/build-collector` from the Collector's modules at v0.165.0) takes every
+/// window pushed: each request decodes with the Collector's pdata, is handed on with
+/// its samples, passes profcheck's rules as the Collector marshals it again, and carries
+/// the service's name; the child's index page counts them sent, none dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collectors_receiver_takes_every_window() {
+    use std::io::BufRead as _;
+    let collector = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/test-tools/bin/krabka-collector"
+    );
+    assert!(
+        std::path::Path::new(collector).exists(),
+        "{collector} is missing: run scripts/build-collector (scripts/test does)"
+    );
+    let dir = std::env::temp_dir().join(format!("krabka-collector-{}", std::process::id()));
+    let mut receiver = std::process::Command::new(collector)
+        .arg("-dir")
+        .arg(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the collector");
+    let mut line = String::new();
+    std::io::BufReader::new(receiver.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().strip_prefix("addr=").expect("addr=").to_owned();
+    let endpoint = format!("http://{addr}");
+    let child = ChildServer::start_logged(
+        EXE,
+        "serve-push",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", Some(&endpoint)),
+            ("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", None),
+            ("OTEL_SERVICE_NAME", Some("checkout")),
+            ("PYROSCOPE_SERVER_ADDRESS", None),
+        ],
+    );
+    let requests = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "pb"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        files
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while requests(&dir).len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the Collector was handed {} requests in 20 s; the child says: {}",
+            requests(&dir).len(),
+            child.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut starts = Vec::new();
+    for file in requests(&dir) {
+        let data = ProfilesData::decode(&*std::fs::read(&file).unwrap()).unwrap();
+        assert_conforms(&data);
+        let d = data.dictionary.as_ref().unwrap();
+        // The Collector writes resource attributes' keys into the string table.
+        let named = data.resource_profiles[0]
+            .resource
+            .as_ref()
+            .unwrap()
+            .attributes
+            .iter()
+            .any(|kv| {
+                let key = if kv.key.is_empty() {
+                    d.string_table[kv.key_strindex as usize].as_str()
+                } else {
+                    kv.key.as_str()
+                };
+                key == "service.name"
+            });
+        assert!(named, "{file:?} names its service");
+        let (start, cpu) = otlp_window(&data);
+        assert!(cpu > 0, "{file:?} holds CPU");
+        starts.push(start);
+    }
+    for pair in starts.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1_000_000_000, "windows {starts:?}");
+    }
+    let index = child.text("/debug/pprof/").await;
+    assert!(index.contains(" 0 dropped"), "{index}");
+    drop(receiver.stdin.take());
+    assert!(
+        receiver.wait().unwrap().success(),
+        "the collector exits cleanly"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
