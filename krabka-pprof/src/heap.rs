@@ -64,6 +64,81 @@ pub(crate) fn prepare(alloc_stacks: u32) {
     let _ = alloc_stacks;
 }
 
+/// The heap profile the pusher sends with a window (`crate::push`), built on the calling
+/// thread: `inuse_*` now and, where the allocation counts exist, `alloc_*` since the
+/// pusher's previous heap profile (a window of its own: Pyroscope computes no deltas).
+/// `None` at the first call, which takes the counts it is measured from, where jemalloc
+/// does not sample, and when it sampled nothing. It never switches sampling on.
+#[cfg(heap_dumps)]
+#[cfg_attr(not(feature = "push"), allow(dead_code))]
+pub(crate) fn for_push(alloc_stacks: u32) -> Option<Profile> {
+    use std::sync::{Mutex, PoisonError};
+    /// The counts at the previous pushed heap profile, and when.
+    static PREVIOUS: Mutex<Option<(Totals, Instant, SystemTime)>> = Mutex::new(None);
+    let source = Source::of(alloc_stacks);
+    let Source::Table(table) = source else {
+        // Without the counts there is no window to speak of: the heap in use, now.
+        let parsed = dump().ok()?;
+        let mut comments = Vec::new();
+        let alloc = allocated(
+            &source,
+            &parsed,
+            Reading::None,
+            Reading::None,
+            false,
+            &mut comments,
+        );
+        return (!parsed.stacks.is_empty()).then(|| {
+            report::build(
+                &parsed,
+                alloc,
+                HeapRoute::Heap,
+                Span::Now,
+                crate::symbolize::Symbolize::Full,
+                None,
+                comments,
+            )
+        });
+    };
+    let mut previous = PREVIOUS.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = (Instant::now(), SystemTime::now());
+    let parsed = dump();
+    let totals = table.totals();
+    let (before, since, since_wall) = previous.replace((totals.clone(), now.0, now.1))?;
+    let parsed = parsed.ok()?;
+    if parsed.stacks.is_empty() && totals.since(&before).slots.is_empty() {
+        return None;
+    }
+    let mut comments = vec![
+        "pushed: alloc_objects and alloc_space are what was allocated since the previous          pushed heap profile, inuse_objects and inuse_space what was in use at its end"
+            .to_owned(),
+    ];
+    let alloc = allocated(
+        &Source::Table(table),
+        &parsed,
+        Reading::Table(before),
+        Reading::Table(totals),
+        true,
+        &mut comments,
+    );
+    Some(report::build(
+        &parsed,
+        alloc,
+        HeapRoute::Heap,
+        Span::Between(since_wall, now.0.duration_since(since)),
+        crate::symbolize::Symbolize::Full,
+        None,
+        comments,
+    ))
+}
+
+/// See the `heap_dumps` variant: no heap profiles here.
+#[cfg(not(heap_dumps))]
+#[cfg_attr(not(feature = "push"), allow(dead_code))]
+pub(crate) fn for_push(_alloc_stacks: u32) -> Option<Profile> {
+    None
+}
+
 /// Takes one heap profile and hands it to `render` on the blocking pool.
 #[cfg(not(heap_dumps))]
 pub(crate) async fn profile<R, F>(_request: HeapRequest, _render: F) -> Result<R, HeapError>

@@ -58,6 +58,51 @@ pub(crate) struct Window {
 /// complete (see `crate::cpu::recorded_window`).
 pub(crate) type Source = fn(Option<SystemTime>, SystemTime, SystemTime) -> Option<Window>;
 
+/// The heap profile of the window that just ended (see `crate::heap::for_push`).
+pub(crate) type HeapSource = Box<dyn Fn() -> Option<Profile> + Send + Sync>;
+
+/// How long a destination whose task panicked waits before it starts again.
+const AFTER_PANIC: Duration = Duration::from_secs(1);
+
+/// The heap profiles of the newest windows, each taken once for every destination.
+struct Heap {
+    source: HeapSource,
+    /// The windows they were taken for, and the profiles, newest last: at most
+    /// [`HEAP_KEPT`], so that a destination a window behind another still gets its own.
+    /// Held while a profile is taken: a second destination asking for the same window
+    /// meanwhile waits for it, rather than taking another (whose reading of the counts
+    /// would leave a gap in the windows the first was sent).
+    taken: tokio::sync::Mutex<std::collections::VecDeque<(u64, Option<Arc<Profile>>)>>,
+}
+
+/// How many windows' heap profiles wait for the destinations that have not sent them.
+const HEAP_KEPT: usize = 3;
+
+impl Heap {
+    /// The heap profile of window `index`, taken at the first call for it (on the
+    /// runtime's blocking pool: a dump waits for jemalloc's lock): a destination sending
+    /// an older window (catching up) gets none.
+    async fn of(self: &Arc<Self>, index: u64, newest: u64) -> Option<Arc<Profile>> {
+        let mut taken = self.taken.lock().await;
+        if let Some((_, profile)) = taken.iter().find(|(window, _)| *window == index) {
+            return profile.clone();
+        }
+        if index != newest {
+            return None;
+        }
+        let heap = self.clone();
+        let profile = tokio::task::spawn_blocking(move || (heap.source)().map(Arc::new))
+            .await
+            .ok()
+            .flatten();
+        taken.push_back((index, profile.clone()));
+        if taken.len() > HEAP_KEPT {
+            taken.pop_front();
+        }
+        profile
+    }
+}
+
 /// What the pusher runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Settings {
@@ -78,6 +123,8 @@ pub(crate) struct TargetStatus {
     pub(crate) windows_lost: u64,
     /// Windows with nothing recorded in them, not sent.
     pub(crate) windows_empty: u64,
+    /// Windows sent with a heap profile.
+    pub(crate) heap_sent: u64,
     pub(crate) retries: u64,
     pub(crate) bytes_sent: u64,
     /// The largest request body sent or tried, compressed: the pusher's memory per
@@ -104,7 +151,7 @@ static PUSHER: OnceLock<Pusher> = OnceLock::new();
 
 /// Starts the pusher with `settings` over `source`, once per process, reading the
 /// destinations from the environment. With none named, one `warn` and nothing else.
-pub(crate) fn start(settings: Settings, source: Source) {
+pub(crate) fn start(settings: Settings, source: Source, heap: Option<HeapSource>) {
     PUSHER.get_or_init(|| {
         let executable = std::env::current_exe()
             .ok()
@@ -147,7 +194,7 @@ pub(crate) fn start(settings: Settings, source: Source) {
         let spread = spread(instance, settings.interval);
         let spawned = std::thread::Builder::new()
             .name("krabka-push".to_owned())
-            .spawn(move || run(settings, source, targets, instance, resource, spread));
+            .spawn(move || run(settings, source, heap, targets, instance, resource, spread));
         let idle = spawned
             .err()
             .map(|error| format!("its thread could not start: {error}"));
@@ -183,6 +230,7 @@ pub(crate) fn status() -> Option<(Duration, Option<String>, Vec<TargetStatus>)> 
 fn run(
     settings: Settings,
     source: Source,
+    heap: Option<HeapSource>,
     targets: Vec<(Destination, Arc<Mutex<TargetStatus>>)>,
     instance: u64,
     resource: Vec<(String, String)>,
@@ -214,6 +262,12 @@ fn run(
             return;
         }
     };
+    let heap = heap.map(|source| {
+        Arc::new(Heap {
+            source,
+            taken: tokio::sync::Mutex::new(std::collections::VecDeque::new()),
+        })
+    });
     runtime.block_on(async move {
         let tasks: Vec<_> = targets
             .into_iter()
@@ -224,13 +278,31 @@ fn run(
                     ("service.name".to_owned(), destination.service_name.clone()),
                 );
                 resource.extend(destination.resource.iter().cloned());
-                let target = Target {
+                let target = Arc::new(Target {
                     destination,
                     status,
                     origin: otlp::Origin { resource, instance },
                     client: client.clone(),
-                };
-                tokio::spawn(target.run(settings, source, spread))
+                    heap: heap.clone(),
+                });
+                tokio::spawn(async move {
+                    // A panic ends the destination's task, not its pushing: it starts
+                    // again from the window under way (the windows between are lost).
+                    loop {
+                        let running = target.clone();
+                        let ended =
+                            tokio::spawn(async move { running.run(settings, source, spread).await })
+                                .await;
+                        match ended {
+                            Err(error) if error.is_panic() => {
+                                tracing::error!(destination = %target.destination.url, "krabka-pprof: the pusher failed; it starts again");
+                                target.failed("the pusher failed and started again");
+                                tokio::time::sleep(AFTER_PANIC).await;
+                            }
+                            _ => return,
+                        }
+                    }
+                })
             })
             .collect();
         for task in tasks {
@@ -245,6 +317,7 @@ struct Target {
     status: Arc<Mutex<TargetStatus>>,
     origin: otlp::Origin,
     client: reqwest::Client,
+    heap: Option<Arc<Heap>>,
 }
 
 impl Target {
@@ -253,7 +326,7 @@ impl Target {
     }
 
     /// Sends every window from the one under way at start, for the life of the process.
-    async fn run(self, settings: Settings, source: Source, spread: Duration) {
+    async fn run(self: Arc<Self>, settings: Settings, source: Source, spread: Duration) {
         let interval = settings.interval;
         let backfill = settings.keep.min(MAX_BACKFILL);
         let mut next = window_of(SystemTime::now(), interval);
@@ -286,13 +359,23 @@ impl Target {
             if let Some(last) = window.last {
                 after = Some(last);
             }
+            let heap = match &self.heap {
+                Some(heap) => {
+                    let newest = window_of(SystemTime::now(), interval).saturating_sub(1);
+                    heap.of(next, newest).await
+                }
+                None => None,
+            };
             next += 1;
             let Some(profile) = window.profile else {
                 self.status().windows_empty += 1;
                 continue;
             };
-            let body = self.encode(&profile);
-            drop(profile);
+            let body = self.encode(&profile, heap.as_deref());
+            if heap.is_some() {
+                self.status().heap_sent += 1;
+            }
+            drop((profile, heap));
             // Symbolizing and encoding took a few megabytes for a moment, in this
             // thread's own allocator arena: given back, not kept for the next window.
             crate::profile::give_back_freed_memory();
@@ -357,12 +440,17 @@ impl Target {
         self.status().last_error = Some((SystemTime::now(), why.to_owned()));
     }
 
-    /// The request body for `profile`, gzipped.
-    fn encode(&self, profile: &Profile) -> Vec<u8> {
+    /// The request body for `profile` (and `heap`), gzipped.
+    fn encode(&self, profile: &Profile, heap: Option<&Profile>) -> Vec<u8> {
         let bytes = match self.destination.protocol {
-            Protocol::Otlp => otlp::export(profile, &self.origin).encode_to_vec(),
+            Protocol::Otlp => {
+                let mut window = vec![profile];
+                window.extend(heap);
+                otlp::export(&window, &self.origin).encode_to_vec()
+            }
             Protocol::Pyroscope => pyroscope::push_request(
                 profile,
+                heap,
                 &self.destination.service_name,
                 &self.destination.labels,
                 self.origin.instance,

@@ -439,6 +439,10 @@ fn start_pusher(config: &ProfilingConfig, keep: std::time::Duration) {
                 last: recorded.last,
             })
         },
+        config.heap().then(|| {
+            let alloc_stacks = config.alloc_stacks();
+            Box::new(move || heap::for_push(alloc_stacks)) as crate::push::HeapSource
+        }),
     );
     #[cfg(not(feature = "push"))]
     {

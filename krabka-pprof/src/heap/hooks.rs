@@ -429,6 +429,7 @@ impl Table {
 
 /// One reading of the table: `(slot, counts)` of each published slot with a stack, in
 /// slot order, and the counts of the samples that had no room.
+#[derive(Clone)]
 pub(super) struct Totals {
     pub(super) slots: Vec<(usize, Tally)>,
     pub(super) overflow: Tally,

@@ -46,6 +46,10 @@ pub(super) enum Span {
     Now,
     /// A window from `started` (and its wall-clock time) to now.
     Window(Instant, SystemTime),
+    /// A window from a wall-clock time, this long: the pusher's, from one reading of the
+    /// counts to the next, so that its windows meet.
+    #[cfg_attr(not(feature = "push"), allow(dead_code))]
+    Between(SystemTime, Duration),
 }
 
 /// Builds the profile.
@@ -134,6 +138,7 @@ pub(super) fn build(
     let (time, duration) = match span {
         Span::Now => (SystemTime::now(), Duration::ZERO),
         Span::Window(started, at) => (at, started.elapsed()),
+        Span::Between(at, length) => (at, length),
     };
     builder.finish_trimmed(
         &Meta {

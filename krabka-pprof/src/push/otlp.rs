@@ -71,14 +71,6 @@ impl<T: Clone + Eq + std::hash::Hash + Default> Table<T> {
     }
 }
 
-/// An attribute as a hashable key: its key's and string value's indices. Every attribute
-/// this encoder writes has a string value.
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
-struct Attribute {
-    key: i32,
-    value: String,
-}
-
 /// What describes the process the profiles come from: the OTLP resource.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Origin {
@@ -88,238 +80,16 @@ pub(crate) struct Origin {
     pub(crate) instance: u64,
 }
 
-/// The OTLP export of one window's CPU profile.
-pub(crate) fn export(profile: &pprof::Profile, origin: &Origin) -> ExportProfilesServiceRequest {
-    let mut strings = Strings::new();
-    let mut attributes: Table<Attribute> = Table::new();
-    let mut links: Table<(Vec<u8>, Vec<u8>)> = Table::new();
-    let mut stacks: Table<Vec<i32>> = Table::new();
-    let text = |index: i64| -> &str {
-        usize::try_from(index)
-            .ok()
-            .and_then(|at| profile.string_table.get(at))
-            .map_or("", String::as_str)
-    };
-    // The zero link is 16 and 8 zero bytes, as the specification prefers.
-    links.entries[0] = (vec![0; 16], vec![0; 8]);
-    links.index.clear();
-    links.index.insert(links.entries[0].clone(), 0);
-
-    // Functions, mappings and locations in pprof's order, each at its position + 1.
-    let mut functions = vec![Function::default()];
-    let mut function_at = HashMap::new();
-    for function in &profile.function {
-        function_at.insert(function.id, functions.len() as i32);
-        functions.push(Function {
-            name_strindex: strings.of(text(function.name)),
-            system_name_strindex: strings.of(text(function.system_name)),
-            filename_strindex: strings.of(text(function.filename)),
-            start_line: function.start_line,
-        });
-    }
-    let mut mappings = vec![Mapping::default()];
-    let mut mapping_at = HashMap::new();
-    for mapping in &profile.mapping {
-        mapping_at.insert(mapping.id, mappings.len() as i32);
-        let mut indices = Vec::new();
-        let build_id = text(mapping.build_id);
-        if !build_id.is_empty() {
-            indices.push(attributes.of(Attribute {
-                key: strings.of("process.executable.build_id.gnu"),
-                value: build_id.to_owned(),
-            }));
-        }
-        mappings.push(Mapping {
-            memory_start: mapping.memory_start,
-            memory_limit: mapping.memory_limit,
-            file_offset: mapping.file_offset,
-            filename_strindex: strings.of(text(mapping.filename)),
-            attribute_indices: indices,
-        });
-    }
-    let frame_type = attributes.of(Attribute {
-        key: strings.of("profile.frame.type"),
-        value: "rust".to_owned(),
-    });
-    let mut locations = vec![Location::default()];
-    let mut location_at = HashMap::new();
-    for location in &profile.location {
-        location_at.insert(location.id, locations.len() as i32);
-        locations.push(Location {
-            mapping_index: mapping_at.get(&location.mapping_id).copied().unwrap_or(0),
-            address: location.address,
-            lines: location
-                .line
-                .iter()
-                .map(|line| Line {
-                    function_index: function_at.get(&line.function_id).copied().unwrap_or(0),
-                    line: line.line,
-                    column: line.column,
-                })
-                .collect(),
-            attribute_indices: vec![frame_type],
-        });
-    }
-
-    // Samples by identity (stack, attribute set, link), merged; one value per profile.
-    let value_types: Vec<(String, String)> = profile
-        .sample_type
-        .iter()
-        .map(|ty| (text(ty.ty).to_owned(), text(ty.unit).to_owned()))
-        .collect();
-    let mut samples: Vec<(i32, Vec<i32>, i32, Vec<i64>)> = Vec::new();
-    let mut sample_at: HashMap<(i32, Vec<i32>, i32), usize> = HashMap::new();
-    for sample in &profile.sample {
-        let stack = stacks.of(sample
-            .location_id
-            .iter()
-            .map(|id| location_at.get(id).copied().unwrap_or(0))
-            .collect());
-        let (mut span_id, mut trace_id) = (None, None);
-        let mut indices = Vec::new();
-        for label in &sample.label {
-            let (key, value) = (text(label.key), text(label.str));
-            match key {
-                "span_id" => span_id = Some(value),
-                "trace_id" => trace_id = Some(value),
-                _ => {}
-            }
-            let key = match key {
-                "thread" => "thread.name",
-                other => other,
-            };
-            if key == "span_id" || key == "trace_id" {
-                continue;
-            }
-            indices.push(attributes.of(Attribute {
-                key: strings.of(key),
-                value: value.to_owned(),
-            }));
-        }
-        let link = match (
-            trace_id.and_then(hex_bytes::<16>),
-            span_id.and_then(hex_bytes::<8>),
-        ) {
-            (Some(trace), Some(span)) => links.of((trace.to_vec(), span.to_vec())),
-            _ => {
-                // Without a trace id there is no link to make: the span id stays a
-                // sample attribute, as its label was.
-                if let Some(span) = span_id {
-                    indices.push(attributes.of(Attribute {
-                        key: strings.of("span_id"),
-                        value: span.to_owned(),
-                    }));
-                }
-                0
-            }
-        };
-        indices.sort_unstable();
-        indices.dedup();
-        let identity = (stack, indices, link);
-        match sample_at.get(&identity) {
-            Some(&at) => {
-                for (sum, value) in samples[at].3.iter_mut().zip(&sample.value) {
-                    *sum += value;
-                }
-            }
-            None => {
-                sample_at.insert(identity.clone(), samples.len());
-                samples.push((identity.0, identity.1, identity.2, sample.value.clone()));
-            }
-        }
-    }
-
-    let comments: Vec<AnyValue> = profile
-        .comment
-        .iter()
-        .map(|&at| string_value(text(at)))
-        .collect();
-    let mut profile_attributes = Vec::new();
-    if !comments.is_empty() {
-        // One attribute with every comment: a key may appear once in a list.
-        let key = strings.of("pprof.profile.comment");
-        let comment_at = attributes.entries.len() as i32;
-        attributes.entries.push(Attribute {
-            key,
-            value: String::new(),
-        });
-        profile_attributes.push(comment_at);
-    }
-    let period_type = profile.period_type.map(|ty| ValueType {
-        type_strindex: strings.of(text(ty.ty)),
-        unit_strindex: strings.of(text(ty.unit)),
-    });
-    let time_unix_nano = u64::try_from(profile.time_nanos).unwrap_or(0);
-    let profiles: Vec<Profile> = value_types
+/// The OTLP export of one window's profiles (its CPU profile, and its heap profile where
+/// one is pushed): one request, one dictionary they share, one `Profile` per pprof
+/// sample type.
+pub(crate) fn export(window: &[&pprof::Profile], origin: &Origin) -> ExportProfilesServiceRequest {
+    let mut dictionary = Dictionary::new();
+    let profiles: Vec<Profile> = window
         .iter()
         .enumerate()
-        .map(|(which, (ty, unit))| Profile {
-            sample_type: Some(ValueType {
-                type_strindex: strings.of(ty),
-                unit_strindex: strings.of(unit),
-            }),
-            samples: samples
-                .iter()
-                .filter(|sample| sample.3.get(which).is_some_and(|&value| value != 0))
-                .map(|(stack, indices, link, values)| Sample {
-                    stack_index: *stack,
-                    attribute_indices: indices.clone(),
-                    link_index: *link,
-                    values: vec![values[which]],
-                    timestamps_unix_nano: Vec::new(),
-                })
-                .collect(),
-            time_unix_nano,
-            duration_nano: u64::try_from(profile.duration_nanos).unwrap_or(0),
-            period_type,
-            period: profile.period,
-            profile_id: profile_id(origin.instance, time_unix_nano, which as u64),
-            attribute_indices: profile_attributes.clone(),
-            ..Profile::default()
-        })
+        .flat_map(|(at, profile)| dictionary.profiles(profile, origin.instance, at as u64))
         .collect();
-
-    let attribute_table = attributes
-        .entries
-        .iter()
-        .enumerate()
-        .map(|(at, attribute)| {
-            if at == 0 {
-                return KeyValueAndUnit::default();
-            }
-            let value = if profile_attributes.first() == Some(&(at as i32)) {
-                AnyValue {
-                    value: Some(any_value::Value::ArrayValue(ArrayValue {
-                        values: comments.clone(),
-                    })),
-                }
-            } else {
-                string_value(&attribute.value)
-            };
-            KeyValueAndUnit {
-                key_strindex: attribute.key,
-                value: Some(value),
-                unit_strindex: 0,
-            }
-        })
-        .collect();
-    let dictionary = ProfilesDictionary {
-        mapping_table: mappings,
-        location_table: locations,
-        function_table: functions,
-        link_table: links
-            .entries
-            .into_iter()
-            .map(|(trace_id, span_id)| Link { trace_id, span_id })
-            .collect(),
-        string_table: strings.table,
-        attribute_table,
-        stack_table: stacks
-            .entries
-            .into_iter()
-            .map(|location_indices| Stack { location_indices })
-            .collect(),
-    };
     ExportProfilesServiceRequest {
         resource_profiles: vec![ResourceProfiles {
             resource: Some(Resource {
@@ -345,7 +115,310 @@ pub(crate) fn export(profile: &pprof::Profile, origin: &Origin) -> ExportProfile
             }],
             schema_url: String::new(),
         }],
-        dictionary: Some(dictionary),
+        dictionary: Some(dictionary.finish()),
+    }
+}
+
+/// An attribute's value: a string, or the list of a profile's comments.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+enum Value {
+    #[default]
+    Zero,
+    Text(String),
+    Texts(Vec<String>),
+}
+
+/// A location: mapping, address, lines (function, line, column), attributes.
+type LocationEntry = (i32, u64, Vec<(i32, i64, i64)>, Vec<i32>);
+
+/// The request's tables, each entry once.
+struct Dictionary {
+    strings: Strings,
+    attributes: Table<(i32, Value)>,
+    links: Table<(Vec<u8>, Vec<u8>)>,
+    stacks: Table<Vec<i32>>,
+    /// name, system name, file name, first line (string indices).
+    functions: Table<(i32, i32, i32, i64)>,
+    /// start, limit, offset, file name, attributes.
+    mappings: Table<(u64, u64, u64, i32, Vec<i32>)>,
+    locations: Table<LocationEntry>,
+}
+
+impl Dictionary {
+    fn new() -> Dictionary {
+        let mut links = Table::new();
+        // The zero link is 16 and 8 zero bytes, as the specification prefers.
+        links.entries[0] = (vec![0; 16], vec![0; 8]);
+        links.index.clear();
+        links.index.insert(links.entries[0].clone(), 0);
+        Dictionary {
+            strings: Strings::new(),
+            attributes: Table::new(),
+            links,
+            stacks: Table::new(),
+            functions: Table::new(),
+            mappings: Table::new(),
+            locations: Table::new(),
+        }
+    }
+
+    fn attribute(&mut self, key: &str, value: Value) -> i32 {
+        let key = self.strings.of(key);
+        self.attributes.of((key, value))
+    }
+
+    /// `profile`'s Profiles, one per sample type, its entries added to the tables;
+    /// `which` tells its ids from the other profiles' of the window.
+    fn profiles(&mut self, profile: &pprof::Profile, instance: u64, which: u64) -> Vec<Profile> {
+        let text = |index: i64| -> &str {
+            usize::try_from(index)
+                .ok()
+                .and_then(|at| profile.string_table.get(at))
+                .map_or("", String::as_str)
+        };
+        let mut function_at = HashMap::new();
+        for function in &profile.function {
+            let entry = (
+                self.strings.of(text(function.name)),
+                self.strings.of(text(function.system_name)),
+                self.strings.of(text(function.filename)),
+                function.start_line,
+            );
+            function_at.insert(function.id, self.functions.of(entry));
+        }
+        let mut mapping_at = HashMap::new();
+        for mapping in &profile.mapping {
+            let build_id = text(mapping.build_id);
+            let indices = if build_id.is_empty() {
+                Vec::new()
+            } else {
+                vec![self.attribute(
+                    "process.executable.build_id.gnu",
+                    Value::Text(build_id.to_owned()),
+                )]
+            };
+            let entry = (
+                mapping.memory_start,
+                mapping.memory_limit,
+                mapping.file_offset,
+                self.strings.of(text(mapping.filename)),
+                indices,
+            );
+            mapping_at.insert(mapping.id, self.mappings.of(entry));
+        }
+        let frame_type = self.attribute("profile.frame.type", Value::Text("rust".to_owned()));
+        let mut location_at = HashMap::new();
+        for location in &profile.location {
+            let entry = (
+                mapping_at.get(&location.mapping_id).copied().unwrap_or(0),
+                location.address,
+                location
+                    .line
+                    .iter()
+                    .map(|line| {
+                        (
+                            function_at.get(&line.function_id).copied().unwrap_or(0),
+                            line.line,
+                            line.column,
+                        )
+                    })
+                    .collect(),
+                vec![frame_type],
+            );
+            location_at.insert(location.id, self.locations.of(entry));
+        }
+
+        // Samples by identity (stack, attribute set, link), merged.
+        let mut samples: Vec<(i32, Vec<i32>, i32, Vec<i64>)> = Vec::new();
+        let mut sample_at: HashMap<(i32, Vec<i32>, i32), usize> = HashMap::new();
+        for sample in &profile.sample {
+            let stack = self.stacks.of(sample
+                .location_id
+                .iter()
+                .map(|id| location_at.get(id).copied().unwrap_or(0))
+                .collect());
+            let (mut span_id, mut trace_id) = (None, None);
+            let mut indices = Vec::new();
+            for label in &sample.label {
+                let (key, value) = (text(label.key), text(label.str));
+                match key {
+                    "span_id" => span_id = Some(value),
+                    "trace_id" => trace_id = Some(value),
+                    "thread" => {
+                        indices.push(self.attribute("thread.name", Value::Text(value.to_owned())))
+                    }
+                    other => indices.push(self.attribute(other, Value::Text(value.to_owned()))),
+                }
+            }
+            let link = match (
+                trace_id.and_then(hex_bytes::<16>),
+                span_id.and_then(hex_bytes::<8>),
+            ) {
+                (Some(trace), Some(span)) => self.links.of((trace.to_vec(), span.to_vec())),
+                _ => {
+                    // Without a trace id there is no link to make: the span id stays a
+                    // sample attribute, as its label was.
+                    if let Some(span) = span_id {
+                        indices.push(self.attribute("span_id", Value::Text(span.to_owned())));
+                    }
+                    0
+                }
+            };
+            indices.sort_unstable();
+            indices.dedup();
+            let identity = (stack, indices, link);
+            match sample_at.get(&identity) {
+                Some(&at) => {
+                    for (sum, value) in samples[at].3.iter_mut().zip(&sample.value) {
+                        *sum += value;
+                    }
+                }
+                None => {
+                    sample_at.insert(identity.clone(), samples.len());
+                    samples.push((identity.0, identity.1, identity.2, sample.value.clone()));
+                }
+            }
+        }
+
+        let comments: Vec<String> = profile
+            .comment
+            .iter()
+            .map(|&at| text(at).to_owned())
+            .collect();
+        // One attribute with every comment: a key may appear once in a list.
+        let profile_attributes = if comments.is_empty() {
+            Vec::new()
+        } else {
+            vec![self.attribute("pprof.profile.comment", Value::Texts(comments))]
+        };
+        let period_type = profile.period_type.map(|ty| ValueType {
+            type_strindex: self.strings.of(text(ty.ty)),
+            unit_strindex: self.strings.of(text(ty.unit)),
+        });
+        let time_unix_nano = u64::try_from(profile.time_nanos).unwrap_or(0);
+        let mut profiles = Vec::new();
+        for (at, ty) in profile.sample_type.iter().enumerate() {
+            let sample_type = ValueType {
+                type_strindex: self.strings.of(text(ty.ty)),
+                unit_strindex: self.strings.of(text(ty.unit)),
+            };
+            profiles.push(Profile {
+                sample_type: Some(sample_type),
+                samples: samples
+                    .iter()
+                    .filter(|sample| sample.3.get(at).is_some_and(|&value| value != 0))
+                    .map(|(stack, indices, link, values)| Sample {
+                        stack_index: *stack,
+                        attribute_indices: indices.clone(),
+                        link_index: *link,
+                        values: vec![values[at]],
+                        timestamps_unix_nano: Vec::new(),
+                    })
+                    .collect(),
+                time_unix_nano,
+                duration_nano: u64::try_from(profile.duration_nanos).unwrap_or(0),
+                period_type,
+                period: profile.period,
+                profile_id: profile_id(instance, time_unix_nano, (which << 8) | at as u64),
+                attribute_indices: profile_attributes.clone(),
+                ..Profile::default()
+            });
+        }
+        profiles
+    }
+
+    fn finish(self) -> ProfilesDictionary {
+        let strings = self.strings;
+        ProfilesDictionary {
+            mapping_table: self
+                .mappings
+                .entries
+                .into_iter()
+                .map(
+                    |(
+                        memory_start,
+                        memory_limit,
+                        file_offset,
+                        filename_strindex,
+                        attribute_indices,
+                    )| {
+                        Mapping {
+                            memory_start,
+                            memory_limit,
+                            file_offset,
+                            filename_strindex,
+                            attribute_indices,
+                        }
+                    },
+                )
+                .collect(),
+            location_table: self
+                .locations
+                .entries
+                .into_iter()
+                .map(
+                    |(mapping_index, address, lines, attribute_indices)| Location {
+                        mapping_index,
+                        address,
+                        lines: lines
+                            .into_iter()
+                            .map(|(function_index, line, column)| Line {
+                                function_index,
+                                line,
+                                column,
+                            })
+                            .collect(),
+                        attribute_indices,
+                    },
+                )
+                .collect(),
+            function_table: self
+                .functions
+                .entries
+                .into_iter()
+                .map(
+                    |(name_strindex, system_name_strindex, filename_strindex, start_line)| {
+                        Function {
+                            name_strindex,
+                            system_name_strindex,
+                            filename_strindex,
+                            start_line,
+                        }
+                    },
+                )
+                .collect(),
+            link_table: self
+                .links
+                .entries
+                .into_iter()
+                .map(|(trace_id, span_id)| Link { trace_id, span_id })
+                .collect(),
+            attribute_table: self
+                .attributes
+                .entries
+                .into_iter()
+                .map(|(key_strindex, value)| KeyValueAndUnit {
+                    key_strindex,
+                    value: match value {
+                        Value::Zero => None,
+                        Value::Text(text) => Some(string_value(&text)),
+                        Value::Texts(texts) => Some(AnyValue {
+                            value: Some(any_value::Value::ArrayValue(ArrayValue {
+                                values: texts.iter().map(|text| string_value(text)).collect(),
+                            })),
+                        }),
+                    },
+                    unit_strindex: 0,
+                })
+                .collect(),
+            string_table: strings.table,
+            stack_table: self
+                .stacks
+                .entries
+                .into_iter()
+                .map(|location_indices| Stack { location_indices })
+                .collect(),
+        }
     }
 }
 
@@ -491,7 +564,7 @@ mod tests {
     /// time, the pprof period, and merged samples carrying their values.
     #[test]
     fn a_cpu_profile_is_two_profiles_over_one_dictionary() {
-        let request = export(&cpu_profile(), &origin());
+        let request = export(&[&cpu_profile()], &origin());
         let dictionary = request.dictionary.as_ref().unwrap();
         let strings = &dictionary.string_table;
         let name = |at: i32| strings[at as usize].as_str();
@@ -529,7 +602,7 @@ mod tests {
     /// leaf first, with the build id as the semantic conventions name it.
     #[test]
     fn stacks_keep_their_frames_leaf_first() {
-        let request = export(&cpu_profile(), &origin());
+        let request = export(&[&cpu_profile()], &origin());
         let d = request.dictionary.as_ref().unwrap();
         let name = |at: i32| d.string_table[at as usize].as_str();
         let profile = &request.resource_profiles[0].scope_profiles[0].profiles[0];
@@ -559,7 +632,7 @@ mod tests {
     /// bytes), a span id without one stays an attribute; user labels are attributes.
     #[test]
     fn labels_are_attributes_and_spans_with_traces_links() {
-        let request = export(&cpu_profile(), &origin());
+        let request = export(&[&cpu_profile()], &origin());
         let d = request.dictionary.as_ref().unwrap();
         let name = |at: i32| d.string_table[at as usize].as_str();
         let profile = &request.resource_profiles[0].scope_profiles[0].profiles[0];
@@ -606,7 +679,7 @@ mod tests {
     /// `-check-dupes`), and every entry but the zeroes is pointed at (`-check-orphans`).
     #[test]
     fn tables_start_with_zero_values_and_hold_no_duplicates_or_orphans() {
-        let request = export(&cpu_profile(), &origin());
+        let request = export(&[&cpu_profile()], &origin());
         let d = request.dictionary.as_ref().unwrap();
         assert_eq!(d.string_table[0], "");
         assert_eq!(d.mapping_table[0], Mapping::default());
@@ -664,7 +737,7 @@ mod tests {
     /// The comments travel as one profile attribute holding them all.
     #[test]
     fn comments_are_one_attribute_with_every_comment() {
-        let request = export(&cpu_profile(), &origin());
+        let request = export(&[&cpu_profile()], &origin());
         let d = request.dictionary.as_ref().unwrap();
         let profile = &request.resource_profiles[0].scope_profiles[0].profiles[0];
         assert_eq!(profile.attribute_indices.len(), 1);
@@ -681,6 +754,30 @@ mod tests {
                 }))
             })
         );
+    }
+
+    /// A window's CPU and heap profiles share one dictionary: the frames they have in
+    /// common are there once, and each profile keeps its own sample types and ids.
+    #[test]
+    fn profiles_of_one_window_share_the_dictionary_without_duplicates() {
+        let cpu = cpu_profile();
+        let mut heap = cpu_profile();
+        heap.sample_type.truncate(1);
+        heap.comment.clear();
+        let request = export(&[&cpu, &heap], &origin());
+        let d = request.dictionary.as_ref().unwrap();
+        let alone = export(&[&cpu], &origin());
+        let d_alone = alone.dictionary.as_ref().unwrap();
+        assert_eq!(d.location_table, d_alone.location_table);
+        assert_eq!(d.function_table, d_alone.function_table);
+        assert_eq!(d.mapping_table, d_alone.mapping_table);
+        assert_eq!(d.stack_table, d_alone.stack_table);
+        let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
+        assert_eq!(profiles.len(), 3);
+        let ids: std::collections::HashSet<&Vec<u8>> =
+            profiles.iter().map(|p| &p.profile_id).collect();
+        assert_eq!(ids.len(), 3, "every profile its own id");
+        assert!(profiles[2].attribute_indices.is_empty(), "the heap has no comments");
     }
 
     #[test]

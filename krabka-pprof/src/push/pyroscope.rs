@@ -16,17 +16,48 @@ pub(crate) const MAX_SAMPLES: usize = 15_000;
 /// `max-profile-size-bytes` (4 MiB).
 pub(crate) const MAX_BYTES: usize = 3_500_000;
 
-/// The push request of one window's CPU profile.
+/// The push request of one window: its CPU profile, and its heap profile where one is
+/// pushed (a series of its own, `__name__="memory"`, `__delta__="false"`: its
+/// `alloc_*` are the window's already).
 pub(crate) fn push_request(
     profile: &pprof::Profile,
+    heap: Option<&pprof::Profile>,
     service_name: &str,
     labels: &[(String, String)],
     instance: u64,
 ) -> PushRequest {
+    let mut series = vec![one_series(
+        profile,
+        "process_cpu",
+        service_name,
+        labels,
+        instance,
+    )];
+    if let Some(heap) = heap {
+        let mut series_labels = vec![("__delta__".to_owned(), "false".to_owned())];
+        series_labels.extend(labels.iter().cloned());
+        let mut memory = one_series(heap, "memory", service_name, &series_labels, instance);
+        for sample in &mut memory.samples {
+            // Apart from the CPU profile's ids of the same window.
+            sample.id.replace_range(..1, "m");
+        }
+        series.push(memory);
+    }
+    PushRequest { series }
+}
+
+/// One series: `profile` named `name`, labelled.
+fn one_series(
+    profile: &pprof::Profile,
+    name: &str,
+    service_name: &str,
+    labels: &[(String, String)],
+    instance: u64,
+) -> RawProfileSeries {
     let mut pairs = vec![
         LabelPair {
             name: "__name__".to_owned(),
-            value: "process_cpu".to_owned(),
+            value: name.to_owned(),
         },
         LabelPair {
             name: "service_name".to_owned(),
@@ -50,11 +81,9 @@ pub(crate) fn push_request(
             id: sample_id(instance, profile.time_nanos, part),
         })
         .collect();
-    PushRequest {
-        series: vec![RawProfileSeries {
-            labels: pairs,
-            samples,
-        }],
+    RawProfileSeries {
+        labels: pairs,
+        samples,
     }
 }
 
@@ -123,7 +152,7 @@ mod tests {
             ("env".to_owned(), "prod".to_owned()),
             ("service_name".to_owned(), "not this one".to_owned()),
         ];
-        let request = push_request(&profile(3), "checkout", &labels, 9);
+        let request = push_request(&profile(3), None, "checkout", &labels, 9);
         assert_eq!(request.series.len(), 1);
         let names: Vec<(&str, &str)> = request.series[0]
             .labels
@@ -147,12 +176,45 @@ mod tests {
         assert_eq!(samples[0].id, "00000000-0000-0009-18fa-e27693b40000");
     }
 
+    /// A heap profile is a series of its own, named `memory`, saying it holds no
+    /// cumulative counts, its ids apart from the CPU profile's.
+    #[test]
+    fn a_heap_profile_is_a_memory_series_of_its_own() {
+        let labels = [("env".to_owned(), "prod".to_owned())];
+        let request = push_request(&profile(3), Some(&profile(2)), "checkout", &labels, 9);
+        assert_eq!(request.series.len(), 2);
+        let names = |series: &RawProfileSeries| -> Vec<(String, String)> {
+            series
+                .labels
+                .iter()
+                .map(|pair| (pair.name.clone(), pair.value.clone()))
+                .collect()
+        };
+        assert_eq!(
+            names(&request.series[1]),
+            [
+                ("__name__".to_owned(), "memory".to_owned()),
+                ("service_name".to_owned(), "checkout".to_owned()),
+                ("__delta__".to_owned(), "false".to_owned()),
+                ("env".to_owned(), "prod".to_owned()),
+            ]
+        );
+        assert_ne!(
+            request.series[0].samples[0].id,
+            request.series[1].samples[0].id
+        );
+        assert_eq!(
+            pprof::Profile::decode(&*request.series[1].samples[0].raw_profile).unwrap(),
+            profile(2)
+        );
+    }
+
     /// More samples than Pyroscope takes in one profile: parts of the same window, each
     /// within the bound, every sample in exactly one, ids apart.
     #[test]
     fn a_window_over_the_sample_bound_is_split() {
         let big = profile(MAX_SAMPLES * 2 + 1);
-        let request = push_request(&big, "checkout", &[], 9);
+        let request = push_request(&big, None, "checkout", &[], 9);
         let parts: Vec<pprof::Profile> = request.series[0]
             .samples
             .iter()

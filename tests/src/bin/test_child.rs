@@ -350,6 +350,13 @@ fn push_app() -> Router {
     Router::new()
 }
 
+/// The pusher with heap profiles: each window also carries the heap.
+#[cfg(all(feature = "push", feature = "heap-profiling"))]
+#[pprof_routes(heap = true, recent = "10m", push = true, push_interval = "1s")]
+fn push_heap_app() -> Router {
+    sites_routes()
+}
+
 #[pprof_routes(recent = "10s")]
 fn recent_short_app() -> Router {
     Router::new()
@@ -1050,6 +1057,18 @@ fn main() {
                     });
                 })
                 .expect("spawn the burner");
+            serve(router);
+        }
+        #[cfg(all(feature = "push", feature = "heap-profiling"))]
+        Some("serve-push-heap") => {
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::INFO)
+                .with_ansi(false)
+                .with_writer(std::io::stderr)
+                .init();
+            // The routes first: building them starts the allocation counts.
+            let router = push_heap_app();
+            start_sites();
             serve(router);
         }
         Some("serve-token") => serve(token_app()),
