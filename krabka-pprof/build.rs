@@ -3,6 +3,20 @@
 //! `cfg_attr` and `cfg!` too).
 
 fn main() {
+    // Feature `ebpf-labels`: the custom-labels symbols, in C (src/labels/ebpf.rs says
+    // why), where this crate's own sampler runs (the labels' words are its).
+    #[cfg(feature = "ebpf-labels")]
+    {
+        println!("cargo::rerun-if-changed=csrc/custom_labels.c");
+        let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+        let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+        if os == "linux" && (arch == "x86_64" || arch == "aarch64") {
+            cc::Build::new()
+                .file("csrc/custom_labels.c")
+                .warnings(true)
+                .compile("krabka_custom_labels");
+        }
+    }
     cfg_aliases::cfg_aliases! {
         // This crate's own CPU sampler (per-thread timers, framehop): Linux on x86_64 and
         // aarch64.

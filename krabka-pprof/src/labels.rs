@@ -77,6 +77,8 @@
 //! request (a request id) cost a bounded amount. Put those in a span's `span_id` instead.
 
 mod cache;
+#[cfg(all(feature = "ebpf-labels", sampler))]
+mod ebpf;
 // The handler's side (the word's address, the drain's calls, samples' labels) exists for
 // this crate's own sampler; elsewhere only the writers' side is used.
 #[cfg_attr(not(sampler), allow(dead_code))]

@@ -39,6 +39,7 @@
 //! | `flamegraph` | on | `?format=svg`: flamegraphs drawn by inferno |
 //! | `heap-profiling` | off | `/heap` and `/allocs` through jemalloc's sampling, and `Jemalloc`, the global allocator that turns it on; heap profiles are served on Linux with glibc, and answer 503 elsewhere ([heap profiling](guide::heap)) |
 //! | `opentelemetry` | off | [`labels::layer`] labels samples with the OpenTelemetry span and trace ids of the local root span |
+//! | `ebpf-labels` | off | the labels active on each thread also where eBPF profilers (the OpenTelemetry eBPF profiler, parca-agent) read them: Polar Signals' custom-labels ABI v1, on Linux on x86_64 and aarch64; the executable must export two symbols ([labels](guide::labels)) |
 //! | `push` | off | `push = true`: the recorder's history pushed to an OpenTelemetry Collector (OTLP profiles) and Grafana Pyroscope, over plain HTTP ([pushing profiles](guide::push)) |
 //! | `task-dump` | off | `/tasks`, tokio's task dump, when the app is also built with `RUSTFLAGS="--cfg tokio_unstable"` on Linux ([thread and task dumps](guide::threads)) |
 //!

@@ -260,8 +260,11 @@ pub(crate) fn set_user(handle: Handle) -> u64 {
     register();
     WORD.with(|word| {
         let old = word.load(Ordering::Relaxed);
-        word.store(old & !LOW | u64::from(handle), Ordering::Relaxed);
+        let new = old & !LOW | u64::from(handle);
+        word.store(new, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
+        #[cfg(all(feature = "ebpf-labels", sampler))]
+        super::ebpf::point_at(new);
         old
     })
 }
@@ -272,8 +275,11 @@ pub(crate) fn set_span(handle: Handle) -> u64 {
     register();
     WORD.with(|word| {
         let old = word.load(Ordering::Relaxed);
-        word.store(old & LOW | u64::from(handle) << 32, Ordering::Relaxed);
+        let new = old & LOW | u64::from(handle) << 32;
+        word.store(new, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
+        #[cfg(all(feature = "ebpf-labels", sampler))]
+        super::ebpf::point_at(new);
         old
     })
 }
@@ -283,6 +289,8 @@ pub(crate) fn set_span(handle: Handle) -> u64 {
 pub(crate) fn restore(old: u64) {
     compiler_fence(Ordering::SeqCst);
     WORD.with(|word| word.store(old, Ordering::Relaxed));
+    #[cfg(all(feature = "ebpf-labels", sampler))]
+    super::ebpf::point_at(old);
 }
 
 /// Puts the word back when dropped (a scope that returns or unwinds, a poll that ends).

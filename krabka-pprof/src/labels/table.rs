@@ -21,6 +21,10 @@ pub(crate) type Handle = u32;
 /// some 300,000 traces a second, at about 200 bytes each (13 MB at the cap).
 const MAX_SETS: usize = 64 * 1024;
 
+/// The most slots the table has: one per set, slot 0 (no set) and the sentinel.
+#[cfg_attr(not(all(feature = "ebpf-labels", sampler)), allow(dead_code))]
+pub(crate) const MAX_SLOTS: usize = MAX_SETS + 2;
+
 /// One label set: keys unique, sorted.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct LabelSet {
@@ -111,9 +115,12 @@ impl Table {
     fn new() -> Table {
         use std::hash::BuildHasher as _;
         let drawn = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        // Room above for MAX_SETS slots and the sentinel, in 24 bits.
+        let base = (drawn % (1 << 23)) as u32;
+        #[cfg(all(feature = "ebpf-labels", sampler))]
+        super::ebpf::set_base(base);
         Table {
-            // Room above for MAX_SETS slots and the sentinel, in 24 bits.
-            base: (drawn % (1 << 23)) as u32,
+            base,
             slots: vec![Slot {
                 generation: 0,
                 set: None,
@@ -165,7 +172,10 @@ impl Table {
         slot.shared = shared;
         slot.unused_since = None;
         let generation = slot.generation;
-        (self.handle(index, generation), set)
+        let handle = self.handle(index, generation);
+        #[cfg(all(feature = "ebpf-labels", sampler))]
+        super::ebpf::publish(index, handle, &set);
+        (handle, set)
     }
 
     fn too_many(&mut self) -> (Handle, Arc<LabelSet>) {
@@ -182,7 +192,10 @@ impl Table {
             shared: false,
             unused_since: None,
         });
-        let sentinel = (self.handle((self.slots.len() - 1) as u32, 0), set);
+        let index = (self.slots.len() - 1) as u32;
+        let sentinel = (self.handle(index, 0), set);
+        #[cfg(all(feature = "ebpf-labels", sampler))]
+        super::ebpf::publish(index, sentinel.0, &sentinel.1);
         self.too_many = Some(sentinel.clone());
         // Never freed: `live` does not count it, and the sweep never sees it unused (the
         // table keeps a second reference in `too_many`).
@@ -229,6 +242,8 @@ impl Table {
             }
             slot.generation = slot.generation.wrapping_add(1);
             slot.unused_since = None;
+            #[cfg(all(feature = "ebpf-labels", sampler))]
+            super::ebpf::unpublish(index);
             self.free.push(index);
             self.live -= 1;
         }

@@ -777,7 +777,10 @@ mod tests {
         let ids: std::collections::HashSet<&Vec<u8>> =
             profiles.iter().map(|p| &p.profile_id).collect();
         assert_eq!(ids.len(), 3, "every profile its own id");
-        assert!(profiles[2].attribute_indices.is_empty(), "the heap has no comments");
+        assert!(
+            profiles[2].attribute_indices.is_empty(),
+            "the heap has no comments"
+        );
     }
 
     #[test]

@@ -817,7 +817,7 @@ async fn the_collectors_receiver_takes_every_window() {
 /// at the churning site the child's own count of what it churned, ±25 %: jemalloc
 /// samples one allocation in about 512 KiB) and whose `inuse_space` holds the 64 MiB;
 /// to OTLP, four more profiles on the same dictionary.
-#[cfg(feature = "heap-profiling")]
+#[cfg(all(feature = "heap-profiling", not(target_env = "musl")))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heap_profiles_go_with_their_windows_as_deltas() {
     let receiver = Receiver::serve(0, &[]).await;

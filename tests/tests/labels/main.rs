@@ -692,3 +692,99 @@ async fn samples_inside_a_span_carry_its_local_roots_name_and_id_across_workers(
         "{top}"
     );
 }
+
+/// Feature `ebpf-labels`: the labels where an eBPF profiler reads them (custom-labels ABI
+/// v1). This test binary exports the two symbols as the guide tells applications to
+/// (`tests/build.rs`), so they are found as a profiler finds them, in the executable's
+/// dynamic symbols; the thread's set is read from another thread while the labelled one
+/// waits inside its scope, as a profiler reads a stopped thread's memory.
+#[cfg(feature = "ebpf-labels")]
+mod ebpf {
+    use super::*;
+
+    /// `custom_labels_string_t`, `custom_labels_label_t`, `custom_labels_labelset_t` as
+    /// the ABI lays them out.
+    #[repr(C)]
+    struct Text {
+        len: usize,
+        buf: *const u8,
+    }
+    #[repr(C)]
+    struct Label {
+        key: Text,
+        value: Text,
+    }
+    #[repr(C)]
+    struct Set {
+        storage: *const Label,
+        count: usize,
+        capacity: usize,
+    }
+
+    fn symbol(name: &std::ffi::CStr) -> usize {
+        // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the executable
+        // and its libraries' dynamic symbols (for a thread-local, the calling thread's).
+        let address = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        assert!(
+            !address.is_null(),
+            "{name:?} is not among the executable's dynamic symbols"
+        );
+        address as usize
+    }
+
+    /// The labels of the set at `pointer`'s target, as a profiler reads them.
+    fn read(pointer: usize) -> BTreeMap<String, String> {
+        // SAFETY: the address of a live thread's `custom_labels_current_set`: its thread
+        // waits inside its scope while this reads.
+        let set = unsafe { *(pointer as *const *const Set) };
+        if set.is_null() {
+            return BTreeMap::new();
+        }
+        // SAFETY: a set krabka-pprof published, alive while its thread's word names it.
+        let set = unsafe { &*set };
+        let text = |text: &Text| {
+            // SAFETY: as above; the ABI's strings are `len` bytes at `buf`.
+            let bytes = unsafe { std::slice::from_raw_parts(text.buf, text.len) };
+            String::from_utf8(bytes.to_vec()).unwrap()
+        };
+        (0..set.count)
+            .map(|at| {
+                // SAFETY: `storage` holds `count` labels.
+                let label = unsafe { &*set.storage.add(at) };
+                (text(&label.key), text(&label.value))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_thread_in_a_scope_publishes_its_labels_where_ebpf_profilers_read_them() {
+        // SAFETY: a `uint32_t` the ABI says holds 1.
+        let version = unsafe { *(symbol(c"custom_labels_abi_version") as *const u32) };
+        assert_eq!(version, 1);
+        let (address, inside) = std::sync::mpsc::channel();
+        let (leave, left) = std::sync::mpsc::channel::<()>();
+        let labelled = std::thread::spawn(move || {
+            let own = symbol(c"custom_labels_current_set");
+            labels::scope(&[("tenant", "acme"), ("route", "/pay")], || {
+                address.send(own).unwrap();
+                left.recv().unwrap();
+            });
+            // Out of the scope: nothing.
+            own
+        });
+        let pointer = inside.recv().unwrap();
+        assert_eq!(
+            read(pointer),
+            BTreeMap::from([
+                ("route".to_owned(), "/pay".to_owned()),
+                ("tenant".to_owned(), "acme".to_owned())
+            ]),
+            "read from another thread while the labelled one waits in its scope"
+        );
+        leave.send(()).unwrap();
+        let pointer = labelled.join().unwrap();
+        let _ = pointer;
+        // The main thread has no scope: its own pointer is null.
+        assert!(read(symbol(c"custom_labels_current_set")).is_empty());
+    }
+}
