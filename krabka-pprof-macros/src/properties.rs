@@ -225,6 +225,24 @@ proptest! {
     }
 
     #[test]
+    fn push_intervals_are_judged_as_the_runtime_judges_them(
+        // Around the bounds, whole seconds (dividing a minute or not), and anywhere.
+        ms in prop_oneof![
+            0u64..2_000,
+            (0u64..=120).prop_map(|s| s * 1000),
+            59_000u64..61_000,
+            any::<u32>().prop_map(u64::from),
+        ]
+    ) {
+        let attr = format!("recent = \"10m\", push = true, push_interval = \"{ms}ms\"");
+        let config = ProfilingConfig::new()
+            .with_recent(Duration::from_secs(600))
+            .with_push(true)
+            .with_push_interval(Duration::from_millis(ms));
+        agree(&attr, &config)?;
+    }
+
+    #[test]
     fn token_variables_are_judged_as_the_runtime_judges_them(token_env in text()) {
         let attr = format!("token_env = {token_env:?}");
         let config = ProfilingConfig::new().with_token_env(leak(token_env));

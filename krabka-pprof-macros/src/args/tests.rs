@@ -197,6 +197,8 @@ fn key_without_value() {
         ("cmdline", "true"),
         ("recent", "\"10m\""),
         ("recent_memory", "\"8MiB\""),
+        ("push", "true"),
+        ("push_interval", "\"15s\""),
         ("prefix", "\"/debug/pprof\""),
         ("guard", "crate::auth::is_admin"),
         ("token_env", "\"PPROF_TOKEN\""),
@@ -208,7 +210,7 @@ fn key_without_value() {
             [format!("`{key}` needs a value: write `{key} = {value}`")]
         );
     }
-    assert_eq!(KEYS.len(), 18, "a new key needs its example above");
+    assert_eq!(KEYS.len(), 20, "a new key needs its example above");
     // An unknown key without a value is unknown first.
     assert!(
         messages(quote!(cpu_maxx))[0]
