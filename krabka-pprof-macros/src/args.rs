@@ -233,6 +233,15 @@ impl Args {
                  `recent = \"10m\"` or remove `push`",
             );
         }
+        if let (Some(_), Some(recent)) = (push_on, &self.recent) {
+            let interval = self
+                .push_interval
+                .as_ref()
+                .map_or(rules::DEFAULT_PUSH_INTERVAL, |interval| interval.value);
+            if let Err(message) = rules::check_recent_for_push(recent.value, interval) {
+                errors.at(recent.span, message);
+            }
+        }
         if let (Some(interval), None) = (&self.push_interval, push_on) {
             errors.at(
                 interval.span,

@@ -232,11 +232,15 @@ proptest! {
             (0u64..=120).prop_map(|s| s * 1000),
             59_000u64..61_000,
             any::<u32>().prop_map(u64::from),
-        ]
+        ],
+        // Short histories (around the interval + 10 s) and long ones.
+        recent in prop_oneof![10u64..80, 590u64..610],
     ) {
-        let attr = format!("recent = \"10m\", push = true, push_interval = \"{ms}ms\"");
+        let attr = format!(
+            "recent = \"{recent}s\", push = true, push_interval = \"{ms}ms\""
+        );
         let config = ProfilingConfig::new()
-            .with_recent(Duration::from_secs(600))
+            .with_recent(Duration::from_secs(recent))
             .with_push(true)
             .with_push_interval(Duration::from_millis(ms));
         agree(&attr, &config)?;

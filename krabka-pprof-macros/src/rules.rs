@@ -59,6 +59,10 @@ pub(crate) const MAX_RECENT_MEMORY: u64 = 1024 * 1024 * 1024;
 pub(crate) const MIN_PUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// `MAX_PUSH_INTERVAL` in config.rs.
 pub(crate) const MAX_PUSH_INTERVAL: Duration = Duration::from_secs(60);
+/// `PUSH_HISTORY_MARGIN` in config.rs.
+pub(crate) const PUSH_HISTORY_MARGIN: Duration = Duration::from_secs(10);
+/// `push_interval` in `ProfilingConfig::new()`.
+pub(crate) const DEFAULT_PUSH_INTERVAL: Duration = Duration::from_secs(15);
 /// `cpu_max` in `ProfilingConfig::new()`.
 pub(crate) const DEFAULT_CPU_MAX: Duration = Duration::from_secs(60);
 /// `heap_max` in `ProfilingConfig::new()`.
@@ -131,6 +135,22 @@ pub(crate) fn check_push_interval(value: Duration) -> Result<(), String> {
             duration::format(MIN_PUSH_INTERVAL),
             duration::format(MAX_PUSH_INTERVAL),
             duration::format(value),
+        ));
+    }
+    Ok(())
+}
+
+/// With `push`, `recent` keeps at least `push_interval` + `PUSH_HISTORY_MARGIN` (the
+/// `RecentBelowPushInterval` check in `ProfilingConfig::validate`). The error is the
+/// whole message.
+pub(crate) fn check_recent_for_push(recent: Duration, interval: Duration) -> Result<(), String> {
+    if recent < interval + PUSH_HISTORY_MARGIN {
+        return Err(format!(
+            "with `push`, `recent` must keep at least `push_interval` ({}) + {} of history, \
+             so that each window is still there when it is sent; found {}",
+            duration::format(interval),
+            duration::format(PUSH_HISTORY_MARGIN),
+            duration::format(recent),
         ));
     }
     Ok(())

@@ -102,10 +102,10 @@ pub(crate) fn for_push(alloc_stacks: u32) -> Option<Profile> {
     };
     let mut previous = PREVIOUS.lock().unwrap_or_else(PoisonError::into_inner);
     let now = (Instant::now(), SystemTime::now());
-    let parsed = dump();
+    // A failed dump leaves the reading as it was: the next window's counts begin there.
+    let parsed = dump().ok()?;
     let totals = table.totals();
     let (before, since, since_wall) = previous.replace((totals.clone(), now.0, now.1))?;
-    let parsed = parsed.ok()?;
     if parsed.stacks.is_empty() && totals.since(&before).slots.is_empty() {
         return None;
     }

@@ -7,7 +7,7 @@
 //! queue of payloads. Windows are whole multiples of the interval on the wall clock,
 //! contiguous, each slice in exactly one of them, each window sent once. A destination
 //! that fails is sent the same window again with a backoff (`push/retry.rs`), honouring
-//! `Retry-After`; one that refuses it (a 4xx) makes it dropped, said once in the log with
+//! `Retry-After`; one that refuses it (a 4xx, a 5xx but 502, 503 and 504) makes it dropped, said once in the log with
 //! the server's sentence. After an outage, the windows missed are sent oldest first, as
 //! far back as the recorder holds them and at most [`MAX_BACKFILL`]. Its memory is one
 //! request at a time per destination.
@@ -60,6 +60,10 @@ pub(crate) type Source = fn(Option<SystemTime>, SystemTime, SystemTime) -> Optio
 
 /// The heap profile of the window that just ended (see `crate::heap::for_push`).
 pub(crate) type HeapSource = Box<dyn Fn() -> Option<Profile> + Send + Sync>;
+
+/// The most distinct refusals a destination logs (each once): a server whose sentences
+/// carry a request id would otherwise be logged at every window, and remembered.
+const SAID_AT_MOST: usize = 16;
 
 /// How long a destination whose task panicked waits before it starts again.
 const AFTER_PANIC: Duration = Duration::from_secs(1);
@@ -272,7 +276,12 @@ fn run(
         let tasks: Vec<_> = targets
             .into_iter()
             .map(|(destination, status)| {
-                let mut resource = resource.clone();
+                // The environment's attributes win over the ones found here.
+                let mut resource: Vec<(String, String)> = resource
+                    .iter()
+                    .filter(|(key, _)| destination.resource.iter().all(|(own, _)| own != key))
+                    .cloned()
+                    .collect();
                 resource.insert(
                     0,
                     ("service.name".to_owned(), destination.service_name.clone()),
@@ -330,7 +339,9 @@ impl Target {
         let interval = settings.interval;
         let backfill = settings.keep.min(MAX_BACKFILL);
         let mut next = window_of(SystemTime::now(), interval);
-        let mut after: Option<SystemTime> = None;
+        // Slices of earlier windows are not this run's: at the process's start there are
+        // none, and after a restart (a panic) they were sent by the run before.
+        let mut after: Option<SystemTime> = Some(window_start(next, interval));
         // Said once each: what a destination refuses, and that it is failing.
         let mut refusals_said: Vec<String> = Vec::new();
         let mut failing = false;
@@ -360,11 +371,13 @@ impl Target {
                 after = Some(last);
             }
             let heap = match &self.heap {
-                Some(heap) => {
+                // Taken only with a CPU profile to send it with: a reading of the counts
+                // for an empty window would leave its allocations out of every window.
+                Some(heap) if window.profile.is_some() => {
                     let newest = window_of(SystemTime::now(), interval).saturating_sub(1);
                     heap.of(next, newest).await
                 }
-                None => None,
+                _ => None,
             };
             next += 1;
             let Some(profile) = window.profile else {
@@ -400,6 +413,7 @@ impl Target {
                         }
                         if let Some(why) = rejected
                             && !refusals_said.contains(&why)
+                            && refusals_said.len() < SAID_AT_MOST
                         {
                             tracing::warn!(destination = %self.destination.url, reason = %why, "krabka-pprof: the destination kept back part of a pushed profile");
                             refusals_said.push(why);
@@ -409,7 +423,7 @@ impl Target {
                     Outcome::Refused { why } => {
                         self.status().windows_dropped += 1;
                         self.failed(&why);
-                        if !refusals_said.contains(&why) {
+                        if !refusals_said.contains(&why) && refusals_said.len() < SAID_AT_MOST {
                             tracing::warn!(destination = %self.destination.url, reason = %why, "krabka-pprof: the destination refused a pushed profile; that window is dropped, and this is said once");
                             refusals_said.push(why);
                         }
@@ -423,7 +437,10 @@ impl Target {
                             failing = true;
                             tracing::warn!(destination = %self.destination.url, reason = %why, "krabka-pprof: pushing failed; the window is sent again, and the windows after it once it works");
                         }
-                        let wait = wait.unwrap_or_else(|| retry::backoff(failures, jitter()));
+                        // `Retry-After: 0` is no reason to send again at once.
+                        let wait = wait
+                            .unwrap_or_else(|| retry::backoff(failures, jitter()))
+                            .max(retry::FIRST_BACKOFF);
                         tokio::time::sleep(wait).await;
                     }
                 }

@@ -415,6 +415,7 @@ fn recorder_settings(config: &ProfilingConfig) -> Option<RecorderSettings> {
         budget: config.recent_memory(),
         frequency: config.frequency(),
         blocklist: config.blocklist(),
+        push_interval: config.push().then(|| config.push_interval()),
     })
 }
 

@@ -43,6 +43,9 @@ pub const MIN_PUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest window a pusher sends (`push_interval`): Pyroscope and the Collector
 /// expect profiles every few seconds, and a longer window delays what the store shows.
 pub const MAX_PUSH_INTERVAL: Duration = Duration::from_secs(60);
+/// How much more history than a window the recorder keeps when it pushes (`recent` ≥
+/// `push_interval` + this): a window is taken some seconds after its end, whole.
+pub const PUSH_HISTORY_MARGIN: Duration = Duration::from_secs(10);
 /// The pusher's window unless `push_interval` sets one, as pyroscope-go and Grafana
 /// Alloy scrape by default.
 pub const DEFAULT_PUSH_INTERVAL: Duration = Duration::from_secs(15);

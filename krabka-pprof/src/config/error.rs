@@ -104,6 +104,14 @@ pub enum ConfigError {
     },
     /// `push` without `recent`: the recorder's history is what is pushed.
     PushWithoutRecent,
+    /// A `recent` shorter than `push_interval` + 10 s: the pusher would find its windows
+    /// dropped before it takes them.
+    RecentBelowPushInterval {
+        /// `recent`.
+        recent: Duration,
+        /// `push_interval`.
+        interval: Duration,
+    },
     /// An empty or blank library name in the blocklist.
     BlankBlocklistEntry {
         /// Its position.
@@ -171,6 +179,9 @@ impl ConfigError {
             }
             ConfigError::PushWithoutRecent => {
                 "krabka-pprof: `push` needs `recent`: the recorder's history is what is pushed"
+            }
+            ConfigError::RecentBelowPushInterval { .. } => {
+                "krabka-pprof: with `push`, `recent` must be at least `push_interval` + 10s"
             }
             ConfigError::BlankBlocklistEntry { .. } => {
                 "krabka-pprof: `blocklist` entries must be non-empty library names"
@@ -252,6 +263,14 @@ impl fmt::Display for ConfigError {
                 d(&MIN_PUSH_INTERVAL),
                 d(&MAX_PUSH_INTERVAL),
                 d(found)
+            ),
+            ConfigError::RecentBelowPushInterval { recent, interval } => write!(
+                f,
+                "with `push`, `recent` must keep at least `push_interval` ({}) + {} of \
+                 history, so that each window is still there when it is sent; found {}",
+                d(interval),
+                d(&super::bounds::PUSH_HISTORY_MARGIN),
+                d(recent)
             ),
             ConfigError::PushWithoutRecent => write!(
                 f,

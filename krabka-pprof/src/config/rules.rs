@@ -8,7 +8,7 @@ use super::ProfilingConfig;
 use super::bounds::{
     MAX_ALLOC_STACKS, MAX_DURATION, MAX_FREQUENCY, MAX_PUSH_INTERVAL, MAX_RECENT,
     MAX_RECENT_MEMORY, MAX_WINDOWS, MIN_ALLOC_STACKS, MIN_DURATION, MIN_FREQUENCY,
-    MIN_PUSH_INTERVAL, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS,
+    MIN_PUSH_INTERVAL, MIN_RECENT, MIN_RECENT_MEMORY, MIN_WINDOWS, PUSH_HISTORY_MARGIN,
 };
 use super::chars::{char_at, is_control, is_whitespace};
 use super::error::{ConfigError, DurationField};
@@ -94,8 +94,16 @@ impl ProfilingConfig {
                 found: self.push_interval,
             });
         }
-        if self.push && self.recent.is_none() {
-            return Err(ConfigError::PushWithoutRecent);
+        if self.push {
+            let Some(recent) = self.recent else {
+                return Err(ConfigError::PushWithoutRecent);
+            };
+            if recent.as_nanos() < self.push_interval.as_nanos() + PUSH_HISTORY_MARGIN.as_nanos() {
+                return Err(ConfigError::RecentBelowPushInterval {
+                    recent,
+                    interval: self.push_interval,
+                });
+            }
         }
         if let Some(reason) = prefix_problem(self.prefix) {
             return Err(ConfigError::InvalidPrefix {

@@ -258,6 +258,25 @@ fn push_needs_the_recorder_and_an_interval_that_divides_a_minute() {
         "`push_interval` must be whole seconds from 1s to 1m that divide a minute (1s, 2s, \
          3s, 4s, 5s, 6s, 10s, 12s, 15s, 20s, 30s, 60s), found 7s"
     );
+    // The history holds a window and the time it takes to be sent.
+    assert_eq!(
+        c.with_recent(S(24)).with_push(true).validate(),
+        Err(ConfigError::RecentBelowPushInterval {
+            recent: S(24),
+            interval: S(15)
+        })
+    );
+    assert_eq!(c.with_recent(S(25)).with_push(true).validate(), Ok(()));
+    assert_eq!(
+        c.with_recent(S(69))
+            .with_push(true)
+            .with_push_interval(S(60))
+            .validate()
+            .unwrap_err()
+            .to_string(),
+        "with `push`, `recent` must keep at least `push_interval` (1m) + 10s of history, so \
+         that each window is still there when it is sent; found 1m 9s"
+    );
     let alone = ProfilingConfig::new()
         .with_push(true)
         .validate()

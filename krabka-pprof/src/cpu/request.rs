@@ -82,6 +82,9 @@ pub(crate) struct RecorderSettings {
     pub(crate) budget: usize,
     pub(crate) frequency: u32,
     pub(crate) blocklist: &'static [&'static str],
+    /// The pusher's windows (`push_interval`), if it pushes: the history's folding keeps
+    /// within them.
+    pub(crate) push_interval: Option<Duration>,
 }
 
 /// What one `/recent` request asks for, after defaults and clamping.

@@ -36,6 +36,8 @@ fn register() {
     registry::register();
 }
 
+#[cfg(all(feature = "ebpf-labels", sampler))]
+pub(crate) use registry::named_handles;
 #[cfg(sampler)]
 pub(crate) use registry::words_of;
 
@@ -174,6 +176,29 @@ mod registry {
             }
         });
         FORKS.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The handles the label words of every registered thread name now, both halves:
+    /// the sets the eBPF labels' pointers may name (`super::super::ebpf`), which the
+    /// table's sweep must not free.
+    #[cfg(feature = "ebpf-labels")]
+    pub(crate) fn named_handles() -> Vec<u32> {
+        let words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(words) = words.as_ref() else {
+            return Vec::new();
+        };
+        let mut named = Vec::with_capacity(words.len());
+        for &(label_word, _) in words.values() {
+            // SAFETY: as in `words_of`: the entry is removed under this lock before its
+            // thread's thread-locals are freed.
+            let word = unsafe { (*(label_word as *const AtomicU64)).load(Ordering::Relaxed) };
+            for half in [word as u32, (word >> 32) as u32] {
+                if half != 0 {
+                    named.push(half);
+                }
+            }
+        }
+        named
     }
 
     /// A thread's two words, as [`words_of`] read them.

@@ -198,6 +198,20 @@ struct Merged {
     next: usize,
 }
 
+impl Drop for Merged {
+    /// The thread exits: its pointer must not name the buffers freed now.
+    fn drop(&mut self) {
+        let _ = CURRENT.try_with(|current| {
+            let slot = current.get();
+            if !slot.is_null() {
+                // SAFETY: this thread's own `custom_labels_current_set`.
+                unsafe { slot.write_volatile(std::ptr::null()) };
+                compiler_fence(Ordering::SeqCst);
+            }
+        });
+    }
+}
+
 thread_local! {
     /// The address of this thread's `custom_labels_current_set` (found once).
     static CURRENT: Cell<*mut *const LabelSetC> = const { Cell::new(std::ptr::null_mut()) };
@@ -263,8 +277,18 @@ fn merged(user: &Published, span: &Published) -> *const LabelSetC {
             });
             let at = buffers.next;
             buffers.next = 1 - at;
+            // The user's labels, then the span's with other keys: a key both have keeps
+            // the user's value, as the profiles' labels do.
             let mut count = 0;
-            for label in user._labels.iter().chain(span._labels.iter()).take(MERGED) {
+            let spans_own = span
+                ._strings
+                .iter()
+                .zip(span._labels.iter())
+                .filter(|((key, _), _)| !user._strings.iter().any(|(user_key, _)| user_key == key));
+            for label in user._labels.iter().chain(spans_own.map(|(_, label)| label)) {
+                if count == MERGED {
+                    break;
+                }
                 buffers.labels[at][count] = *label;
                 count += 1;
             }
@@ -333,6 +357,19 @@ mod tests {
         point_at(u64::from(span) << 32 | u64::from(user));
         assert_ne!(current(), first, "the other buffer");
         assert_eq!(read(first).len(), 2, "the first is left as it was");
+        // A key both have keeps the user's value, once.
+        let (both, _both) = super::super::table::intern(
+            pairs(&[("span_name", "checkout"), ("tenant", "from-span")]),
+            false,
+        );
+        point_at(u64::from(both) << 32 | u64::from(user));
+        assert_eq!(
+            read(current()),
+            [
+                ("tenant".into(), "acme".into()),
+                ("span_name".into(), "checkout".into())
+            ]
+        );
         point_at(0);
         assert!(current().is_null());
         // SAFETY: reading the constant.

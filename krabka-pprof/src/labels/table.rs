@@ -93,13 +93,17 @@ struct Table {
     live: usize,
     /// The set past [`MAX_SETS`], never freed.
     too_many: Option<(Handle, Arc<LabelSet>)>,
+    /// The process's own table (not a test's): its sets are published where eBPF
+    /// profilers read them (feature `ebpf-labels`).
+    publishes: bool,
     /// What slot 0's index is in handles: drawn per process, so that a child made by
     /// `fork` (which starts a table of its own, see `PerProcess`) does not resolve the
     /// handles its parent's threads left in the forking thread's word to its own sets.
     base: u32,
 }
 
-static TABLE: PerProcess<Mutex<Table>> = PerProcess::new(|| Mutex::new(Table::new()));
+static TABLE: PerProcess<Mutex<Table>> =
+    PerProcess::new(|| Mutex::new(Table::new().the_processs()));
 
 fn table() -> MutexGuard<'static, Table> {
     TABLE.get().lock().unwrap_or_else(PoisonError::into_inner)
@@ -112,14 +116,21 @@ impl Table {
 }
 
 impl Table {
+    /// The process's table: with the eBPF labels, it publishes its sets.
+    fn the_processs(mut self) -> Table {
+        self.publishes = true;
+        #[cfg(all(feature = "ebpf-labels", sampler))]
+        super::ebpf::set_base(self.base);
+        self
+    }
+
     fn new() -> Table {
         use std::hash::BuildHasher as _;
         let drawn = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
         // Room above for MAX_SETS slots and the sentinel, in 24 bits.
         let base = (drawn % (1 << 23)) as u32;
-        #[cfg(all(feature = "ebpf-labels", sampler))]
-        super::ebpf::set_base(base);
         Table {
+            publishes: false,
             base,
             slots: vec![Slot {
                 generation: 0,
@@ -174,7 +185,9 @@ impl Table {
         let generation = slot.generation;
         let handle = self.handle(index, generation);
         #[cfg(all(feature = "ebpf-labels", sampler))]
-        super::ebpf::publish(index, handle, &set);
+        if self.publishes {
+            super::ebpf::publish(index, handle, &set);
+        }
         (handle, set)
     }
 
@@ -195,7 +208,9 @@ impl Table {
         let index = (self.slots.len() - 1) as u32;
         let sentinel = (self.handle(index, 0), set);
         #[cfg(all(feature = "ebpf-labels", sampler))]
-        super::ebpf::publish(index, sentinel.0, &sentinel.1);
+        if self.publishes {
+            super::ebpf::publish(index, sentinel.0, &sentinel.1);
+        }
         self.too_many = Some(sentinel.clone());
         // Never freed: `live` does not count it, and the sweep never sees it unused (the
         // table keeps a second reference in `too_many`).
@@ -217,10 +232,26 @@ impl Table {
         self.since_sweep = 0;
         let drains = self.drains;
         let mut freed = Vec::new();
+        // With the eBPF labels, a set some thread's word still names stays: its pointer
+        // may name the set's published form (a span's set replaced by `on_record` while
+        // other threads are in the span; a handle saved to be restored).
+        #[cfg(all(feature = "ebpf-labels", sampler))]
+        let named = if self.publishes {
+            super::current::named_handles()
+        } else {
+            Vec::new()
+        };
+        #[cfg(all(feature = "ebpf-labels", sampler))]
+        let base = self.base;
         for (index, slot) in self.slots.iter_mut().enumerate().skip(1) {
             let Some(set) = &slot.set else {
                 continue;
             };
+            #[cfg(all(feature = "ebpf-labels", sampler))]
+            if named.contains(&((base + index as u32) << 8 | Handle::from(slot.generation))) {
+                slot.unused_since = None;
+                continue;
+            }
             let held_by_table = 1 + usize::from(slot.shared);
             if Arc::strong_count(set) > held_by_table {
                 slot.unused_since = None;
@@ -243,7 +274,9 @@ impl Table {
             slot.generation = slot.generation.wrapping_add(1);
             slot.unused_since = None;
             #[cfg(all(feature = "ebpf-labels", sampler))]
-            super::ebpf::unpublish(index);
+            if self.publishes {
+                super::ebpf::unpublish(index);
+            }
             self.free.push(index);
             self.live -= 1;
         }

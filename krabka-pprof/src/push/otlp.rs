@@ -256,16 +256,26 @@ impl Dictionary {
             ) {
                 (Some(trace), Some(span)) => self.links.of((trace.to_vec(), span.to_vec())),
                 _ => {
-                    // Without a trace id there is no link to make: the span id stays a
-                    // sample attribute, as its label was.
-                    if let Some(span) = span_id {
-                        indices.push(self.attribute("span_id", Value::Text(span.to_owned())));
+                    // Without both there is no link to make: the ids stay sample
+                    // attributes, as their labels were.
+                    for (key, id) in [("span_id", span_id), ("trace_id", trace_id)] {
+                        if let Some(id) = id {
+                            indices.push(self.attribute(key, Value::Text(id.to_owned())));
+                        }
                     }
                     0
                 }
             };
+            // A key once in a list (a user label named `thread.name` beside the
+            // thread's): the first given stays.
+            let mut keys = Vec::with_capacity(indices.len());
+            indices.retain(|&at| {
+                let key = self.attributes.entries[at as usize].0;
+                let new = !keys.contains(&key);
+                keys.push(key);
+                new
+            });
             indices.sort_unstable();
-            indices.dedup();
             let identity = (stack, indices, link);
             match sample_at.get(&identity) {
                 Some(&at) => {

@@ -36,12 +36,16 @@ pub(crate) fn push_request(
     if let Some(heap) = heap {
         let mut series_labels = vec![("__delta__".to_owned(), "false".to_owned())];
         series_labels.extend(labels.iter().cloned());
-        let mut memory = one_series(heap, "memory", service_name, &series_labels, instance);
-        for sample in &mut memory.samples {
-            // Apart from the CPU profile's ids of the same window.
-            sample.id.replace_range(..1, "m");
-        }
-        series.push(memory);
+        // Its ids apart from the CPU profile's of the same window, still UUIDs (Pyroscope
+        // parses them).
+        let memory_instance = instance ^ 0x6d65_6d6f_7279; // "memory"
+        series.push(one_series(
+            heap,
+            "memory",
+            service_name,
+            &series_labels,
+            memory_instance,
+        ));
     }
     PushRequest { series }
 }
@@ -199,10 +203,18 @@ mod tests {
                 ("env".to_owned(), "prod".to_owned()),
             ]
         );
-        assert_ne!(
-            request.series[0].samples[0].id,
-            request.series[1].samples[0].id
+        let (cpu, memory) = (
+            &request.series[0].samples[0].id,
+            &request.series[1].samples[0].id,
         );
+        assert_ne!(cpu, memory);
+        for id in [cpu, memory] {
+            let hex: String = id.chars().filter(|&c| c != '-').collect();
+            assert!(
+                id.len() == 36 && hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+                "{id} is a UUID"
+            );
+        }
         assert_eq!(
             pprof::Profile::decode(&*request.series[1].samples[0].raw_profile).unwrap(),
             profile(2)

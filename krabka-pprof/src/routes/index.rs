@@ -296,6 +296,14 @@ fn push_setting(config: &crate::config::ProfilingConfig) -> String {
                 target.windows_empty,
                 target.last_success.map_or("none yet".to_owned(), ago),
             ));
+            text.push_str(&format!(
+                "; {:.1} KiB sent, the largest request {:.1} KiB (gzipped)",
+                target.bytes_sent as f64 / 1024.0,
+                target.largest_request as f64 / 1024.0
+            ));
+            if target.heap_sent > 0 {
+                text.push_str(&format!("; {} with the heap", target.heap_sent));
+            }
             if let Some(delay) = target.last_delay {
                 text.push_str(&format!(
                     " ({} ms after its window's end)",
@@ -527,6 +535,7 @@ mod tests {
                 budget: 4 << 20,
                 frequency: 99,
                 blocklist: &[],
+                push_interval: None,
             },
             span: std::time::Duration::from_millis(125_700),
             sampled: std::time::Duration::from_millis(122_300),

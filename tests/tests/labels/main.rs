@@ -762,15 +762,18 @@ mod ebpf {
         let version = unsafe { *(symbol(c"custom_labels_abi_version") as *const u32) };
         assert_eq!(version, 1);
         let (address, inside) = std::sync::mpsc::channel();
+        let (outside, out) = std::sync::mpsc::channel();
         let (leave, left) = std::sync::mpsc::channel::<()>();
+        let (end, ended) = std::sync::mpsc::channel::<()>();
         let labelled = std::thread::spawn(move || {
             let own = symbol(c"custom_labels_current_set");
             labels::scope(&[("tenant", "acme"), ("route", "/pay")], || {
                 address.send(own).unwrap();
                 left.recv().unwrap();
             });
-            // Out of the scope: nothing.
-            own
+            // Out of the scope, still alive: waits while it is read.
+            outside.send(()).unwrap();
+            ended.recv().unwrap();
         });
         let pointer = inside.recv().unwrap();
         assert_eq!(
@@ -782,8 +785,13 @@ mod ebpf {
             "read from another thread while the labelled one waits in its scope"
         );
         leave.send(()).unwrap();
-        let pointer = labelled.join().unwrap();
-        let _ = pointer;
+        out.recv().unwrap();
+        assert!(
+            read(pointer).is_empty(),
+            "out of its scope, the thread names no set"
+        );
+        end.send(()).unwrap();
+        labelled.join().unwrap();
         // The main thread has no scope: its own pointer is null.
         assert!(read(symbol(c"custom_labels_current_set")).is_empty());
     }

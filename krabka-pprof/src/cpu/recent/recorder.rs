@@ -58,7 +58,9 @@ pub(super) fn start(settings: RecorderSettings) -> &'static Recorder {
     let recorder = *RECORDER.get().get_or_init(|| {
         Box::leak(Box::new(Recorder {
             settings,
-            ring: Mutex::new(Ring::new(settings.keep, settings.budget)),
+            ring: Mutex::new(
+                Ring::new(settings.keep, settings.budget).pushed_in(settings.push_interval),
+            ),
             inbox: Mutex::new(Inbox::default()),
             wake: Condvar::new(),
             running: AtomicBool::new(false),
@@ -189,7 +191,8 @@ fn record(recorder: &'static Recorder) {
             None => retry.at,
         };
         let (leave, cuts) = recorder.wait(deadline);
-        let now = Instant::now();
+        // Read together: the next slice ends on a whole second of the one by the other.
+        let (now, now_wall) = (Instant::now(), SystemTime::now());
         // Switched off at run time: the window so far becomes a slice, and nothing is
         // sampled until it is switched on again, looked at once a second.
         if !crate::switch::is_on() {
@@ -217,11 +220,12 @@ fn record(recorder: &'static Recorder) {
             match sessions::sit(settings.frequency, settings.blocklist, ask.clone()) {
                 Sit::Seated(sitting) => {
                     let start = sitting.sampler().open_window(next_window());
+                    let (opened, opened_wall) = (Instant::now(), SystemTime::now());
                     recording = Some(Recording {
                         sitting,
                         start,
-                        opened: Instant::now(),
-                        opened_wall: SystemTime::now(),
+                        opened,
+                        opened_wall,
                     });
                     retry.seated();
                 }
@@ -287,7 +291,7 @@ fn record(recorder: &'static Recorder) {
         }
         current.start = next;
         current.opened = now;
-        current.opened_wall = SystemTime::now();
+        current.opened_wall = now_wall;
         recording = Some(current);
     }
 }

@@ -59,7 +59,6 @@ impl Slice {
     }
 
     /// Which pushed window the slice belongs to (see [`Ring::take`]).
-    #[cfg_attr(not(feature = "push"), allow(dead_code))]
     fn middle(&self) -> SystemTime {
         self.started + self.duration / 2
     }
@@ -100,6 +99,8 @@ pub(super) struct Ring {
     /// The newest report's strings.
     reader_why: String,
     timer_shortfall: Option<String>,
+    /// The pusher's windows, if it pushes: no fold crosses their bounds.
+    pushed_in: Option<Duration>,
 }
 
 /// The recorder's history as the index page shows it.
@@ -144,7 +145,30 @@ impl Ring {
             paused: None,
             reader_why: String::new(),
             timer_shortfall: None,
+            pushed_in: None,
         }
+    }
+
+    /// Folds only within the pusher's windows of `interval` (`take` gives a window its
+    /// slices by their middles: a slice folded across a window's bound would be sent in
+    /// two windows, or in none).
+    pub(super) fn pushed_in(mut self, interval: Option<Duration>) -> Ring {
+        self.pushed_in = interval.filter(|interval| !interval.is_zero());
+        self
+    }
+
+    /// Whether `a` and `b` may fold into one slice: they lie in one pushed window.
+    fn same_window(&self, a: &Slice, b: &Slice) -> bool {
+        let Some(interval) = self.pushed_in else {
+            return true;
+        };
+        let window = |slice: &Slice| {
+            slice
+                .middle()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |since| since.as_nanos() / interval.as_nanos())
+        };
+        window(a) == window(b)
     }
 
     /// Adds the newest slice, then folds, and drops what is too old or too much.
@@ -266,6 +290,7 @@ impl Ring {
             let (before, this) = (&self.slices[i - 1], &self.slices[i]);
             if this.gap_before.is_none()
                 && this.frequency == before.frequency
+                && self.same_window(before, this)
                 && before.duration + this.duration <= COARSE + SLICE / 2
             {
                 let this = self.slices.remove(i).expect("within bounds");

@@ -767,3 +767,47 @@ fn pushed_windows_take_each_slice_once_by_its_middle() {
     assert!(empty.selection.collected.is_none());
     assert_eq!(empty.last, None);
 }
+
+/// With a pusher's windows, history older than a minute folds only within them: the
+/// windows taken after the fold (a pusher catching up after an outage) still hold each
+/// sample once, and no folded slice straddles a window's bound.
+#[test]
+fn folds_keep_within_the_pushed_windows() {
+    let mut ring = Ring::new(S(600), 8 << 20).pushed_in(Some(S(15)));
+    for second in 0..90 {
+        ring.push(slice(f64::from(second), 1.0, &[0xa], 10), None);
+    }
+    let window = |at: SystemTime| at.duration_since(at_origin()).unwrap().as_secs() / 15;
+    assert!(
+        ring.slices.iter().any(|s| s.duration > S(2)),
+        "the old history was folded"
+    );
+    for slice in &ring.slices {
+        assert_eq!(
+            window(slice.started),
+            window(slice.end() - Duration::from_millis(1)),
+            "a slice from {:?} for {:?} straddles a window",
+            slice.started,
+            slice.duration
+        );
+    }
+    let mut after = None;
+    let mut total = 0;
+    for start in (0..90).step_by(15) {
+        let taken = ring
+            .take(
+                after,
+                at(f64::from(start)),
+                at(f64::from(start + 15)),
+                at(100.0),
+            )
+            .expect("complete");
+        total += by_leaf(taken.selection.collected.as_ref().unwrap())[&0xa];
+        after = taken.last.or(after);
+    }
+    assert_eq!(total, 900, "every sample once");
+}
+
+fn at_origin() -> SystemTime {
+    at(0.0)
+}
