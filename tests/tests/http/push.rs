@@ -700,12 +700,26 @@ async fn unusable_destinations_are_said_and_the_service_keeps_serving() {
         assert_eq!(index.status(), StatusCode::OK);
         let index = index.text().await.unwrap();
         assert!(index.contains(says_index), "{says_index}: {index}");
-        let recent = client()
-            .get(child.url("/debug/pprof/recent?seconds=1"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(recent.status(), StatusCode::OK, "the recorder answers");
+        // The recorder records on: its first slice may not be cut yet (a 404 that says
+        // so), then it answers.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let recent = client()
+                .get(child.url("/debug/pprof/recent?seconds=1"))
+                .send()
+                .await
+                .unwrap();
+            if recent.status() == StatusCode::OK {
+                break;
+            }
+            let status = recent.status();
+            let said = recent.text().await.unwrap();
+            assert!(
+                status == StatusCode::NOT_FOUND && Instant::now() < deadline,
+                "the recorder does not answer: {status} {said}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert!(child.is_running());
     }
 }
