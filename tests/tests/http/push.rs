@@ -143,6 +143,22 @@ async fn receive(
     )
 }
 
+/// A `test_child serve-push` pushing OTLP alone to `endpoint`, as service `checkout`, with
+/// `OTEL_RESOURCE_ATTRIBUTES` if given.
+fn otlp_child(endpoint: &str, resource_attributes: Option<&str>) -> ChildServer {
+    ChildServer::start_logged(
+        EXE,
+        "serve-push",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", Some(endpoint)),
+            ("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", None),
+            ("OTEL_SERVICE_NAME", Some("checkout")),
+            ("OTEL_RESOURCE_ATTRIBUTES", resource_attributes),
+            ("PYROSCOPE_SERVER_ADDRESS", None),
+        ],
+    )
+}
+
 /// The child's CPU time so far (user + system, all its threads, the dead ones too), by
 /// the kernel's clock.
 fn child_cpu(pid: u32) -> Duration {
@@ -340,19 +356,9 @@ async fn otlp_windows_arrive_once_each_contiguous_across_an_outage_and_hold_the_
         .unwrap()
         .port();
     let endpoint = format!("http://127.0.0.1:{port}");
-    let child = ChildServer::start_logged(
-        EXE,
-        "serve-push",
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", Some(&endpoint)),
-            ("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", None),
-            ("OTEL_SERVICE_NAME", Some("checkout")),
-            (
-                "OTEL_RESOURCE_ATTRIBUTES",
-                Some("deployment.environment.name=test,team=perf"),
-            ),
-            ("PYROSCOPE_SERVER_ADDRESS", None),
-        ],
+    let child = otlp_child(
+        &endpoint,
+        Some("deployment.environment.name=test,team=perf"),
     );
     let started = SystemTime::now();
     // Down for three windows at least, then up, first answering "unavailable".
@@ -754,16 +760,7 @@ async fn the_collectors_receiver_takes_every_window() {
         .unwrap();
     let addr = line.trim().strip_prefix("addr=").expect("addr=").to_owned();
     let endpoint = format!("http://{addr}");
-    let child = ChildServer::start_logged(
-        EXE,
-        "serve-push",
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", Some(&endpoint)),
-            ("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", None),
-            ("OTEL_SERVICE_NAME", Some("checkout")),
-            ("PYROSCOPE_SERVER_ADDRESS", None),
-        ],
-    );
+    let child = otlp_child(&endpoint, None);
     let requests = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
         let mut files: Vec<_> = std::fs::read_dir(dir)
             .map(|entries| {
