@@ -235,14 +235,18 @@ proptest! {
         ],
         // Short histories (around the interval + 10 s) and long ones.
         recent in prop_oneof![10u64..80, 590u64..610],
+        // Unwritten, the interval is the default (15 s) on both sides.
+        written in any::<bool>(),
     ) {
-        let attr = format!(
-            "recent = \"{recent}s\", push = true, push_interval = \"{ms}ms\""
-        );
-        let config = ProfilingConfig::new()
-            .with_recent(Duration::from_secs(recent))
-            .with_push(true)
-            .with_push_interval(Duration::from_millis(ms));
+        let (attr, config) = if written {
+            (
+                format!("recent = \"{recent}s\", push = true, push_interval = \"{ms}ms\""),
+                ProfilingConfig::new().with_push_interval(Duration::from_millis(ms)),
+            )
+        } else {
+            (format!("recent = \"{recent}s\", push = true"), ProfilingConfig::new())
+        };
+        let config = config.with_recent(Duration::from_secs(recent)).with_push(true);
         agree(&attr, &config)?;
     }
 

@@ -101,9 +101,9 @@ pub(crate) fn for_push(alloc_stacks: u32) -> Option<Profile> {
         });
     };
     let mut previous = PREVIOUS.lock().unwrap_or_else(PoisonError::into_inner);
-    let now = (Instant::now(), SystemTime::now());
     // A failed dump leaves the reading as it was: the next window's counts begin there.
     let parsed = dump().ok()?;
+    let now = (Instant::now(), SystemTime::now());
     let totals = table.totals();
     let (before, since, since_wall) = previous.replace((totals.clone(), now.0, now.1))?;
     if parsed.stacks.is_empty() && totals.since(&before).slots.is_empty() {

@@ -109,6 +109,8 @@ mod registry {
 
     impl Drop for Registered {
         fn drop(&mut self) {
+            #[cfg(feature = "ebpf-labels")]
+            super::super::ebpf::thread_exits();
             let (forks, tid) = self.0.get();
             if tid != 0 && forks == FORKS.load(Ordering::Relaxed) {
                 let mut words = WORDS.lock().unwrap_or_else(PoisonError::into_inner);

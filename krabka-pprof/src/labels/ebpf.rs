@@ -113,7 +113,8 @@ const CHUNK: usize = 1024;
 /// used: a table of a few sets costs one chunk (16 KiB).
 static CHUNKS: [OnceLock<Box<[Slot]>>; super::table::MAX_SLOTS.div_ceil(CHUNK)] =
     [const { OnceLock::new() }; super::table::MAX_SLOTS.div_ceil(CHUNK)];
-/// The table's base (`table.rs`: a handle's index is `(handle >> 8) - base`).
+/// The publishing table's base (`table.rs`: a handle's index is `(handle >> 8) - base`),
+/// set by each publish.
 static BASE: AtomicU32 = AtomicU32::new(0);
 
 /// Slot `index`, its chunk allocated if `allocate` and not yet.
@@ -137,23 +138,48 @@ fn slot(index: u32, allocate: bool) -> Option<&'static Slot> {
     slots.get(index % CHUNK)
 }
 
-/// The table (of this process) numbers its slots from `base`.
-pub(crate) fn set_base(base: u32) {
-    BASE.store(base, Ordering::Relaxed);
-}
-
 /// `set`, interned at slot `index` as `handle`, is published. Under the table's lock.
 pub(crate) fn publish(index: u32, handle: Handle, set: &LabelSet) {
     let Some(slot) = slot(index, true) else {
         return;
     };
+    // The base of the table that publishes, under its lock (two threads may each have
+    // made a table at the process's start; the one kept publishes).
+    BASE.store((handle >> 8).wrapping_sub(index), Ordering::Relaxed);
     let new = Box::into_raw(Published::of(set));
     slot.handle.store(handle, Ordering::Relaxed);
     let old = slot.set.swap(new, Ordering::Release);
+    retire(old);
+}
+
+/// The published sets taken out of their slots, and when: a thread may have loaded one
+/// a moment before (a handle on its way into its word), so each is freed only a second
+/// later, at a later publish or unpublish (under the table's lock).
+static RETIRED: std::sync::Mutex<Vec<(std::time::Instant, u32, usize)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// How long a published set taken out of its slot lives on.
+const RETIRED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn retire(old: *mut Published) {
+    let mut retired = RETIRED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let now = std::time::Instant::now();
+    let pid = std::process::id();
+    retired.retain(|&(at, owner, set)| {
+        let due = now.duration_since(at) >= RETIRED_FOR;
+        if due && owner == pid {
+            // SAFETY: made by `Box::into_raw` in `publish`, out of its slot for a second:
+            // no thread still holds it from a load (`point_at` takes nanoseconds).
+            drop(unsafe { Box::from_raw(set as *mut Published) });
+        }
+        // One a parent process made (this is a child made by `fork`): its forking
+        // thread's pointer may name it; never freed here.
+        !due
+    });
     if !old.is_null() {
-        // SAFETY: a slot's previous set: freed sets are unpublished first, so this is a
-        // slot published again before its set was freed, which no word can still name.
-        drop(unsafe { Box::from_raw(old) });
+        retired.push((now, pid, old as usize));
     }
 }
 
@@ -165,11 +191,7 @@ pub(crate) fn unpublish(index: u32) {
     };
     slot.handle.store(0, Ordering::Relaxed);
     let old = slot.set.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    if !old.is_null() {
-        // SAFETY: published by `publish`, and no thread's pointer names it any more: a
-        // thread points at a set only while its word names the set's handle.
-        drop(unsafe { Box::from_raw(old) });
-    }
+    retire(old);
 }
 
 /// The published form of `handle`'s set, if it has one.
@@ -215,6 +237,9 @@ impl Drop for Merged {
 thread_local! {
     /// The address of this thread's `custom_labels_current_set` (found once).
     static CURRENT: Cell<*mut *const LabelSetC> = const { Cell::new(std::ptr::null_mut()) };
+    /// The thread is exiting: it names no set from now on (its registry entry is gone, so
+    /// the sweep no longer keeps the sets its word names).
+    static EXITING: Cell<bool> = const { Cell::new(false) };
     static MERGED_SETS: RefCell<Option<Box<Merged>>> = const { RefCell::new(None) };
 }
 
@@ -222,7 +247,9 @@ thread_local! {
 /// half's set, its span half's, or both's).
 pub(crate) fn point_at(word: u64) {
     let (user, span) = super::current::halves(word);
+    let exiting = EXITING.try_with(Cell::get).unwrap_or(true);
     let target: *const LabelSetC = match (published(user), published(span)) {
+        _ if exiting => std::ptr::null(),
         (None, None) => std::ptr::null(),
         (Some(one), None) | (None, Some(one)) => &one.set,
         (Some(user), Some(span)) => merged(user, span),
@@ -239,6 +266,13 @@ pub(crate) fn point_at(word: u64) {
         unsafe { slot.write_volatile(target) };
         compiler_fence(Ordering::SeqCst);
     });
+}
+
+/// The thread exits (its registry entry is being removed): its pointer names nothing,
+/// now and at any label change its last destructors make.
+pub(crate) fn thread_exits() {
+    let _ = EXITING.try_with(|exiting| exiting.set(true));
+    point_at(0);
 }
 
 /// A set of `user`'s labels and then `span`'s, in the buffer of this thread's the

@@ -119,8 +119,6 @@ impl Table {
     /// The process's table: with the eBPF labels, it publishes its sets.
     fn the_processs(mut self) -> Table {
         self.publishes = true;
-        #[cfg(all(feature = "ebpf-labels", sampler))]
-        super::ebpf::set_base(self.base);
         self
     }
 
@@ -237,7 +235,10 @@ impl Table {
         // other threads are in the span; a handle saved to be restored).
         #[cfg(all(feature = "ebpf-labels", sampler))]
         let named = if self.publishes {
-            super::current::named_handles()
+            let mut named = super::current::named_handles();
+            named.sort_unstable();
+            named.dedup();
+            named
         } else {
             Vec::new()
         };
@@ -247,13 +248,16 @@ impl Table {
             let Some(set) = &slot.set else {
                 continue;
             };
-            #[cfg(all(feature = "ebpf-labels", sampler))]
-            if named.contains(&((base + index as u32) << 8 | Handle::from(slot.generation))) {
+            let held_by_table = 1 + usize::from(slot.shared);
+            if Arc::strong_count(set) > held_by_table {
                 slot.unused_since = None;
                 continue;
             }
-            let held_by_table = 1 + usize::from(slot.shared);
-            if Arc::strong_count(set) > held_by_table {
+            #[cfg(all(feature = "ebpf-labels", sampler))]
+            if named
+                .binary_search(&((base + index as u32) << 8 | Handle::from(slot.generation)))
+                .is_ok()
+            {
                 slot.unused_since = None;
                 continue;
             }
