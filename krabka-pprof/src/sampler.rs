@@ -257,6 +257,9 @@ struct DrainState {
     /// The threads whose own stack was looked for in `/proc/self/maps` (found or not):
     /// each is looked for once.
     stacks_looked: std::collections::HashSet<u32>,
+    /// Whether a thread of the service ran since the threads' work (read by the drain
+    /// thread when that work is due).
+    service: crate::process::ServiceCpu,
 }
 
 static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
@@ -274,6 +277,8 @@ pub(crate) struct Sampler {
     /// The reader was chosen as usual ([`memory::Choice::usual`]).
     reader_usual: bool,
     frequency: u32,
+    /// How long after a drain that found no record the next comes.
+    idle_drain_every: Duration,
     /// The process that started it: a child made by `fork` that drops it touches no
     /// timer (the ids would name the child's own).
     pid: u32,
@@ -360,6 +365,7 @@ impl Sampler {
                 labels: Resolver::default(),
                 names: HashMap::new(),
                 stacks_looked: Default::default(),
+                service: crate::process::ServiceCpu::new(),
             }),
             backstop: None,
             blocklist,
@@ -367,6 +373,7 @@ impl Sampler {
             reader_why: reader.why,
             reader_usual: reader.usual,
             frequency,
+            idle_drain_every: drain::idle_drain_every(words, frequency, cpus),
             pid: std::process::id(),
             seccomp: ProcThread::seccomp(crate::process::current_tid()),
         };

@@ -205,6 +205,13 @@ fn hooks_per_poll(runs: u32) -> f64 {
 /// [`profiler_cpu_during`]): what `f` returned, and the CPU they used meanwhile.
 fn profiler_cpu<T: Send>(pid: u32, f: impl FnOnce() -> T + Send) -> (T, Duration) {
     let (out, by_name) = profiler_cpu_during(pid, f);
+    let mut threads: Vec<_> = by_name.iter().collect();
+    threads.sort();
+    let threads: Vec<String> = threads
+        .iter()
+        .map(|(name, cpu)| format!("{name} {:.1} ms", cpu.as_secs_f64() * 1e3))
+        .collect();
+    eprintln!("W profiler threads: {}", threads.join(", "));
     (out, by_name.values().sum())
 }
 

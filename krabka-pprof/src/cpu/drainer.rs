@@ -1,5 +1,5 @@
 //! A session's drain thread: one thread, for the session's life, that drains the sampler
-//! every [`DRAIN_EVERY`].
+//! every [`DRAIN_EVERY`], or as far apart as each drain asks (an idle service's, further).
 //!
 //! Drains ran on tokio's blocking pool, on whichever thread was free. What they keep (the
 //! windows' tables of stacks, the thread names, the accounting) grows in small steps for
@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use crate::sampler::DRAIN_EVERY;
 
-/// What the thread does every [`DRAIN_EVERY`]: drain, and say whether the session is
-/// still there to drain again.
-pub(super) type Drain = Box<dyn FnMut() -> bool + Send>;
+/// What the thread does every [`DRAIN_EVERY`]: drain, and say how long after it the next
+/// drain comes, or `None` once the session is no longer there to drain.
+pub(super) type Drain = Box<dyn FnMut() -> Option<Duration> + Send>;
 
 /// The drain thread, from before its session exists until the session drops it: then it
 /// stops, and is joined unless it is the thread dropping it.
@@ -50,12 +50,14 @@ impl Drainer {
                 let Ok(mut drain) = given.recv() else {
                     return;
                 };
-                // A period after the last drain ended: a slow drain (or a late wake-up)
-                // delays the next, and drains never come closer together than a period.
-                // Anything but a timeout is the drainer's drop.
-                while let Err(RecvTimeoutError::Timeout) = given.recv_timeout(every) {
-                    if !drain() {
-                        return;
+                // The wait the last drain asked for after it ended (a period at first): a
+                // slow drain (or a late wake-up) delays the next, and drains never come
+                // closer together than asked. Anything but a timeout is the drainer's drop.
+                let mut wait = every;
+                while let Err(RecvTimeoutError::Timeout) = given.recv_timeout(wait) {
+                    match drain() {
+                        Some(next) => wait = next,
+                        None => return,
                     }
                 }
             })?;
@@ -66,8 +68,8 @@ impl Drainer {
         })
     }
 
-    /// Starts draining: `drain` every period until it returns `false` or the drainer is
-    /// dropped. Once: the thread takes one piece of work.
+    /// Starts draining: `drain` a period after serving, then as long after each drain as
+    /// it returns, until it returns `None` or the drainer is dropped. Once: the thread takes one piece of work.
     pub(super) fn serve(&self, drain: Drain) {
         let work = self.work.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(work) = work.as_ref() {
@@ -113,7 +115,7 @@ mod tests {
         drainer.serve(Box::new(move || {
             let _ = seen.send(std::thread::current().name().map(str::to_owned));
             counted.fetch_add(1, Ordering::SeqCst);
-            true
+            Some(Duration::from_millis(1))
         }));
         for _ in 0..3 {
             let name = names
@@ -128,21 +130,29 @@ mod tests {
     }
 
     #[test]
-    fn drains_come_a_period_apart_never_sooner() {
+    fn drains_come_as_far_apart_as_asked_never_sooner() {
         let every = Duration::from_millis(5);
         let drainer = Drainer::spawn_every(every).expect("spawned");
         let (seen, at) = mpsc::channel();
-        drainer.serve(Box::new(move || seen.send(Instant::now()).is_ok()));
-        let times: Vec<Instant> = (0..4)
+        // Each drain asks for a longer wait than the one before: 5, 10, 15 ms...
+        let mut asked = every;
+        drainer.serve(Box::new(move || {
+            seen.send((Instant::now(), asked)).ok()?;
+            asked += every;
+            Some(asked)
+        }));
+        let times: Vec<(Instant, Duration)> = (0..4)
             .map(|_| at.recv_timeout(Duration::from_secs(60)).expect("a drain"))
             .collect();
         drop(drainer);
-        // A busy machine makes the gaps longer, never shorter.
+        // A busy machine makes the gaps longer, never shorter than asked.
         for pair in times.windows(2) {
+            let ((then, _), (now, _)) = (pair[0], pair[1]);
+            let asked = pair[0].1 + every;
             assert!(
-                pair[1] - pair[0] >= every,
-                "{:?} between drains",
-                pair[1] - pair[0]
+                now - then >= asked,
+                "{:?} between drains, {asked:?} asked",
+                now - then
             );
         }
     }
@@ -153,7 +163,7 @@ mod tests {
         let (once, ran) = mpsc::channel();
         drainer.serve(Box::new(move || {
             let _ = once.send(());
-            false
+            None
         }));
         ran.recv_timeout(Duration::from_secs(60))
             .expect("one drain within a minute");
@@ -189,7 +199,7 @@ mod tests {
                 if let Some(done) = done.take() {
                     let _ = done.send(());
                 }
-                true
+                Some(Duration::from_millis(1))
             }));
         dropped
             .recv_timeout(Duration::from_secs(60))

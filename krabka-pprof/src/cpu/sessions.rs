@@ -451,13 +451,7 @@ impl Started {
         // The thread holds the session only while it drains: the last window's leave
         // still stops the sampler.
         let session = Arc::downgrade(&shared);
-        let drain = Box::new(move || match session.upgrade() {
-            Some(shared) => {
-                shared.sampler.drain();
-                true
-            }
-            None => false,
-        });
+        let drain = Box::new(move || Some(session.upgrade()?.sampler.drain()));
         shared.drainer.serve(drain);
         shared
     }

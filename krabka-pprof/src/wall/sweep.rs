@@ -24,15 +24,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::labels::table::{Resolver, SampleLabels};
+use crate::process::ServiceCpu;
 use crate::sampler::{SleeperReader, Slept};
 
-/// How often the process's thread count is read (`/proc/self/status`): the threads are
-/// listed (`/proc/self/task`, a millisecond with a thousand of them) when it changed, so a
-/// thread that starts meanwhile is looked at from then on...
-const COUNT_EVERY: Duration = Duration::from_secs(1);
+/// How often, in seconds' worth of ticks, the process's thread count is read (the link
+/// count of `/proc/self/task`): the threads are listed (`/proc/self/task`, a millisecond
+/// with a thousand of them) when it changed, so a thread that starts meanwhile is looked
+/// at from then on... Looks the service's CPU put off ([`ServiceCpu`]) wait for the same
+/// tick, so that an idle service wakes the sweep once a second.
+const COUNT_EVERY_SECONDS: u64 = 1;
 
-/// ... and at least this often, whatever the count (threads replaced one for one).
-const LIST_AT_LEAST_EVERY: Duration = Duration::from_secs(10);
+/// ... and at least every this many counts, whatever the count (threads replaced one for
+/// one).
+const LIST_AT_LEAST_EVERY: u64 = 10;
 
 /// The most ticks between two looks at a thread found unchanged again and again, in
 /// seconds' worth: an idle thread costs one clock read per this, and a wait it moves to
@@ -128,6 +132,8 @@ pub(crate) struct Swept {
     pub(crate) counted_again: u64,
     /// Of the stacks read, those found where the thread was last read, not unwound again.
     pub(crate) same_again: u64,
+    /// Looks at quiet threads put off because no thread of the service ran since.
+    pub(crate) put_off: u64,
     /// The sweeping thread's own CPU time.
     pub(crate) cpu: Duration,
     pub(crate) elapsed: Duration,
@@ -199,6 +205,17 @@ struct Watched {
     quiet: u32,
     /// The tick of its next look.
     next: u64,
+    /// The sweep's [`Sweep::ran`] when it was last looked at: the same at a later tick,
+    /// no thread of the service has run since.
+    ran: u64,
+}
+
+impl Watched {
+    /// Whether it slept at its last look, outside any work (labels, a task's poll): a
+    /// quiet thread, whose look the service's CPU may put off.
+    fn idle(&self) -> bool {
+        self.asleep.as_ref().is_some_and(|place| !place.working())
+    }
 }
 
 /// The ticks to the next look at a thread found unchanged `quiet` times in a row: 1, 2,
@@ -302,7 +319,10 @@ impl Wheel {
     }
 }
 
-/// Sweeps until `stop`. This profiler's own threads (`crate::process::OwnThread`: the
+/// Sweeps until `stop`. A tick at which quiet threads are due first reads whether the
+/// service ran ([`ServiceCpu`]): a quiet thread due whose last look came after the last
+/// reading that found it had run is where that look found it, and its look is put off to
+/// the next count (its time since is charged at the look that comes). This profiler's own threads (`crate::process::OwnThread`: the
 /// drain, the worker, the recorder, this one) are not looked at: their waits are the
 /// profiler's, not the service's (the drain's stack words change at every wake, so each
 /// of its ten wakes a second was a full read); their time on a CPU is in the running
@@ -326,21 +346,23 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         looks: 0,
         stacks_read: 0,
         counted_again: 0,
+        service: ServiceCpu::new(),
+        ran: 0,
+        put_off: 0,
     };
     let mut wheel = Wheel::new(frequency);
-    let (mut counted_at, mut listed_at): (Option<Instant>, Option<Instant>) = (None, None);
+    let count_every = u64::from(frequency.max(1)) * COUNT_EVERY_SECONDS;
+    let (mut count_tick, mut counts_unlisted) = (0, 0);
     let mut count = None;
     let mut tick: u64 = 0;
     while !stopped_early && !stop.load(Ordering::Acquire) {
-        let now = Instant::now();
-        if counted_at.is_none_or(|at| now.duration_since(at) >= COUNT_EVERY) {
-            counted_at = Some(now);
+        if tick >= count_tick {
+            count_tick = tick + count_every;
             let counted = crate::process::thread_count();
-            if counted != count
-                || listed_at.is_none_or(|at| now.duration_since(at) >= LIST_AT_LEAST_EVERY)
-            {
+            counts_unlisted += 1;
+            if counted != count || counted.is_none() || counts_unlisted > LIST_AT_LEAST_EVERY {
                 count = counted;
-                listed_at = Some(now);
+                counts_unlisted = 0;
                 let mut alive = crate::process::list_threads();
                 alive.retain(|&tid| tid != own);
                 let (gone, new) = wheel.follow(&alive);
@@ -355,9 +377,22 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
                 }
             }
         }
-        for mut thread in wheel.due(tick) {
+        let due = wheel.due(tick);
+        if due
+            .iter()
+            .any(|thread| thread.next <= tick && thread.idle())
+            && sweep.service.ran()
+        {
+            sweep.ran += 1;
+        }
+        for mut thread in due {
             if thread.next > tick {
                 // Due in a later turn of the wheel.
+                wheel.put(thread);
+            } else if thread.idle() && thread.ran == sweep.ran {
+                // Asleep where its last look found it: no thread of the service ran since.
+                sweep.put_off += 1;
+                thread.next = count_tick;
                 wheel.put(thread);
             } else if sweep.look(&mut thread, tick) {
                 wheel.put(thread);
@@ -369,12 +404,8 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         // Ticks at fixed times from the start, without drifting: one that comes late
         // (a busy machine) is followed at once by the next, each taking only the threads
         // due then, and the weights are the real time between looks whenever they come.
-        // Ticks no thread is due at are slept through, up to the next listing's count.
-        let until_count = counted_at.map_or(0, |at| {
-            let left = COUNT_EVERY.saturating_sub(at.elapsed());
-            (left.as_nanos() / period.as_nanos().max(1)) as u64
-        });
-        tick = wheel.next_busy(tick).min(tick + until_count.max(1));
+        // Ticks no thread is due at are slept through, up to the next count.
+        tick = wheel.next_busy(tick).min(count_tick.max(tick));
         let due = started + period * u32::try_from(tick).unwrap_or(u32::MAX);
         let now = Instant::now();
         if due > now {
@@ -396,6 +427,7 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         looks,
         stacks_read,
         counted_again,
+        put_off,
         ..
     } = sweep;
     Swept {
@@ -404,6 +436,7 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         looks,
         stacks_read,
         counted_again,
+        put_off,
         same_again: reader.same_again,
         cpu: own_cpu().saturating_sub(cpu_at_start),
         elapsed: started.elapsed(),
@@ -421,6 +454,11 @@ struct Sweep<'r> {
     looks: u64,
     stacks_read: u64,
     counted_again: u64,
+    /// Whether the service ran, read at ticks where quiet threads are due...
+    service: ServiceCpu,
+    /// ... and the readings so far that found it had, or could not tell.
+    ran: u64,
+    put_off: u64,
 }
 
 impl Sweep<'_> {
@@ -446,6 +484,7 @@ impl Sweep<'_> {
             asleep,
             quiet: 0,
             next: tick + 1,
+            ran: self.ran,
         })
     }
 
@@ -471,6 +510,7 @@ impl Sweep<'_> {
         let now = Instant::now();
         let elapsed = now.duration_since(thread.looked);
         thread.looked = now;
+        thread.ran = self.ran;
         self.looks += 1;
         if clock == thread.clock
             && let Some(place) = &thread.asleep
