@@ -13,9 +13,9 @@ use std::io;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::Duration;
 
-#[cfg(procfs)]
+#[cfg(sampler)]
 mod service_cpu;
-#[cfg(procfs)]
+#[cfg(sampler)]
 pub(crate) use service_cpu::ServiceCpu;
 
 /// State of this process, never of its parent: a child made by `fork` gets a fresh one
