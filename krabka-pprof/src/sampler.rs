@@ -257,9 +257,11 @@ struct DrainState {
     /// The threads whose own stack was looked for in `/proc/self/maps` (found or not):
     /// each is looked for once.
     stacks_looked: std::collections::HashSet<u32>,
-    /// Whether a thread of the service ran since the threads' work (read by the drain
-    /// thread when that work is due).
+    /// The CPU the service's threads used, read by the drain thread past the early mark,
+    /// what it read then last, and what it read before the last threads' work it did.
     service: crate::process::ServiceCpu,
+    service_at_drain: Option<Duration>,
+    service_at_work: Option<Duration>,
 }
 
 static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
@@ -366,6 +368,8 @@ impl Sampler {
                 names: HashMap::new(),
                 stacks_looked: Default::default(),
                 service: crate::process::ServiceCpu::new(),
+                service_at_drain: None,
+                service_at_work: None,
             }),
             backstop: None,
             blocklist,
@@ -400,6 +404,11 @@ impl Sampler {
     /// The frequency the timers run at.
     pub(crate) fn frequency(&self) -> u32 {
         self.frequency
+    }
+
+    /// The timers' period.
+    fn period(&self) -> Duration {
+        Duration::from_nanos(1_000_000_000 / u64::from(self.frequency.max(1)))
     }
 
     /// The session itself, while it runs.

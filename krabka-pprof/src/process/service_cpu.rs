@@ -52,17 +52,19 @@ impl ServiceCpu {
     /// the last call: false only if it certainly did not (the first call, and any
     /// reading that cannot tell, say true).
     pub(crate) fn ran(&mut self) -> bool {
-        if current_tid() != self.reader {
-            *self = ServiceCpu::new();
-        }
-        let now = self.read();
+        let now = self.share();
         let unchanged = now.is_some() && now == self.last;
         self.last = now;
         !unchanged
     }
 
-    /// The service's share of the process's CPU now, if it can be told.
-    fn read(&mut self) -> Option<Duration> {
+    /// The service's share of the process's CPU now, if it can be told: the CPU its
+    /// threads used, as the scheduler last accounted it, from a start of its own (a
+    /// difference of two is the CPU used between them).
+    pub(crate) fn share(&mut self) -> Option<Duration> {
+        if current_tid() != self.reader {
+            *self = ServiceCpu::new();
+        }
         let me = current_tid();
         own_clocks(me, &mut self.before);
         let process = clock_time(libc::CLOCK_PROCESS_CPUTIME_ID).ok()?;

@@ -447,13 +447,15 @@ fn comments(
             "{} looks over {} ms: {} stacks read asleep ({} found where the thread was last \
              read, with the same stack words, and not unwound again), {} places counted again \
              unread (the thread had not run), {} looks at quiet threads put off (no thread \
-             of the service had run since their last); the looks took {} ms of CPU",
+             of the service had run since their last), {} first looks taken from the last \
+             window's end (the thread had not run since); the looks took {} ms of CPU",
             swept.looks,
             swept.elapsed.as_millis(),
             swept.stacks_read,
             swept.same_again,
             swept.counted_again,
             swept.put_off,
+            swept.remembered,
             swept.cpu.as_millis()
         )),
         None => comments.push(

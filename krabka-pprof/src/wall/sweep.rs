@@ -19,12 +19,13 @@
 //! own. Never a signal: no wait is cut short.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::labels::table::{Resolver, SampleLabels};
-use crate::process::ServiceCpu;
+use crate::objects::Loaded;
+use crate::process::{PerProcess, ServiceCpu};
 use crate::sampler::{SleeperReader, Slept};
 
 /// How often, in seconds' worth of ticks, the process's thread count is read (the link
@@ -47,6 +48,52 @@ const QUIET_SECONDS: u64 = 2;
 /// Looks in a row that found a thread unchanged after which the reader closes its files
 /// and forgets its last stack (`SleeperReader::keep`): it no longer moves.
 const QUIET_FORGOTTEN: u32 = 4;
+
+/// Where the threads a window found asleep at its end slept then, for the next window's
+/// first looks: a thread whose CPU clock still reads the same has not run since, so it
+/// sleeps at the same place with the same labels, and is not read again (its name, its
+/// `schedstat`, its `syscall` file and its stack: three `/proc` files and an unwind, most
+/// of what an idle service's window cost). A scraper's windows come one after another:
+/// each reads only the threads that ran since the last. Kept for [`REMEMBERED_FOR`] at
+/// most, for at most [`MAX_REMEMBERED`] threads (some 300 bytes each), and only while no
+/// library was loaded or unloaded (the stacks' addresses would name other code).
+static REMEMBERED: PerProcess<Mutex<Option<Remembered>>> = PerProcess::new(|| Mutex::new(None));
+
+/// How long a window's places are good for the next: older, its threads are read anew.
+const REMEMBERED_FOR: Duration = Duration::from_secs(600);
+
+/// The most threads whose places a window leaves to the next.
+const MAX_REMEMBERED: usize = 4096;
+
+/// What one window left to the next.
+struct Remembered {
+    loaded: Loaded,
+    at: Instant,
+    threads: HashMap<u32, Known>,
+}
+
+/// One thread asleep at a window's end.
+struct Known {
+    clock: Duration,
+    waited: Duration,
+    name: Arc<str>,
+    asleep: OffCpu,
+}
+
+/// What the last window left, if it is still good: taken out (a window running beside
+/// this one reads its threads itself).
+fn take_remembered(loaded: Loaded) -> HashMap<u32, Known> {
+    REMEMBERED
+        .get()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .filter(|remembered| {
+            remembered.loaded == loaded && remembered.at.elapsed() < REMEMBERED_FOR
+        })
+        .map(|remembered| remembered.threads)
+        .unwrap_or_default()
+}
 
 /// Where a thread's time off the CPU went, as a sample's key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -134,6 +181,8 @@ pub(crate) struct Swept {
     pub(crate) same_again: u64,
     /// Looks at quiet threads put off because no thread of the service ran since.
     pub(crate) put_off: u64,
+    /// First looks taken from the last window's end, the thread not having run since.
+    pub(crate) remembered: u64,
     /// The sweeping thread's own CPU time.
     pub(crate) cpu: Duration,
     pub(crate) elapsed: Duration,
@@ -330,6 +379,7 @@ impl Wheel {
 fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) -> Swept {
     let _own = crate::process::OwnThread::register();
     let cpu_at_start = own_cpu();
+    let loaded = Loaded::now();
     let mut reader = SleeperReader::new(blocklist);
     // A request that hung up meanwhile: nothing to look at.
     let stopped_early = stop.load(Ordering::Acquire);
@@ -349,6 +399,12 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         service: ServiceCpu::new(),
         ran: 0,
         put_off: 0,
+        known: if stopped_early {
+            HashMap::new()
+        } else {
+            take_remembered(loaded)
+        },
+        remembered: 0,
     };
     let mut wheel = Wheel::new(frequency);
     let count_every = u64::from(frequency.max(1)) * COUNT_EVERY_SECONDS;
@@ -416,9 +472,36 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
     }
     // The window ends now: every thread's time since its last look is charged (a quiet
     // one's last look may be two seconds back).
+    // Where each thread asleep now sleeps is the next window's first look at it.
     if !stopped_early {
+        let mut known = HashMap::new();
         for mut thread in wheel.drain() {
-            sweep.look(&mut thread, tick);
+            if sweep.look(&mut thread, tick)
+                && known.len() < MAX_REMEMBERED
+                && let (Some(asleep), Some(name)) = (thread.asleep, sweep.names.get(&thread.tid))
+            {
+                let name = name.clone();
+                let (clock, waited) = (thread.clock, thread.waited);
+                known.insert(
+                    thread.tid,
+                    Known {
+                        clock,
+                        waited,
+                        name,
+                        asleep,
+                    },
+                );
+            }
+        }
+        if Loaded::now() == loaded {
+            *REMEMBERED
+                .get()
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(Remembered {
+                loaded,
+                at: Instant::now(),
+                threads: known,
+            });
         }
     }
     let Sweep {
@@ -428,6 +511,7 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         stacks_read,
         counted_again,
         put_off,
+        remembered,
         ..
     } = sweep;
     Swept {
@@ -437,6 +521,7 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         stacks_read,
         counted_again,
         put_off,
+        remembered,
         same_again: reader.same_again,
         cpu: own_cpu().saturating_sub(cpu_at_start),
         elapsed: started.elapsed(),
@@ -459,6 +544,9 @@ struct Sweep<'r> {
     /// ... and the readings so far that found it had, or could not tell.
     ran: u64,
     put_off: u64,
+    /// Where the last window left its threads asleep, until each is first looked at.
+    known: HashMap<u32, Known>,
+    remembered: u64,
 }
 
 impl Sweep<'_> {
@@ -466,6 +554,24 @@ impl Sweep<'_> {
     fn first_look(&mut self, tid: u32, tick: u64) -> Option<Watched> {
         if crate::process::is_own_thread(tid) {
             return None;
+        }
+        if let Some(known) = self.known.remove(&tid) {
+            let clock = crate::process::thread_cpu_time(tid).ok()?;
+            if clock == known.clock {
+                // It has not run since the last window's end: asleep there still.
+                self.remembered += 1;
+                self.names.insert(tid, known.name);
+                return Some(Watched {
+                    tid,
+                    looked: Instant::now(),
+                    clock,
+                    waited: known.waited,
+                    asleep: Some(known.asleep),
+                    quiet: 0,
+                    next: tick + 1,
+                    ran: self.ran,
+                });
+            }
         }
         // Whatever was kept under its id was another thread's (or its own, before it was
         // watched afresh): its files and stack are read anew.

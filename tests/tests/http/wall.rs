@@ -654,6 +654,19 @@ async fn idle_runtime_threads_are_left_out_unless_every_thread_is_asked_for() {
 /// The looks' counts, from the profile's comment: looks, stacks read asleep, places
 /// counted again unread.
 fn look_counts(profile: &Profile) -> (u64, u64, u64) {
+    let counts = look_numbers(
+        profile,
+        &[
+            " looks over",
+            " stacks read asleep",
+            " places counted again",
+        ],
+    );
+    (counts[0], counts[1], counts[2])
+}
+
+/// The numbers before each of `texts` in the profile's comment on its looks.
+fn look_numbers(profile: &Profile, texts: &[&str]) -> Vec<u64> {
     let comment = krabka_pprof_tests::comments(profile)
         .into_iter()
         .find(|c| c.contains(" looks over "))
@@ -674,17 +687,14 @@ fn look_counts(profile: &Profile) -> (u64, u64, u64) {
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("a number before {text:?} in {comment:?}"))
     };
-    (
-        number_before(" looks over"),
-        number_before(" stacks read asleep"),
-        number_before(" places counted again"),
-    )
+    texts.iter().map(|text| number_before(text)).collect()
 }
 
 /// 2,000 threads parked all along cost a wall window one stack read each and then a clock
-/// read every few ticks, thinning out: not a read a tick. (What that costs in CPU is the
-/// benchmark's figure W; here, the kernel's count of the threads that ran says how many
-/// reads the sweep may take beyond the first look at each.)
+/// read every few ticks, thinning out: not a read a tick. A second window right after
+/// reads none of them again: where the first left them asleep, their clocks unchanged.
+/// (What that costs in CPU is the benchmark's figure W; here, the kernel's count of the
+/// threads that ran says how many reads the sweep may take beyond the first look at each.)
 #[tokio::test]
 async fn parked_threads_are_read_once_and_then_looked_at_seldom() {
     let _serial = serial().await;
@@ -745,6 +755,15 @@ async fn parked_threads_are_read_once_and_then_looked_at_seldom() {
         .await
         .unwrap();
     let after = switches();
+    let second = client()
+        .get(server.url("/debug/pprof/wall?seconds=1&threads=all"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let after_second = switches();
     release.store(true, Ordering::Release);
     for thread in &parked {
         thread.thread().unpark();
@@ -774,5 +793,29 @@ async fn parked_threads_are_read_once_and_then_looked_at_seldom() {
     assert!(
         looks <= threads * 20 + ran * ticks,
         "{looks} looks of {threads} threads ({ran} ran) in 2 s"
+    );
+
+    // The second window: a parked thread that did not run since the first ended is
+    // taken as the first left it, not read again; still shown, under its function.
+    let second = decode(&second);
+    let counts = look_numbers(&second, &[" stacks read asleep", " first looks taken"]);
+    let (read_again, remembered) = (counts[0], counts[1]);
+    let ran_since = after_second
+        .iter()
+        .filter(|(tid, n)| after.get(tid).is_none_or(|was| was != *n))
+        .count() as u64;
+    assert!(
+        remembered >= PARKED as u64 - ran_since,
+        "{remembered} first looks remembered of {PARKED} parked threads, {ran_since} threads ran"
+    );
+    assert!(
+        read_again <= (threads - PARKED as u64) + ran_since * (99 + 2),
+        "{read_again} stacks read again ({ran_since} threads ran between the windows)"
+    );
+    // Each thread a sample of its own (its id a label): every parked one is there.
+    assert!(
+        second.sample.len() >= PARKED,
+        "{} samples in the second profile, {PARKED} threads parked",
+        second.sample.len()
     );
 }
