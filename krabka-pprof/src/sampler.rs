@@ -61,14 +61,16 @@
 //! frame, whatever the stack's depth (measured by a test below).
 //!
 //! Off the signal path, a drain ([`Sampler::drain`], called about every 100 ms while a
-//! window is open, and when one opens or closes) swaps the two buffers, waits for handlers
-//! still writing to the old one (at most 100 ms: past it, a later drain folds that
-//! buffer), and folds its records into a batch. The threads' work (new threads' timers,
-//! the clocks that hold each thread's samples to its CPU, the batch into each open
-//! window's map from stack to count and weight, `buffer.rs`) is done by the drains that
-//! find it due (`drain.rs`'s `thread_work_every`: every drain where it is cheap, up to every 2 s where
-//! threads are many) and always when a window opens or closes. A window
-//! opened or closed at a swap gets exactly the records written while it was open. Memory
+//! window is open, further apart after one that found no record (`idle_drain_every` in
+//! `drain.rs`: up to a second), and when one opens or closes) swaps the two buffers,
+//! waits for handlers still writing to the old one (at most 100 ms: past it, a later
+//! drain folds that buffer), and folds its records into a batch. The threads' work (new
+//! threads' timers, the clocks that hold each thread's samples to its CPU, the batch into
+//! each open window's map from stack to count and weight, `buffer.rs`) is done by the
+//! drains that find it due (`drain.rs`'s `thread_work_every`: every drain where it is
+//! cheap, up to every 2 s where threads are many; put off while the service's threads
+//! used less than a period of CPU since the last, `process::ServiceCpu`) and always when
+//! a window opens or closes. A window opened or closed at a swap gets exactly the records written while it was open. Memory
 //! is therefore bounded by the buffer size and the distinct stacks of the open windows,
 //! not by their length. `sampler/frames.rs` turns a recorded stack into profile frames,
 //! and cuts a stack after the first frame no unwind table covers, whose callers could
@@ -230,7 +232,9 @@ struct DrainState {
     /// When the threads' work is due next: a drain before it only folds the records...
     thread_work_due: Instant,
     /// ... unless it is past this (half way there) and the process has another number of
-    /// threads than `alive`, those of the last listing of `/proc/self/task` (sorted).
+    /// threads than `alive`, those of the last listing of `/proc/self/task` (sorted). Due,
+    /// it waits while the service's threads used less than a period of CPU since the last
+    /// (`drain`).
     thread_work_early: Instant,
     alive: Vec<u32>,
     /// The threads' works since that listing, which each skipped: nothing said the threads
@@ -597,7 +601,7 @@ impl Sampler {
 /// The words of a session's record buffer, for `frequency` Hz on `cpus` CPUs: a quarter
 /// second of the worst case (every CPU sampled at the full rate with full-depth stacks;
 /// more than 64 CPUs count as 64), 2.5 drain periods: enough that a drain a little late
-/// loses nothing, small enough to stay well under a megabyte at 99 Hz; from 16 Ki to
+/// loses nothing (a drain after one that found no record waits half of it at most), small enough to stay well under a megabyte at 99 Hz; from 16 Ki to
 /// 1 Mi words.
 fn buffer_words(frequency: u32, cpus: usize) -> usize {
     let per_second = frequency as usize * cpus.min(64) * record_words(MAX_DEPTH);

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use crate::sampler::DRAIN_EVERY;
 
-/// What the thread does every [`DRAIN_EVERY`]: drain, and say how long after it the next
-/// drain comes, or `None` once the session is no longer there to drain.
+/// What the thread does at each drain: drain, and say how long after it the next drain
+/// comes, or `None` once the session is no longer there to drain.
 pub(super) type Drain = Box<dyn FnMut() -> Option<Duration> + Send>;
 
 /// The drain thread, from before its session exists until the session drops it: then it
@@ -69,7 +69,8 @@ impl Drainer {
     }
 
     /// Starts draining: `drain` a period after serving, then as long after each drain as
-    /// it returns, until it returns `None` or the drainer is dropped. Once: the thread takes one piece of work.
+    /// it returns, until it returns `None` or the drainer is dropped. Once: the thread
+    /// takes one piece of work.
     pub(super) fn serve(&self, drain: Drain) {
         let work = self.work.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(work) = work.as_ref() {

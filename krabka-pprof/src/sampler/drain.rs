@@ -37,9 +37,9 @@ impl Sampler {
         // the last drain, none of them ran, so none started or exited, and nothing more is
         // read. Due, the threads' work is put off to the next drain while the service's
         // threads together used less than a period of CPU since the last: none of them can
-        // have earned a sample, none can be shown as blocking `SIGPROF` (two periods
-        // unsampled) or as a silent timer (five), and the clocks read later say the same of
-        // the time between. An idle service's drains read no thread's clock. The share
+        // be shown as blocking `SIGPROF` (two periods unsampled) or as a silent timer
+        // (five), a sample that came meanwhile waits in the batch, and the clocks read
+        // later say the same of the time between. An idle service's drains read no thread's clock. The share
         // compared with is the one read before the threads' work read the clocks.
         let mut due = false;
         if now >= state.thread_work_early {
@@ -249,8 +249,10 @@ impl Sampler {
 /// [`DRAIN_EVERY`], it cost 1 % of a core whatever the threads did (bench figure S).
 pub(super) const THREAD_WORK_SHARE: u32 = 1_000; // 1/1,000: 0.1 %
 
-/// The longest the threads' work waits: the samples held meanwhile, and a thread that
-/// started meanwhile sampled by the backstop only.
+/// The longest the threads' work waits while the service runs: the samples held
+/// meanwhile, and a thread that started meanwhile sampled by the backstop only. While
+/// the service's threads use less than a period of CPU, it waits longer (`drain`): their
+/// samples, if any, wait with it.
 pub(super) const THREAD_WORK_AT_MOST_EVERY: Duration = Duration::from_secs(2);
 
 /// How long after threads' work that took `cost` of CPU the next is due: every drain while

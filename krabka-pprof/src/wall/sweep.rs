@@ -6,8 +6,11 @@
 //! look, with the thread seen asleep then, it slept there all along: that place is
 //! counted again for the time between, and nothing else is read. So a thread that sleeps
 //! long costs one clock read a look, and its looks thin out (every 2, 4, ... ticks, at
-//! most two seconds apart, on ticks shared with the other quiet threads: the time
-//! between is still exact), and the sweep sleeps through ticks no thread is due at. A thread whose clock moved ran meanwhile: its time on the CPU is the CPU
+//! most three seconds apart, on ticks shared with the other quiet threads: the time
+//! between is still exact), and the sweep sleeps through ticks no thread is due at. While
+//! no thread of the service runs at all (`crate::process::ServiceCpu`), a quiet thread's
+//! look is put off without even the clock read. A thread whose clock moved ran
+//! meanwhile: its time on the CPU is the CPU
 //! sampler's (the running part), its time ready to run comes from its `schedstat`, and
 //! the rest it slept. Where it sleeps now is read as a thread dump reads a sleeper
 //! (`crate::sampler::SleeperReader`); the time it slept is split between there (half of
@@ -54,9 +57,11 @@ const QUIET_FORGOTTEN: u32 = 4;
 /// sleeps at the same place with the same labels, and is not read again (its name, its
 /// `schedstat`, its `syscall` file and its stack: three `/proc` files and an unwind, most
 /// of what an idle service's window cost). A scraper's windows come one after another:
-/// each reads only the threads that ran since the last. Kept for [`REMEMBERED_FOR`] at
-/// most, for at most [`MAX_REMEMBERED`] threads (some 300 bytes each), and only while no
-/// library was loaded or unloaded (the stacks' addresses would name other code).
+/// each reads only the threads that ran since the last. Kept until the next window, which
+/// drops it if it is older than [`REMEMBERED_FOR`], for at most [`MAX_REMEMBERED`] threads
+/// and [`MAX_REMEMBERED_FRAMES`] return addresses in all (about 600 KiB at most), and
+/// only while no library was loaded or unloaded and the blocklist is the same (the
+/// stacks' addresses would name other code, or be read otherwise).
 static REMEMBERED: PerProcess<Mutex<Option<Remembered>>> = PerProcess::new(|| Mutex::new(None));
 
 /// How long a window's places are good for the next: older, its threads are read anew.
@@ -65,9 +70,14 @@ const REMEMBERED_FOR: Duration = Duration::from_secs(600);
 /// The most threads whose places a window leaves to the next.
 const MAX_REMEMBERED: usize = 4096;
 
-/// What one window left to the next.
+/// The most return addresses the places kept hold in all (512 KiB): a window's threads
+/// past it are read anew by the next.
+const MAX_REMEMBERED_FRAMES: usize = 64 * 1024;
+
+/// What one window left to the next, read with `blocklist`.
 struct Remembered {
     loaded: Loaded,
+    blocklist: &'static [&'static str],
     at: Instant,
     threads: HashMap<u32, Known>,
 }
@@ -82,14 +92,16 @@ struct Known {
 
 /// What the last window left, if it is still good: taken out (a window running beside
 /// this one reads its threads itself).
-fn take_remembered(loaded: Loaded) -> HashMap<u32, Known> {
+fn take_remembered(loaded: Loaded, blocklist: &'static [&'static str]) -> HashMap<u32, Known> {
     REMEMBERED
         .get()
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .take()
         .filter(|remembered| {
-            remembered.loaded == loaded && remembered.at.elapsed() < REMEMBERED_FOR
+            remembered.loaded == loaded
+                && remembered.blocklist == blocklist
+                && remembered.at.elapsed() < REMEMBERED_FOR
         })
         .map(|remembered| remembered.threads)
         .unwrap_or_default()
@@ -273,16 +285,19 @@ fn ticks_to_next(quiet: u32, frequency: u32) -> u64 {
     (1u64 << quiet.min(20)).min(u64::from(frequency.max(1)) * QUIET_SECONDS)
 }
 
-/// Looks `ticks` or more apart are rounded up to a tick that is a multiple of this, so
-/// that quiet threads are looked at together: the sweep sleeps through ticks no thread is
-/// due at (a tick that wakes the sweeping thread costs it some 30 µs of CPU, 3 ms a second
-/// at 99 Hz, on this project's machines).
+/// Looks `ticks` or more apart are rounded up to a tick that is a multiple of this, and
+/// looks a second or more apart to a whole second's tick (when the sweep also counts the
+/// threads), so that quiet threads are looked at together: the sweep sleeps through ticks
+/// no thread is due at (a tick that wakes the sweeping thread costs it 15 to 30 µs of CPU
+/// on this project's machines), and an idle service's wakes it once a second.
 const QUIET_TOGETHER: u64 = 8;
 
-/// The tick of the next look, `ticks` after `tick`.
-fn next_look(tick: u64, ticks: u64) -> u64 {
+/// The tick of the next look, `ticks` after `tick`, at `per_second` ticks a second.
+fn next_look(tick: u64, ticks: u64, per_second: u64) -> u64 {
     let next = tick + ticks;
-    if ticks >= QUIET_TOGETHER {
+    if ticks >= per_second {
+        next.next_multiple_of(per_second.max(1))
+    } else if ticks >= QUIET_TOGETHER {
         next.next_multiple_of(QUIET_TOGETHER)
     } else {
         next
@@ -370,8 +385,9 @@ impl Wheel {
 
 /// Sweeps until `stop`. A tick at which quiet threads are due first reads whether the
 /// service ran ([`ServiceCpu`]): a quiet thread due whose last look came after the last
-/// reading that found it had run is where that look found it, and its look is put off to
-/// the next count (its time since is charged at the look that comes). This profiler's own threads (`crate::process::OwnThread`: the
+/// reading that found it had run is where that look found it, and its look is put off as
+/// a look that found it there would put the next (its time since is charged at the look
+/// that comes). This profiler's own threads (`crate::process::OwnThread`: the
 /// drain, the worker, the recorder, this one) are not looked at: their waits are the
 /// profiler's, not the service's (the drain's stack words change at every wake, so each
 /// of its ten wakes a second was a full read); their time on a CPU is in the running
@@ -402,21 +418,22 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
         known: if stopped_early {
             HashMap::new()
         } else {
-            take_remembered(loaded)
+            take_remembered(loaded, blocklist)
         },
         remembered: 0,
     };
     let mut wheel = Wheel::new(frequency);
     let count_every = u64::from(frequency.max(1)) * COUNT_EVERY_SECONDS;
+    // Counts on whole seconds' ticks, where the quiet threads' looks are gathered.
     let (mut count_tick, mut counts_unlisted) = (0, 0);
     let mut count = None;
     let mut tick: u64 = 0;
     while !stopped_early && !stop.load(Ordering::Acquire) {
         if tick >= count_tick {
-            count_tick = tick + count_every;
+            count_tick = (tick + 1).next_multiple_of(count_every);
             let counted = crate::process::thread_count();
             counts_unlisted += 1;
-            if counted != count || counted.is_none() || counts_unlisted > LIST_AT_LEAST_EVERY {
+            if counted != count || counted.is_none() || counts_unlisted >= LIST_AT_LEAST_EVERY {
                 count = counted;
                 counts_unlisted = 0;
                 let mut alive = crate::process::list_threads();
@@ -447,8 +464,10 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
                 wheel.put(thread);
             } else if thread.idle() && thread.ran == sweep.ran {
                 // Asleep where its last look found it: no thread of the service ran since.
+                // Its look is put off as a look that found it there would put the next
+                // (its time since is charged at the look that comes).
                 sweep.put_off += 1;
-                thread.next = count_tick;
+                sweep.quieter(&mut thread, tick);
                 wheel.put(thread);
             } else if sweep.look(&mut thread, tick) {
                 wheel.put(thread);
@@ -474,12 +493,16 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
     // one's last look may be two seconds back).
     // Where each thread asleep now sleeps is the next window's first look at it.
     if !stopped_early {
-        let mut known = HashMap::new();
+        let (mut known, mut frames) = (HashMap::new(), 0);
         for mut thread in wheel.drain() {
             if sweep.look(&mut thread, tick)
                 && known.len() < MAX_REMEMBERED
+                && frames < MAX_REMEMBERED_FRAMES
                 && let (Some(asleep), Some(name)) = (thread.asleep, sweep.names.get(&thread.tid))
             {
+                if let State::Asleep { frames: stack, .. } = &asleep.state {
+                    frames += stack.len();
+                }
                 let name = name.clone();
                 let (clock, waited) = (thread.clock, thread.waited);
                 known.insert(
@@ -499,6 +522,7 @@ fn sweep(frequency: u32, blocklist: &'static [&'static str], stop: &AtomicBool) 
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(Remembered {
                 loaded,
+                blocklist,
                 at: Instant::now(),
                 threads: known,
             });
@@ -594,6 +618,21 @@ impl Sweep<'_> {
         })
     }
 
+    /// Thread `thread`, quiet, was found (or is known) asleep where it was once more: its
+    /// looks thin out, and after [`QUIET_FORGOTTEN`] the reader forgets its files.
+    fn quieter(&mut self, thread: &mut Watched, tick: u64) {
+        thread.quiet += 1;
+        if thread.quiet == QUIET_FORGOTTEN {
+            self.reader.forget(thread.tid);
+        }
+        let per_second = u64::from(self.frequency.max(1));
+        thread.next = next_look(
+            tick,
+            ticks_to_next(thread.quiet, self.frequency),
+            per_second,
+        );
+    }
+
     /// Looks at `thread` at `tick`; false once it is gone.
     fn look(&mut self, thread: &mut Watched, tick: u64) -> bool {
         let tid = thread.tid;
@@ -627,20 +666,23 @@ impl Sweep<'_> {
             // tick, so that where it sleeps next is charged from when it got there.
             self.counted_again += 1;
             charge(&mut self.off_cpu, place, elapsed, 1);
-            if !place.working() {
-                thread.quiet += 1;
-                if thread.quiet == QUIET_FORGOTTEN {
-                    self.reader.forget(tid);
-                }
+            if place.working() {
+                thread.next = tick + 1;
+            } else {
+                self.quieter(thread, tick);
             }
-            thread.next = next_look(tick, ticks_to_next(thread.quiet, self.frequency));
             return true;
         }
         // It ran: doing work, read at each move from now on.
         self.reader.keep(tid);
         let ran = clock.saturating_sub(thread.clock);
         let waited_now = self.reader.run_delay(tid).unwrap_or(thread.waited);
-        let waited = waited_now.saturating_sub(thread.waited);
+        // A wait for a CPU that began before the last look (or before the window: a
+        // thread woken then and not yet run) is counted when the thread gets a CPU:
+        // never more of it than the time since the last look leaves.
+        let waited = waited_now
+            .saturating_sub(thread.waited)
+            .min(elapsed.saturating_sub(ran));
         let slept = elapsed.saturating_sub(ran).saturating_sub(waited);
         let (labels, polling) = self.labels_of(tid);
         if !waited.is_zero() {
@@ -778,10 +820,14 @@ mod tests {
 
     #[test]
     fn quiet_looks_are_gathered_on_common_ticks_and_busy_ones_are_not() {
-        assert_eq!(next_look(5, 1), 6);
-        assert_eq!(next_look(5, 4), 9);
-        assert_eq!(next_look(5, 8), 16);
-        assert_eq!(next_look(16, 8), 24);
-        assert_eq!(next_look(17, 198), 216);
+        assert_eq!(next_look(5, 1, 99), 6);
+        assert_eq!(next_look(5, 4, 99), 9);
+        assert_eq!(next_look(5, 8, 99), 16);
+        assert_eq!(next_look(16, 8, 99), 24);
+        assert_eq!(next_look(17, 64, 99), 88);
+        // A second or more: on a whole second's tick, where the threads are counted.
+        assert_eq!(next_look(17, 128, 99), 198);
+        assert_eq!(next_look(17, 198, 99), 297);
+        assert_eq!(next_look(0, 2, 1), 2);
     }
 }
