@@ -34,26 +34,25 @@ impl Sampler {
         // A process that gained or lost threads gets their timers sooner; one whose
         // threads are replaced one for one, at the next due time. The CPU the service's
         // threads used (`ServiceCpu`) is read first, past the early mark: the same as at
-        // the last drain, none of them ran, so none started or exited, and nothing more is
-        // read. Due, the threads' work is put off to the next drain while the service's
-        // threads together used less than a period of CPU since the last: none of them can
-        // be shown as blocking `SIGPROF` (two periods unsampled) or as a silent timer
-        // (five), a sample that came meanwhile waits in the batch, and the clocks read
-        // later say the same of the time between. An idle service's drains read no thread's clock. The share
-        // compared with is the one read before the threads' work read the clocks.
+        // the last drain, none of them ran, so none started or exited, and the count is
+        // not read. Due, the threads' work is put off to the next drain while the
+        // service's threads together used less than a period of CPU since the last: none
+        // of them can be shown as blocking `SIGPROF` (two periods unsampled) or as a
+        // silent timer (five), a sample that came meanwhile waits in the batch, and the
+        // clocks read later say the same of the time between. An idle service's drains
+        // read no thread's clock. The share compared with is the one read before the
+        // threads' work read the clocks.
         let mut due = false;
         if now >= state.thread_work_early {
             let share = state.service.share();
             let ran = share.is_none() || share != state.service_at_drain;
             state.service_at_drain = share;
-            let used = |since: Option<Duration>| match (since, share) {
+            let used = match (state.service_at_work, share) {
                 (Some(then), Some(now)) if then <= now => now - then,
                 _ => Duration::MAX,
             };
-            due = ran
-                && (crate::process::thread_count() != Some(state.alive.len())
-                    || (now >= state.thread_work_due
-                        && used(state.service_at_work) >= self.period()));
+            due = (ran && crate::process::thread_count() != Some(state.alive.len()))
+                || (now >= state.thread_work_due && used >= self.period());
             if due {
                 state.service_at_work = share;
             }
