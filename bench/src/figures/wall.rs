@@ -38,18 +38,7 @@ pub fn wall(options: &Options) -> Vec<Row> {
     std::thread::sleep(Duration::from_secs(1));
     let pid = server.pid();
     let switched = switches(pid);
-    let (fetched, cpu) = profiler_cpu(pid, || {
-        fetch(
-            server.addr,
-            &format!("/debug/pprof/wall?seconds={idle_window}"),
-        )
-    });
-    assert_eq!(
-        fetched.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&fetched.body)
-    );
+    let (fetched, cpu) = wall_window(&server, idle_window);
     let woken = woken(&switched, &switches(pid));
     let idle_share = cpu.as_secs_f64() / idle_window as f64 * 100.0;
     let idle_after = fetched.after_window().as_secs_f64() * 1e3;
@@ -61,18 +50,7 @@ pub fn wall(options: &Options) -> Vec<Row> {
     );
     // The next window, as a scraper takes one after another: the first window's one-off
     // costs (every thread's first reading, the symbol tables) are behind it.
-    let (fetched, later_cpu) = profiler_cpu(pid, || {
-        fetch(
-            server.addr,
-            &format!("/debug/pprof/wall?seconds={idle_window}"),
-        )
-    });
-    assert_eq!(
-        fetched.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&fetched.body)
-    );
+    let (fetched, later_cpu) = wall_window(&server, idle_window);
     let later_share = later_cpu.as_secs_f64() / idle_window as f64 * 100.0;
     let later_looks = looks_comment(&fetched);
     eprintln!(
@@ -127,16 +105,7 @@ pub fn wall(options: &Options) -> Vec<Row> {
     let window = options.secs(10.0).round().max(2.0) as u64;
     let server = Server::start_wall(16, 0, 0, true);
     std::thread::sleep(Duration::from_secs(1));
-    let pid = server.pid();
-    let (fetched, cpu) = profiler_cpu(pid, || {
-        fetch(server.addr, &format!("/debug/pprof/wall?seconds={window}"))
-    });
-    assert_eq!(
-        fetched.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&fetched.body)
-    );
+    let (fetched, cpu) = wall_window(&server, window);
     let blocked_share = cpu.as_secs_f64() / window as f64 * 100.0;
     let after = fetched.after_window().as_secs_f64() * 1e3;
     let looks = looks_comment(&fetched);
@@ -234,10 +203,18 @@ fn hooks_per_poll(runs: u32) -> f64 {
     runs[runs.len() / 2]
 }
 
-/// Runs `f` while watching the CPU of process `pid`'s profiler threads (see
-/// [`profiler_cpu_during`]): what `f` returned, and the CPU they used meanwhile.
-fn profiler_cpu<T: Send>(pid: u32, f: impl FnOnce() -> T + Send) -> (T, Duration) {
-    let (out, by_name) = profiler_cpu_during(pid, f);
+/// A `seconds` s `/wall` profile of `server`, answered 200, and the CPU its profiler
+/// threads used meanwhile (see [`profiler_cpu_during`]; each thread's is printed).
+fn wall_window(server: &Server, seconds: u64) -> (Fetched, Duration) {
+    let (fetched, by_name) = profiler_cpu_during(server.pid(), || {
+        fetch(server.addr, &format!("/debug/pprof/wall?seconds={seconds}"))
+    });
+    assert_eq!(
+        fetched.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&fetched.body)
+    );
     let mut threads: Vec<_> = by_name.iter().collect();
     threads.sort();
     let threads: Vec<String> = threads
@@ -245,7 +222,7 @@ fn profiler_cpu<T: Send>(pid: u32, f: impl FnOnce() -> T + Send) -> (T, Duration
         .map(|(name, cpu)| format!("{name} {:.1} ms", cpu.as_secs_f64() * 1e3))
         .collect();
     eprintln!("W profiler threads: {}", threads.join(", "));
-    (out, by_name.values().sum())
+    (fetched, by_name.values().sum())
 }
 
 /// The profile's comment on its looks (how many, how many stacks read, their CPU).

@@ -35,13 +35,13 @@ pub(crate) struct ServiceCpu {
 }
 
 impl ServiceCpu {
-    /// For the calling thread (another thread that reads it takes it over: its first
-    /// reading cannot tell).
+    /// For the thread that reads it first (another thread that reads it later takes it
+    /// over: its first reading cannot tell). Opens nothing until then: a CPU session
+    /// makes one on the thread that starts it, and its drain thread reads it.
     pub(crate) fn new() -> ServiceCpu {
-        let reader = current_tid();
         ServiceCpu {
-            reader,
-            own: ThreadFile::open(reader, "schedstat"),
+            reader: 0,
+            own: None,
             last: None,
             before: Vec::new(),
             after: Vec::new(),
@@ -62,8 +62,13 @@ impl ServiceCpu {
     /// threads used, as the scheduler last accounted it, from a start of its own (a
     /// difference of two is the CPU used between them).
     pub(crate) fn share(&mut self) -> Option<Duration> {
-        if current_tid() != self.reader {
-            *self = ServiceCpu::new();
+        let reader = current_tid();
+        if reader != self.reader {
+            *self = ServiceCpu {
+                reader,
+                own: ThreadFile::open(reader, "schedstat"),
+                ..ServiceCpu::new()
+            };
         }
         let me = current_tid();
         own_clocks(me, &mut self.before);

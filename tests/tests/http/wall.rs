@@ -745,24 +745,15 @@ async fn parked_threads_are_read_once_and_then_looked_at_seldom() {
             })
             .collect()
     };
+    let wall = |seconds: u64| {
+        let request =
+            client().get(server.url(&format!("/debug/pprof/wall?seconds={seconds}&threads=all")));
+        async move { request.send().await.unwrap().bytes().await.unwrap() }
+    };
     let before = switches();
-    let body = client()
-        .get(server.url("/debug/pprof/wall?seconds=2&threads=all"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let body = wall(2).await;
     let after = switches();
-    let second = client()
-        .get(server.url("/debug/pprof/wall?seconds=1&threads=all"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let second = wall(1).await;
     let after_second = switches();
     release.store(true, Ordering::Release);
     for thread in &parked {
